@@ -1,0 +1,15 @@
+"""privdistill: differentially private data-free distillation (DGD, DPDFD, SRR).
+
+Layout, in the order data flows:
+    data     -> datasets, offline sources, partitions
+    models   -> classifiers, generators, VAE, by name from a registry
+    engine   -> device/precision, run directories, checkpoints, training loops,
+                data-free generator learning, teacher ensembles, stage cache
+    privacy  -> mechanisms, accounting (paper and strict), ledger, reports
+    methods  -> DGD, DPDFD, SRR and the baselines, each a thin composition of engine stages
+    audits   -> membership inference, model inversion
+    bench    -> the reproduction matrix
+    cli      -> the `privdistill` command
+"""
+
+__version__ = "0.1.0"
