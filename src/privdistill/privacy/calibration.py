@@ -1,0 +1,149 @@
+"""Calibration: the most queries / steps, or the least noise, that fit a target (epsilon, delta).
+
+Every function takes a template event (its other parameters fixed) and an accounting, and relies
+on epsilon being monotone: non-decreasing in the count and non-increasing in the noise (checked by
+tests/test_privacy_accounting.py). Opacus-style, everything privacy-relevant is keyword-only::
+
+    max_queries(LNMaxQueries(scale=40, count=1), target_epsilon=10, delta=1e-5, accounting="strict")
+    max_steps(DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=256, steps=1), target_epsilon=1, ...)
+    calibrate_noise(GNMaxQueries(sigma=1, count=1000), target_epsilon=2, delta=1e-5, accounting="strict")
+
+A count of 0 is a valid answer: even one query / step would exceed the target.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from privdistill.errors import PrivacyError
+from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
+from privdistill.privacy.accounting import epsilon
+from privdistill.privacy.events import PrivacyEvent
+
+#: the largest count max_count searches; a template that fits even there returns this value
+COUNT_LIMIT = 10**12
+
+
+def _eps(events: Sequence[PrivacyEvent], delta: float, accounting: str) -> float:
+    return epsilon(list(events), delta=delta, accounting=accounting).value
+
+
+def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
+              fixed: Sequence[PrivacyEvent] = (), limit: int = COUNT_LIMIT) -> int:
+    """The largest n such that ``fixed + [event.with_count(n)]`` has epsilon <= target (0 if none).
+
+    ``fixed``: events already spent (e.g. read from a ledger) that count against the same target.
+    Returns ``limit`` when the template never exceeds the target (e.g. an event with no strict cost).
+    """
+    target = check_epsilon(target_epsilon, "target epsilon")
+    delta = check_delta(delta)
+    check_accounting(accounting)
+    if event.count_field is None:
+        raise PrivacyError(f"{event.type_name} events have no count to calibrate")
+    fixed = list(fixed)
+
+    def fits(n: int) -> bool:
+        return _eps(fixed + [event.with_count(n)], delta, accounting) <= target
+
+    if not fits(0):
+        return 0
+    if not fits(1):
+        return 0
+    lo = 1
+    hi = 2
+    while fits(hi):
+        lo = hi
+        if hi >= limit:
+            return limit
+        hi = min(hi * 2, limit)
+    # invariant: fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def max_queries(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
+                fixed: Sequence[PrivacyEvent] = ()) -> int:
+    """Most noisy-argmax queries (or labels) that fit; see :func:`max_count`."""
+    return max_count(event, target_epsilon=target_epsilon, delta=delta, accounting=accounting, fixed=fixed)
+
+
+def max_steps(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
+              fixed: Sequence[PrivacyEvent] = ()) -> int:
+    """Most DPDFD steps that fit; see :func:`max_count`."""
+    return max_count(event, target_epsilon=target_epsilon, delta=delta, accounting=accounting, fixed=fixed)
+
+
+def calibrate_noise(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
+                    fixed: Sequence[PrivacyEvent] = (), rel_tol: float = 1e-6) -> float:
+    """The least noise (Laplace scale, sigma, sigma2) -- or, for randomized response and
+    epsilon-parametrised events, the largest epsilon per use -- such that the composition fits.
+
+    The returned value is on the safe side of the target (never above it) to ``rel_tol``.
+    Raises PrivacyError when no value fits (e.g. strict DPDFD Alg. 3, which is not DP as written).
+    """
+    target = check_epsilon(target_epsilon, "target epsilon")
+    delta = check_delta(delta)
+    check_accounting(accounting)
+    if event.noise_field is None:
+        raise PrivacyError(f"{event.type_name} events have no noise parameter to calibrate")
+    fixed = list(fixed)
+
+    def eps_at(value: float) -> float:
+        return _eps(fixed + [event.with_noise(value)], delta, accounting)
+
+    def fits(value: float) -> bool:
+        return eps_at(value) <= target
+
+    start = float(getattr(event, event.noise_field))
+    if event.noise_is_scale:
+        # more noise = more privacy: find the smallest scale that fits
+        lo = hi = start
+        if fits(hi):
+            while fits(lo) and lo > 1e-12:
+                hi = lo
+                lo /= 2.0
+            if fits(lo):
+                return lo
+        else:
+            while not fits(hi):
+                lo = hi
+                hi *= 2.0
+                if hi > 1e15:
+                    raise PrivacyError(f"no {event.noise_field} fits epsilon <= {target:g} under {accounting} "
+                                       "accounting (the release is not DP at any noise level as written)")
+        # fits(hi), not fits(lo)
+        while (hi - lo) > rel_tol * hi:
+            mid = math.sqrt(lo * hi) if lo > 0 else hi / 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+    # epsilon-parametrised: larger = less privacy: find the largest that fits
+    lo = hi = start
+    if fits(lo):
+        while fits(hi) and hi < 700:
+            lo = hi
+            hi *= 2.0
+        if fits(hi):
+            return hi
+    else:
+        while not fits(lo):
+            hi = lo
+            lo /= 2.0
+            if lo < 1e-12:
+                raise PrivacyError(f"no {event.noise_field} fits epsilon <= {target:g} under {accounting} accounting")
+    # fits(lo), not fits(hi)
+    while (hi - lo) > rel_tol * hi:
+        mid = math.sqrt(lo * hi)
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
