@@ -1,0 +1,371 @@
+"""The noise mechanisms of DGD, DPDFD and SRR, vectorised in torch (CPU and CUDA).
+
+Every function takes an explicit ``generator`` (a ``torch.Generator`` on the same device as the
+data, see :func:`make_generator`) and never touches torch's global random state, so a run's noise
+is reproducible from its seed and independent of everything else that draws random numbers.
+Privacy parameters are keyword-only. Bad input raises :class:`privdistill.errors.PrivacyError`.
+
+These functions only *draw* the noise. Pricing it is the accountants' job and recording it the
+ledger's: methods call ``ledger.spend(key, event, lambda: lnmax(votes, scale=..., generator=g))``.
+
+Secure noise (``make_generator(secure=True)``)
+    seeds the generator from the operating system's CSPRNG (``secrets``) instead of a seed from
+    the run's configuration. It defends against an adversary who knows or guesses the seed (seeds
+    live in configs, run directories and published code, and a known seed lets anyone subtract
+    the noise exactly). It does NOT make torch's generators cryptographic (Philox / Mersenne
+    Twister state can in principle be recovered from enough outputs), and it does nothing against
+    floating-point attacks on the Laplace and Gaussian mechanisms (Mironov, CCS 2012: the set of
+    doubles a textbook sampler can output depends on the true value, so a released real number can
+    reveal it). Noisy argmax (LNMax/GNMax/Confident-GNMax) and randomized response release only a
+    class index, which limits that attack to the ranking of noisy counts; DPDFD's noisy gradients
+    and DGD's noisy latent codes are real-valued releases, for which a snapping mechanism or a
+    discrete Gaussian/Laplace would be needed (not implemented). A secure generator is not
+    reproducible: on resume, the ledger's recorded answers are reused instead.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import torch
+
+from privdistill.errors import PrivacyError
+from privdistill.privacy._checks import check_epsilon, check_positive, check_real
+
+__all__ = [
+    "make_generator",
+    "lnmax",
+    "gnmax",
+    "confident_gnmax",
+    "randomized_response",
+    "selective_randomized_response",
+    "normalize_and_noise",
+    "normalize_and_noise_multi",
+    "laplace_latent_perturbation",
+    "laplace_noise",
+    "gaussian_noise",
+]
+
+
+# ------------------------------------------------------------------------------------- generators
+def make_generator(seed: int | None = None, *, secure: bool = False,
+                   device: str | torch.device = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` for the privacy noise.
+
+    ``secure=False``: seeded with ``seed`` (required; reproducible runs).
+    ``secure=True``: seeded from the OS CSPRNG; ``seed`` must be None (see the module docstring for
+    what this does and does not defend against).
+    """
+    device = torch.device(device)
+    if secure:
+        if seed is not None:
+            raise PrivacyError("make_generator(secure=True) draws its own seed from the OS; do not pass seed")
+        seed_value = secrets.randbits(63)
+    else:
+        if seed is None:
+            raise PrivacyError("make_generator needs a seed (or secure=True for an OS-drawn, unrecorded seed)")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise PrivacyError(f"seed must be a non-negative integer, got {seed!r}")
+        seed_value = seed
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed_value)
+    return gen
+
+
+def _check_generator(generator: torch.Generator, tensor: torch.Tensor, what: str) -> None:
+    if not isinstance(generator, torch.Generator):
+        raise PrivacyError(f"{what}: generator must be a torch.Generator (see make_generator), got {generator!r}")
+    gdev = torch.device(generator.device)
+    tdev = tensor.device
+    if gdev.type != tdev.type or (gdev.type != "cpu" and (gdev.index or 0) != (tdev.index or 0)):
+        raise PrivacyError(f"{what}: generator is on {gdev} but the data is on {tdev}; "
+                           "create it with make_generator(..., device=data.device)")
+
+
+def _float_dtype(t: torch.Tensor) -> torch.dtype:
+    # noise is drawn in float64 on CPU (cheap, precise); on accelerators keep float32 unless the
+    # data already is float64 (MPS has no float64).
+    if t.dtype == torch.float64:
+        return torch.float64
+    return torch.float64 if t.device.type == "cpu" else torch.float32
+
+
+def laplace_noise(shape, *, scale: float, generator: torch.Generator, device=None,
+                  dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Laplace(0, scale) samples as the difference of two Exp(1) draws times ``scale``
+    (no log(0) at the edge of the uniform's range)."""
+    scale = check_positive("Laplace scale", scale)
+    device = device if device is not None else generator.device
+    e1 = torch.empty(shape, device=device, dtype=dtype).exponential_(1.0, generator=generator)
+    e2 = torch.empty(shape, device=device, dtype=dtype).exponential_(1.0, generator=generator)
+    return (e1 - e2) * scale
+
+
+def gaussian_noise(shape, *, sigma: float, generator: torch.Generator, device=None,
+                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """N(0, sigma^2) samples."""
+    sigma = check_positive("sigma", sigma)
+    device = device if device is not None else generator.device
+    return torch.randn(shape, generator=generator, device=device, dtype=dtype) * sigma
+
+
+# ------------------------------------------------------------------------------------------ votes
+def _check_votes(votes, what: str) -> torch.Tensor:
+    if not isinstance(votes, torch.Tensor):
+        raise PrivacyError(f"{what}: votes must be a torch tensor [queries, classes], got {type(votes).__name__}")
+    if votes.dim() != 2:
+        raise PrivacyError(f"{what}: votes must have shape [queries, classes], got {tuple(votes.shape)}")
+    if votes.shape[0] == 0 or votes.shape[1] == 0:
+        raise PrivacyError(f"{what}: votes are empty (shape {tuple(votes.shape)})")
+    if votes.shape[1] < 2:
+        raise PrivacyError(f"{what}: votes need at least 2 classes, got {votes.shape[1]}")
+    if votes.dtype == torch.bool or votes.is_complex():
+        raise PrivacyError(f"{what}: votes must be integer or float counts, got {votes.dtype}")
+    if votes.is_floating_point() and not bool(torch.isfinite(votes).all()):
+        raise PrivacyError(f"{what}: votes contain NaN or infinite counts")
+    if bool((votes < 0).any()):
+        raise PrivacyError(f"{what}: votes contain negative counts")
+    return votes
+
+
+def lnmax(votes: torch.Tensor, *, scale: float, generator: torch.Generator) -> torch.Tensor:
+    """Laplace noisy argmax (LNMax; DGD Eq. 3): ``argmax_k(votes_k + Lap(scale))`` per row.
+
+    ``votes``: [B, K] vote counts; returns int64 labels [B]. DGD uses scale = 2/epsilon0 = 40.
+    """
+    votes = _check_votes(votes, "lnmax")
+    scale = check_positive("Laplace scale", scale)
+    _check_generator(generator, votes, "lnmax")
+    dt = _float_dtype(votes)
+    noise = laplace_noise(votes.shape, scale=scale, generator=generator, device=votes.device, dtype=dt)
+    return torch.argmax(votes.to(dt) + noise, dim=1)
+
+
+def gnmax(votes: torch.Tensor, *, sigma: float, generator: torch.Generator) -> torch.Tensor:
+    """Gaussian noisy argmax (GNMax; PATE 2018, DGD+): ``argmax_k(votes_k + N(0, sigma^2))``."""
+    votes = _check_votes(votes, "gnmax")
+    sigma = check_positive("sigma", sigma)
+    _check_generator(generator, votes, "gnmax")
+    dt = _float_dtype(votes)
+    noise = gaussian_noise(votes.shape, sigma=sigma, generator=generator, device=votes.device, dtype=dt)
+    return torch.argmax(votes.to(dt) + noise, dim=1)
+
+
+def confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: float, sigma2: float,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Confident-GNMax (PATE 2018, Alg. 1): answer only if ``max(votes) + N(0, sigma1^2) >= threshold``,
+    then with GNMax(sigma2). Returns (labels [B] int64 with -1 where not answered, answered [B] bool).
+
+    The step-2 noise is drawn for every row and discarded where not answered: the same distribution
+    as drawing it only for answered rows, without a data-dependent amount of random numbers.
+    """
+    votes = _check_votes(votes, "confident_gnmax")
+    threshold = check_real("threshold", threshold)
+    sigma1 = check_positive("sigma1", sigma1)
+    sigma2 = check_positive("sigma2", sigma2)
+    _check_generator(generator, votes, "confident_gnmax")
+    dt = _float_dtype(votes)
+    v = votes.to(dt)
+    n1 = gaussian_noise((v.shape[0],), sigma=sigma1, generator=generator, device=v.device, dtype=dt)
+    answered = (v.max(dim=1).values + n1) >= threshold
+    n2 = gaussian_noise(v.shape, sigma=sigma2, generator=generator, device=v.device, dtype=dt)
+    labels = torch.argmax(v + n2, dim=1)
+    labels = torch.where(answered, labels, torch.full_like(labels, -1))
+    return labels, answered
+
+
+# ---------------------------------------------------------------------------- randomized response
+def _check_labels(labels, num_classes: int, what: str) -> torch.Tensor:
+    if not isinstance(labels, torch.Tensor):
+        raise PrivacyError(f"{what}: labels must be a torch tensor, got {type(labels).__name__}")
+    if labels.dim() != 1:
+        raise PrivacyError(f"{what}: labels must have shape [N], got {tuple(labels.shape)}")
+    if labels.numel() == 0:
+        raise PrivacyError(f"{what}: labels are empty")
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise PrivacyError(f"{what}: labels must be integers, got {labels.dtype}")
+    if bool((labels < 0).any()) or bool((labels >= num_classes).any()):
+        raise PrivacyError(f"{what}: labels must lie in [0, {num_classes}), got values in "
+                           f"[{int(labels.min())}, {int(labels.max())}]")
+    return labels.long()
+
+
+def randomized_response(labels: torch.Tensor, *, num_classes: int, epsilon: float,
+                        generator: torch.Generator) -> torch.Tensor:
+    """k-ary randomized response: keep each label with probability e^eps / (e^eps + K - 1), else
+    output one of the K - 1 other classes uniformly. eps-DP per label."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise PrivacyError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    epsilon = check_epsilon(epsilon, "epsilon per label")
+    labels = _check_labels(labels, num_classes, "randomized_response")
+    _check_generator(generator, labels, "randomized_response")
+    k = num_classes
+    p_keep = 1.0 / (1.0 + (k - 1) * math.exp(-epsilon))  # = e^eps/(e^eps+k-1), stable for large eps
+    u = torch.rand(labels.shape, generator=generator, device=labels.device, dtype=torch.float64)
+    shift = torch.randint(1, k, labels.shape, generator=generator, device=labels.device)
+    other = (labels + shift) % k
+    return torch.where(u < p_keep, labels, other)
+
+
+def selective_randomized_response(student_probs: torch.Tensor, teacher_labels: torch.Tensor, *,
+                                  epsilon: float, threshold: float | None = None,
+                                  generator: torch.Generator) -> torch.Tensor:
+    """Selective randomized response, SRR paper Alg. 1 (function R), vectorised over N samples.
+
+    I = {k : y_s[k] > t} (t = 1/(2K) by default); if |I| < 2, I = the indices of the two largest
+    y_s; k = |I|. If the teacher's label y is in I, return y with probability e^eps/(e^eps + k - 1)
+    and each other member of I with probability 1/(e^eps + k - 1); otherwise return a uniform member
+    of I. Returns int64 labels [N].
+
+    ``teacher_labels``: [N] integer labels, or [N, K] teacher outputs (their argmax is used). The
+    algorithm box says "return y_t"; releasing the teacher's soft output would not be DP, so the
+    one-hot label argmax(y_t) is returned (as the text around Fig. 1 describes).
+    """
+    if not isinstance(student_probs, torch.Tensor) or student_probs.dim() != 2:
+        raise PrivacyError("selective_randomized_response: student_probs must be a tensor [N, K]")
+    n, k_classes = student_probs.shape
+    if n == 0 or k_classes < 2:
+        raise PrivacyError(f"selective_randomized_response: student_probs has shape {tuple(student_probs.shape)}; "
+                           "need N >= 1 rows and K >= 2 classes")
+    if not student_probs.is_floating_point() or not bool(torch.isfinite(student_probs).all()):
+        raise PrivacyError("selective_randomized_response: student_probs must be finite floats")
+    if isinstance(teacher_labels, torch.Tensor) and teacher_labels.dim() == 2:
+        if teacher_labels.shape != student_probs.shape:
+            raise PrivacyError(f"selective_randomized_response: teacher outputs {tuple(teacher_labels.shape)} "
+                               f"do not match student_probs {tuple(student_probs.shape)}")
+        teacher_labels = teacher_labels.argmax(dim=1)
+    labels = _check_labels(teacher_labels, k_classes, "selective_randomized_response")
+    if labels.shape[0] != n:
+        raise PrivacyError(f"selective_randomized_response: {labels.shape[0]} teacher labels for {n} student rows")
+    epsilon = check_epsilon(epsilon, "epsilon per label")
+    t = 1.0 / (2.0 * k_classes) if threshold is None else check_real("threshold", threshold)
+    _check_generator(generator, student_probs, "selective_randomized_response")
+    if labels.device != student_probs.device:
+        raise PrivacyError("selective_randomized_response: teacher labels and student_probs are on different devices")
+
+    dev = student_probs.device
+    in_set = student_probs > t
+    small = in_set.sum(dim=1) < 2
+    if bool(small.any()):
+        top2 = torch.topk(student_probs, 2, dim=1).indices
+        top2_mask = torch.zeros_like(in_set).scatter_(1, top2, True)
+        in_set = torch.where(small[:, None], top2_mask, in_set)
+    k = in_set.sum(dim=1).to(torch.float64)  # |I| >= 2
+    y_in = in_set.gather(1, labels[:, None]).squeeze(1)
+    # P(return y | y in I) = e^eps / (e^eps + k - 1), computed stably
+    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))
+    u = torch.rand((n,), generator=generator, device=dev, dtype=torch.float64)
+    keep = y_in & (u < p_keep)
+    # a uniform member of I \ {y} (if y in I) or of I (if not): argmax of iid uniforms on the allowed set
+    allowed = in_set.clone()
+    allowed[torch.arange(n, device=dev), labels] &= ~y_in
+    scores = torch.rand((n, k_classes), generator=generator, device=dev, dtype=torch.float64)
+    scores = torch.where(allowed, scores, torch.full_like(scores, -1.0))
+    other = scores.argmax(dim=1)
+    return torch.where(keep, labels, other)
+
+
+# ------------------------------------------------------------------------------------------- DPDFD
+def _check_grads(grads, dims: int, what: str) -> torch.Tensor:
+    if not isinstance(grads, torch.Tensor):
+        raise PrivacyError(f"{what}: grads must be a torch tensor, got {type(grads).__name__}")
+    shape = "[B, K]" if dims == 2 else "[n, B, K]"
+    if grads.dim() != dims:
+        raise PrivacyError(f"{what}: grads must have shape {shape}, got {tuple(grads.shape)}")
+    if grads.numel() == 0:
+        raise PrivacyError(f"{what}: grads are empty (shape {tuple(grads.shape)})")
+    if not grads.is_floating_point():
+        raise PrivacyError(f"{what}: grads must be floating point, got {grads.dtype}")
+    if not bool(torch.isfinite(grads).all()):
+        raise PrivacyError(f"{what}: grads contain NaN or infinite values")
+    return grads
+
+
+def _normalise(grads: torch.Tensor, clip_norm: float, stability: float) -> torch.Tensor:
+    # C * g / (||g||_2 + e): norm strictly below C (DPDFD Alg. 1 line 7)
+    return grads * (clip_norm / (torch.linalg.vector_norm(grads, dim=-1, keepdim=True) + stability))
+
+
+def normalize_and_noise(grads: torch.Tensor, *, clip_norm: float, sigma: float, stability: float = 1e-4,
+                        granularity: str = "per_sample", generator: torch.Generator) -> torch.Tensor:
+    """DPDFD's A_{C,sigma} for one teacher (Alg. 1), on per-sample output gradients ``grads`` [B, K].
+
+    ``granularity="per_sample"`` (default): row i becomes (C g_i/(||g_i|| + e) + N(0, sigma^2 C^2 I_K)) / B,
+    i.e. a noisy gradient of the batch-MEAN loss w.r.t. sample i's logits; returns [B, K].
+    ``granularity="batch_sum"``: the literal Eq. 4, (sum_i C g_i/(||g_i|| + e) + N(0, sigma^2 C^2 I_K)) / B,
+    one vector [K] for the whole batch (it carries no per-sample information; broadcast by the caller).
+    Both are priced by ``DPDFDSteps(..., granularity=...)`` (docs/privacy.md derives the sensitivities).
+    """
+    grads = _check_grads(grads, 2, "normalize_and_noise")
+    clip_norm = check_positive("clip norm C", clip_norm)
+    sigma = check_positive("sigma", sigma)
+    stability = check_positive("stability constant e", stability)
+    if granularity not in ("per_sample", "batch_sum"):
+        raise PrivacyError(f"granularity must be 'per_sample' or 'batch_sum', got {granularity!r}")
+    _check_generator(generator, grads, "normalize_and_noise")
+    b, k = grads.shape
+    normed = _normalise(grads, clip_norm, stability)
+    if granularity == "per_sample":
+        noise = gaussian_noise((b, k), sigma=sigma * clip_norm, generator=generator, device=grads.device,
+                               dtype=grads.dtype)
+        return (normed + noise) / b
+    noise = gaussian_noise((k,), sigma=sigma * clip_norm, generator=generator, device=grads.device,
+                           dtype=grads.dtype)
+    return (normed.sum(dim=0) + noise) / b
+
+
+def normalize_and_noise_multi(grads: torch.Tensor, *, clip_norm: float, sigma: float, stability: float = 1e-4,
+                              granularity: str = "per_sample", batch_mean: bool = False,
+                              generator: torch.Generator) -> torch.Tensor:
+    """DPDFD's multi-teacher A_{C,sigma} (Alg. 2) on per-sample gradients ``grads`` [n, B, K] (teacher j,
+    sample i): row i becomes (1/n) (sum_j C g_ij/(||g_ij|| + e) + N(0, sigma^2 C^2 I_K)); returns [B, K].
+
+    ``batch_mean=True`` additionally divides by B (the 1/B convention of Alg. 1, i.e. the gradient of
+    the batch-mean loss); Alg. 2 as printed does not. A constant factor changes nothing in the privacy
+    analysis. ``granularity="batch_sum"`` sums over samples too and returns one vector [K]:
+    (1/n) (sum_ij C g_ij/(||g_ij|| + e) + N(0, sigma^2 C^2 I_K)) (divided by B if ``batch_mean``).
+    Alg. 2's line 8 writes ||g||; the norm is read as ||g_ij||, per gradient, as in Alg. 1.
+    """
+    grads = _check_grads(grads, 3, "normalize_and_noise_multi")
+    clip_norm = check_positive("clip norm C", clip_norm)
+    sigma = check_positive("sigma", sigma)
+    stability = check_positive("stability constant e", stability)
+    if granularity not in ("per_sample", "batch_sum"):
+        raise PrivacyError(f"granularity must be 'per_sample' or 'batch_sum', got {granularity!r}")
+    _check_generator(generator, grads, "normalize_and_noise_multi")
+    n, b, k = grads.shape
+    summed = _normalise(grads, clip_norm, stability).sum(dim=0)  # [B, K]
+    div = n * (b if batch_mean else 1)
+    if granularity == "per_sample":
+        noise = gaussian_noise((b, k), sigma=sigma * clip_norm, generator=generator, device=grads.device,
+                               dtype=grads.dtype)
+        return (summed + noise) / div
+    noise = gaussian_noise((k,), sigma=sigma * clip_norm, generator=generator, device=grads.device,
+                           dtype=grads.dtype)
+    return (summed.sum(dim=0) + noise) / div
+
+
+# --------------------------------------------------------------------------------------------- DGD
+def laplace_latent_perturbation(codes: torch.Tensor, *, clip: float = 1.0, epsilon1: float,
+                                generator: torch.Generator) -> torch.Tensor:
+    """DGD's latent-code perturbation: clamp each coordinate to [-clip, clip], add Laplace noise of scale
+    2 * clip * c / epsilon1 per coordinate (c = code dimension), the codes being rows of ``codes`` [N, c].
+
+    Reading of DGD Sec. III-E ("Laplacian noise with scale 2c/eps1 to the normalized latent codes"):
+    codes clamped to [-1, 1]^c have L1 diameter 2c, so scale 2c/eps1 makes each released code
+    eps1-DP with respect to replacing that (synthetic) code. Clamping is chosen over L2-normalising
+    because it makes the stated scale exactly the L1 sensitivity. This protects the synthetic codes
+    only, never the private records (docs/privacy.md).
+    """
+    if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.numel() == 0:
+        raise PrivacyError("laplace_latent_perturbation: codes must be a non-empty tensor [N, c]")
+    if not codes.is_floating_point() or not bool(torch.isfinite(codes).all()):
+        raise PrivacyError("laplace_latent_perturbation: codes must be finite floats")
+    clip = check_positive("latent clip", clip)
+    epsilon1 = check_epsilon(epsilon1, "epsilon1")
+    _check_generator(generator, codes, "laplace_latent_perturbation")
+    c = codes.shape[1]
+    scale = 2.0 * clip * c / epsilon1
+    noise = laplace_noise(codes.shape, scale=scale, generator=generator, device=codes.device, dtype=codes.dtype)
+    return codes.clamp(-clip, clip) + noise
