@@ -1,0 +1,463 @@
+"""The privacy ledger: an append-only record of every mechanism use of a run.
+
+``RUN_DIR/ledger.jsonl`` holds one JSON object per line:
+
+* a header (first line): format version, neighbouring relation, the accounting and delta the
+  budget is enforced under;
+* one ``spend`` record per mechanism use: its key, the event (``event.to_dict()``), the answers
+  that were released (inline when small, else in a side ``.npy`` file under
+  ``RUN_DIR/ledger_answers/``, written atomically and referenced with its SHA-256), summaries of the
+  data-dependent statistics (vote histograms are kept in a side file too), epsilon after the spend
+  under both accountings, and a timestamp;
+* ``config`` records when a resumed run changes ``max_epsilon``.
+
+Every record is flushed and fsync'ed before :meth:`PrivacyLedger.spend` returns the answers, so an
+answer that was used is always on disk. A resumed run asks for the same keys and gets the recorded
+answers back without spending again; a key never recorded is priced against the budget *before* its
+answers are computed. A torn last line (a crash while appending) is ignored with a warning: its
+answers were never returned, so never used.
+
+The ledger and its side files contain data-dependent statistics of the private data (vote
+histograms): keep them with the run, do not publish them (the privacy report does not include them).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from privdistill.errors import BudgetExceededError, PrivacyError, RunError
+from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
+from privdistill.privacy._io import atomic_write_bytes, fsync_dir
+from privdistill.privacy.accounting import REPLACE_ONE, EpsilonResult, VoteStats, both, epsilon, merge_events
+from privdistill.privacy.events import PrivacyEvent, as_events, event_from_dict
+
+FORMAT_VERSION = 1
+LEDGER_NAME = "ledger.jsonl"
+SIDE_DIR = "ledger_answers"
+#: arrays with more elements than this go to a side .npy file instead of the JSON line
+INLINE_LIMIT = 256
+
+
+class LedgerWarning(UserWarning):
+    """A recoverable problem with a ledger (e.g. a torn last line after a crash)."""
+
+
+@dataclass
+class LedgerAnswer:
+    """What ``compute_answers`` may return to record more than the bare answers.
+
+    ``answers``: what the mechanism released (tensor, array, list, number, or a dict of those);
+    ``votes``: the vote histograms [count, K] the answers were computed from (PATE events; kept in a
+    side file for the optional data-dependent accounting); ``answered``: Confident-GNMax's mask;
+    ``stats``: any other JSON-able data-dependent summary.
+    """
+
+    answers: Any
+    votes: Any = None
+    answered: Any = None
+    stats: dict[str, Any] | None = None
+
+
+# ================================================================================== (de)serialising
+def _to_numpy(value: Any) -> tuple[np.ndarray, str] | None:
+    """(array, kind) for tensors and arrays; None for anything else."""
+    torch = sys.modules.get("torch")  # not imported means the value cannot be a tensor
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy(), "tensor"
+    if isinstance(value, np.ndarray):
+        return value, "ndarray"
+    return None
+
+
+class _Codec:
+    """Encodes answers to JSON (big arrays to side files) and back."""
+
+    def __init__(self, root: Path, side_dir: Path):
+        self.root = root
+        self.side_dir = side_dir
+
+    def encode(self, value: Any, stem: str) -> Any:
+        if isinstance(value, dict):
+            return {"__dict__": {str(k): self.encode(v, f"{stem}.{_safe(str(k))}") for k, v in value.items()}}
+        if isinstance(value, (list, tuple)) and any(_to_numpy(v) is not None for v in value):
+            return {"__list__": [self.encode(v, f"{stem}.{i}") for i, v in enumerate(value)]}
+        conv = _to_numpy(value)
+        if conv is None:
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as err:
+                raise PrivacyError(f"ledger answers must be tensors, arrays or JSON-able values: {err}") from None
+            return {"__json__": value}
+        arr, kind = conv
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype == object:
+            raise PrivacyError("ledger answers cannot be object arrays")
+        if arr.size <= INLINE_LIMIT:
+            if arr.dtype.kind in "iub":  # integers and booleans: readable and exact as a JSON list
+                return {"__array__": kind, "dtype": arr.dtype.str, "shape": list(arr.shape),
+                        "values": arr.reshape(-1).tolist()}
+            return {"__array__": kind, "dtype": arr.dtype.str, "shape": list(arr.shape),
+                    "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
+        buf = io.BytesIO()
+        np.save(buf, arr, allow_pickle=False)
+        data = buf.getvalue()
+        path = self.side_dir / f"{stem}.npy"
+        atomic_write_bytes(path, data)
+        return {"__array__": kind, "file": path.relative_to(self.root).as_posix(),
+                "sha256": hashlib.sha256(data).hexdigest(), "dtype": arr.dtype.str, "shape": list(arr.shape)}
+
+    def decode(self, value: Any, map_location: Any = None) -> Any:
+        if not isinstance(value, dict):
+            return value
+        if "__dict__" in value:
+            return {k: self.decode(v, map_location) for k, v in value["__dict__"].items()}
+        if "__list__" in value:
+            return [self.decode(v, map_location) for v in value["__list__"]]
+        if "__json__" in value:
+            return value["__json__"]
+        if "__array__" in value:
+            if "values" in value:
+                arr = np.asarray(value["values"], dtype=np.dtype(value["dtype"])).reshape(value["shape"])
+            elif "b64" in value:
+                arr = np.frombuffer(base64.b64decode(value["b64"]), dtype=np.dtype(value["dtype"]))
+                arr = arr.reshape(value["shape"]).copy()
+            else:
+                path = self.root / value["file"]
+                try:
+                    data = path.read_bytes()
+                except OSError as err:
+                    raise RunError(f"ledger side file {path} is missing or unreadable ({err}); the recorded "
+                                   "answers cannot be restored") from None
+                if hashlib.sha256(data).hexdigest() != value["sha256"]:
+                    raise RunError(f"ledger side file {path} does not match its recorded checksum")
+                arr = np.load(io.BytesIO(data), allow_pickle=False)
+            if value["__array__"] == "tensor":
+                import torch
+
+                t = torch.from_numpy(arr)
+                return t.to(map_location) if map_location is not None else t
+            return arr
+        return value
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+
+
+def _vote_summary(votes: np.ndarray) -> dict[str, Any]:
+    """Aggregate summaries only (counts of agreement), for the record; the histograms go to a side file."""
+    v = np.asarray(votes, dtype=float)
+    if v.ndim != 2 or v.size == 0:
+        return {}
+    srt = np.sort(v, axis=1)
+    total = v.sum(axis=1)
+    frac = np.divide(srt[:, -1], total, out=np.zeros_like(total), where=total > 0)
+    return {"queries": int(v.shape[0]), "classes": int(v.shape[1]),
+            "mean_top_fraction": float(frac.mean()), "mean_top_gap": float((srt[:, -1] - srt[:, -2]).mean()),
+            "unanimous": int(np.sum(srt[:, -2] == 0))}
+
+
+# ======================================================================================= the ledger
+class PrivacyLedger:
+    """Append-only privacy ledger of one run (see the module docstring).
+
+    ``path``: the ledger file, or a run directory (then ``RUN_DIR/ledger.jsonl``).
+    ``max_epsilon``: refuse any spend that would take epsilon (under ``accounting``, at ``delta``)
+    above this; None = no limit (still recorded).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, max_epsilon: float | None = None,
+                 accounting: str = "strict", delta: float = 1e-5):
+        path = Path(path)
+        if path.is_dir() or (not path.suffix and not path.exists()):
+            path = path / LEDGER_NAME
+        self.path = path
+        self.root = path.parent
+        self.accounting = check_accounting(accounting)
+        self.delta = check_delta(delta)
+        self.max_epsilon = None if max_epsilon is None else check_epsilon(max_epsilon, "max_epsilon")
+        self._codec = _Codec(self.root, self.root / SIDE_DIR)
+        self._records: list[dict[str, Any]] = []
+        self._by_key: dict[str, dict[str, Any]] = {}
+        self._events: list[PrivacyEvent] = []
+        self._header: dict[str, Any] | None = None
+        self._load()
+        if self._header is None:
+            self._write_header()
+        elif self._config_max() != self.max_epsilon:
+            self._append({"kind": "config", "max_epsilon": self.max_epsilon, "time": _now()})
+
+    @classmethod
+    def in_run_dir(cls, run_dir: str | os.PathLike, **kwargs: Any) -> "PrivacyLedger":
+        return cls(Path(run_dir) / LEDGER_NAME, **kwargs)
+
+    # ------------------------------------------------------------------------------------- loading
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        raw = self.path.read_bytes()
+        good_end = 0
+        lines = raw.split(b"\n")
+        for i, line in enumerate(lines):
+            last = i == len(lines) - 1
+            if not line.strip():
+                if not last:
+                    good_end += len(line) + 1
+                continue
+            try:
+                rec = json.loads(line.decode("utf-8"))
+                if not isinstance(rec, dict) or "kind" not in rec:
+                    raise ValueError("not a ledger record")
+            except (ValueError, UnicodeDecodeError) as err:
+                if last:  # torn by a crash while appending: its answers were never returned
+                    warnings.warn(f"{self.path}: ignoring an incomplete last record ({len(line)} bytes) left by an "
+                                  "interrupted write; its answers were never used", LedgerWarning, stacklevel=3)
+                    break
+                raise RunError(f"{self.path} line {i + 1} is corrupt ({err}); the ledger cannot be trusted. "
+                               "Restore it from a backup; do not delete it (that would forget spent budget)") from None
+            if last:
+                # a complete JSON object without its newline: keep it, and end the file properly
+                good_end += len(line)
+                self._accept(rec, i + 1)
+                self._repair(good_end, add_newline=True)
+                return
+            good_end += len(line) + 1
+            self._accept(rec, i + 1)
+        if good_end != len(raw):
+            self._repair(good_end)
+
+    def _repair(self, good_end: int, add_newline: bool = False) -> None:
+        with open(self.path, "r+b") as f:
+            f.truncate(good_end)
+            if add_newline:
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _accept(self, rec: dict[str, Any], line_no: int) -> None:
+        kind = rec["kind"]
+        if kind == "header":
+            if rec.get("version") != FORMAT_VERSION:
+                raise RunError(f"{self.path}: ledger format version {rec.get('version')} is not supported")
+            if rec.get("accounting") != self.accounting or not math.isclose(rec.get("delta", -1), self.delta):
+                raise RunError(f"{self.path} was created with accounting={rec.get('accounting')}, "
+                               f"delta={rec.get('delta')}; it cannot be continued with accounting={self.accounting}, "
+                               f"delta={self.delta} (the budget would change meaning mid-run)")
+            self._header = rec
+        elif kind == "spend":
+            try:
+                event = event_from_dict(rec["event"])
+            except (PrivacyError, KeyError, TypeError) as err:
+                raise RunError(f"{self.path} line {line_no}: unreadable event ({err})") from None
+            if rec["key"] in self._by_key:
+                raise RunError(f"{self.path} line {line_no}: key {rec['key']!r} recorded twice")
+            self._by_key[rec["key"]] = rec
+            self._events.append(event)
+        self._records.append(rec)
+
+    def _config_max(self) -> float | None:
+        for rec in reversed(self._records):
+            if rec["kind"] == "config":
+                return rec.get("max_epsilon")
+        return self._header.get("max_epsilon") if self._header else None
+
+    # ------------------------------------------------------------------------------------- writing
+    def _append(self, rec: dict[str, Any]) -> None:
+        line = json.dumps(rec, sort_keys=True, allow_nan=False) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        with open(self.path, "ab") as f:
+            f.write(line.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        if new:
+            fsync_dir(self.path.parent)
+        self._records.append(rec)
+
+    def _write_header(self) -> None:
+        self._header = {"kind": "header", "version": FORMAT_VERSION, "relation": REPLACE_ONE,
+                        "accounting": self.accounting, "delta": self.delta, "max_epsilon": self.max_epsilon,
+                        "time": _now(), "note": "contains data-dependent statistics of the private data: do not publish"}
+        self._append(self._header)
+
+    # ------------------------------------------------------------------------------------- queries
+    def events(self) -> list[PrivacyEvent]:
+        """All recorded events, in order."""
+        return list(self._events)
+
+    def records(self) -> list[dict[str, Any]]:
+        """All records (header, spends, config changes), as parsed JSON."""
+        return [dict(r) for r in self._records]
+
+    def keys(self) -> list[str]:
+        return list(self._by_key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._by_key
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def epsilon(self, *, delta: float | None = None, accounting: str | None = None,
+                data_dependent: bool = False) -> EpsilonResult:
+        """Epsilon spent so far (default: the ledger's accounting and delta)."""
+        stats = self.vote_stats() if data_dependent else None
+        events = self._events if data_dependent else merge_events(self._events)
+        return epsilon(events, delta=self.delta if delta is None else delta,
+                       accounting=self.accounting if accounting is None else accounting, stats=stats,
+                       breakdown=False)
+
+    def epsilon_both(self, *, delta: float | None = None) -> dict[str, EpsilonResult]:
+        """Both accountings, events of the same setting merged (one breakdown row per mechanism)."""
+        return both(merge_events(self._events), delta=self.delta if delta is None else delta)
+
+    def remaining(self, *, delta: float | None = None, accounting: str | None = None) -> float | None:
+        """max_epsilon minus the epsilon spent (None without a max_epsilon; never negative)."""
+        if self.max_epsilon is None:
+            return None
+        return max(0.0, self.max_epsilon - self.epsilon(delta=delta, accounting=accounting).value)
+
+    def vote_stats(self) -> list[VoteStats | None]:
+        """Per event, the recorded vote histograms (for the data-dependent PATE accounting)."""
+        out: list[VoteStats | None] = []
+        for rec in self._records:
+            if rec["kind"] != "spend":
+                continue
+            if rec.get("votes") is None:
+                out.append(None)
+                continue
+            votes = self._codec.decode(rec["votes"])
+            answered = self._codec.decode(rec["answered"]) if rec.get("answered") is not None else None
+            out.append(VoteStats(votes=np.asarray(votes), answered=None if answered is None else np.asarray(answered)))
+        return out
+
+    # -------------------------------------------------------------------------------------- budget
+    def _check_budget(self, planned: Sequence[PrivacyEvent], what: str) -> None:
+        if self.max_epsilon is None:
+            return
+        spent = self.epsilon().value
+        after = epsilon(merge_events(self._events + list(planned)), delta=self.delta,
+                        accounting=self.accounting, breakdown=False)
+        if after.value > self.max_epsilon:
+            msg = (f"{what} would bring epsilon to {_fmt(after.value)} ({self.accounting} accounting, "
+                   f"delta={self.delta:g}), above --max-epsilon {self.max_epsilon:g}; already spent "
+                   f"{_fmt(spent)} in {len(self._events)} recorded use(s) ({self.path})")
+            if after.notes:
+                msg += " [" + "; ".join(after.notes) + "]"
+            raise BudgetExceededError(msg)
+
+    def check_can_start(self, planned_events: Sequence[PrivacyEvent] | PrivacyEvent) -> EpsilonResult:
+        """Refuse to start (BudgetExceededError) if the recorded events plus ``planned_events`` exceed
+        max_epsilon; otherwise return the planned total under the ledger's accounting."""
+        planned = as_events(planned_events)
+        self._check_budget(planned, "the planned run (" + "; ".join(e.describe() for e in planned) + ")")
+        return epsilon(merge_events(self._events + planned), delta=self.delta, accounting=self.accounting,
+                       breakdown=False)
+
+    # --------------------------------------------------------------------------------------- spend
+    def spend(self, key: str, event: PrivacyEvent, compute_answers: Callable[[], Any], *,
+              map_location: Any = None) -> Any:
+        """Answers of the mechanism use ``key``, spending budget for ``event`` only the first time.
+
+        * ``key`` already recorded: the recorded answers are returned (tensors on CPU, or on
+          ``map_location``); nothing is spent; the recorded event must equal ``event``.
+        * otherwise: raise BudgetExceededError if the total would exceed max_epsilon (before anything
+          is computed), call ``compute_answers()`` (returning the answers, or a :class:`LedgerAnswer`),
+          append the record, flush and fsync, then return the answers.
+        """
+        if not isinstance(key, str) or not key:
+            raise PrivacyError(f"ledger key must be a non-empty string, got {key!r}")
+        if not isinstance(event, PrivacyEvent):
+            raise PrivacyError(f"ledger.spend needs a privacy event, got {event!r}")
+        if key in self._by_key:
+            rec = self._by_key[key]
+            recorded = event_from_dict(rec["event"])
+            if recorded != event:
+                raise RunError(f"ledger key {key!r} was recorded for {recorded.describe()} but is now requested for "
+                               f"{event.describe()}: the resumed run does not match the recorded one")
+            return self._codec.decode(rec["answers"], map_location)
+        self._check_budget([event], f"spending {key!r} ({event.describe()})")
+        result = compute_answers()
+        extra = result if isinstance(result, LedgerAnswer) else LedgerAnswer(answers=result)
+        seq = len(self._events)
+        stem = f"{seq:06d}-{_safe(key)}"
+        rec: dict[str, Any] = {"kind": "spend", "seq": seq, "key": key, "event": event.to_dict(),
+                               "answers": self._codec.encode(extra.answers, stem), "time": _now()}
+        stats: dict[str, Any] = dict(extra.stats or {})
+        if extra.votes is not None:
+            conv = _to_numpy(extra.votes)
+            votes_np = conv[0] if conv else np.asarray(extra.votes)
+            stats.update(_vote_summary(votes_np))
+            rec["votes"] = self._codec.encode(votes_np, stem + ".votes")
+        if extra.answered is not None:
+            conv = _to_numpy(extra.answered)
+            ans_np = conv[0] if conv else np.asarray(extra.answered)
+            stats["answered"] = int(np.asarray(ans_np, dtype=bool).sum())
+            rec["answered"] = self._codec.encode(np.asarray(ans_np, dtype=bool), stem + ".answered")
+        if stats:
+            rec["stats"] = stats
+        after = both(merge_events(self._events + [event]), delta=self.delta, breakdown=False)
+        rec["epsilon_after"] = {name: _json_eps(r.value) for name, r in after.items()}
+        self._append(rec)
+        self._by_key[key] = rec
+        self._events.append(event)
+        return extra.answers
+
+
+def _json_eps(x: float) -> Any:
+    return "inf" if math.isinf(x) else x
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.4g}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def read_ledger_events(path: str | os.PathLike) -> tuple[list[PrivacyEvent], dict[str, Any] | None]:
+    """Events and header of a ledger, read-only (tolerates a torn last line; no budget, no writes)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LEDGER_NAME
+    if not path.exists():
+        raise RunError(f"no privacy ledger at {path}")
+    events: list[PrivacyEvent] = []
+    header = None
+    lines = path.read_bytes().split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            if i == len(lines) - 1:
+                warnings.warn(f"{path}: ignoring an incomplete last record", LedgerWarning, stacklevel=2)
+                break
+            raise RunError(f"{path} line {i + 1} is corrupt; the ledger cannot be trusted") from None
+        if rec.get("kind") == "header":
+            header = dict(rec)
+        elif rec.get("kind") == "config" and header is not None:
+            header["max_epsilon"] = rec.get("max_epsilon")
+        elif rec.get("kind") == "spend":
+            try:
+                events.append(event_from_dict(rec["event"]))
+            except (PrivacyError, KeyError, TypeError) as err:
+                raise RunError(f"{path} line {i + 1}: unreadable event ({err})") from None
+    return events, header
