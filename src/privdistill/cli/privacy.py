@@ -1,0 +1,246 @@
+"""`privdistill privacy ...`: estimate epsilon under both accountings; print a run's privacy report.
+
+    privdistill privacy estimate --mechanism lnmax --laplace-scale 40 --queries 1300 --delta 1e-5
+    privdistill privacy estimate --mechanism dpdfd --clip-norm 1e-3 --sigma 100 --batch-size 256 --steps 1000
+    privdistill privacy estimate --mechanism srr --epsilon-per-label 1 --queries 60000 --num-classes 10
+    privdistill privacy estimate --mechanism dpdfd ... --target-epsilon 1     (calibrate)
+    privdistill privacy report RUN_DIR [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from privdistill.errors import PrivacyError
+
+app = typer.Typer(help="Estimate epsilon under both accountings (paper and strict); privacy reports of runs.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+class Mechanism(str, Enum):
+    lnmax = "lnmax"
+    gnmax = "gnmax"
+    confident_gnmax = "confident-gnmax"
+    dpdfd = "dpdfd"
+    srr = "srr"
+    rr = "rr"
+
+
+class Granularity(str, Enum):
+    per_sample = "per_sample"
+    batch_sum = "batch_sum"
+
+
+class SRRSetting(str, Enum):
+    data_free = "data-free"
+    label_dp = "label-dp"
+
+
+def _need(value: Any, flag: str, mechanism: str) -> Any:
+    if value is None:
+        raise PrivacyError(f"--mechanism {mechanism} needs {flag}")
+    return value
+
+
+def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilon0, sigma, sigma1, sigma2,
+                  threshold, answered, clip_norm, batch_size, num_teachers, granularity, algorithm,
+                  dataset_size, num_classes, epsilon_per_label, srr_setting, latent_epsilon):
+    from privdistill.privacy.events import (ConfidentGNMaxQueries, DPDFDSteps, GNMaxQueries, LatentLaplace,
+                                            LNMaxQueries, RRLabels, SRRLabels)
+
+    m = mechanism.value
+    if mechanism is Mechanism.dpdfd:
+        if queries is not None and steps is None:
+            steps = queries
+        main = DPDFDSteps(clip_norm=_need(clip_norm, "--clip-norm", m), sigma=_need(sigma, "--sigma", m),
+                          batch_size=_need(batch_size, "--batch-size", m), steps=_need(steps, "--steps", m),
+                          num_teachers=num_teachers, granularity=granularity.value, algorithm=algorithm,
+                          dataset_size=dataset_size, num_classes=num_classes)
+    else:
+        if steps is not None and queries is None:
+            queries = steps
+        queries = _need(queries, "--queries", m)
+        if mechanism is Mechanism.lnmax:
+            if laplace_scale is None and epsilon0 is None:
+                raise PrivacyError("--mechanism lnmax needs --laplace-scale (or --epsilon0, scale = 2/epsilon0)")
+            if laplace_scale is not None and epsilon0 is not None:
+                raise PrivacyError("give either --laplace-scale or --epsilon0, not both")
+            main = (LNMaxQueries(scale=laplace_scale, count=queries) if laplace_scale is not None
+                    else LNMaxQueries.from_epsilon0(epsilon0, queries))
+        elif mechanism is Mechanism.gnmax:
+            main = GNMaxQueries(sigma=_need(sigma if sigma is not None else sigma2, "--sigma", m), count=queries)
+        elif mechanism is Mechanism.confident_gnmax:
+            s2 = sigma2 if sigma2 is not None else sigma
+            main = ConfidentGNMaxQueries(threshold=_need(threshold, "--threshold", m),
+                                         sigma1=_need(sigma1, "--sigma1", m), sigma2=_need(s2, "--sigma2", m),
+                                         count=queries, answered=answered)
+        elif mechanism is Mechanism.srr:
+            main = SRRLabels(epsilon=_need(epsilon_per_label, "--epsilon-per-label", m), count=queries,
+                             num_classes=_need(num_classes, "--num-classes", m), setting=srr_setting.value)
+        else:
+            main = RRLabels(epsilon=_need(epsilon_per_label, "--epsilon-per-label", m), count=queries,
+                            num_classes=_need(num_classes, "--num-classes", m))
+    events = [main]
+    if latent_epsilon is not None:
+        events.append(LatentLaplace(epsilon1=latent_epsilon))
+    return main, events
+
+
+def _pathways_for(mechanism: Mechanism, algorithm: int, srr_setting: SRRSetting):
+    from privdistill.privacy import report
+
+    if mechanism is Mechanism.lnmax:
+        return "DGD", report.dgd_pathways(aggregation="laplace")
+    if mechanism is Mechanism.gnmax:
+        return "DGD+ (Gaussian aggregation)", report.dgd_pathways(aggregation="gaussian")
+    if mechanism is Mechanism.confident_gnmax:
+        return "PATE (Confident-GNMax, public inputs)", report.pate_pathways(aggregation="Confident-GNMax")
+    if mechanism is Mechanism.dpdfd:
+        return f"DPDFD Alg. {algorithm}", report.dpdfd_pathways(algorithm=algorithm)
+    if mechanism is Mechanism.srr:
+        return f"SRR ({srr_setting.value})", report.srr_pathways(setting=srr_setting.value)
+    return None, None
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    x = float(x)
+    if math.isinf(x):
+        return "inf"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}"
+
+
+@app.command("estimate")
+def estimate(
+    mechanism: Mechanism = typer.Option(..., "--mechanism", "-m", help="lnmax | gnmax | confident-gnmax | dpdfd | srr | rr"),
+    queries: Optional[int] = typer.Option(None, "--queries", "--labels", "-q", help="noisy-argmax queries or labels released"),
+    steps: Optional[int] = typer.Option(None, "--steps", "-T", help="DPDFD training steps"),
+    laplace_scale: Optional[float] = typer.Option(None, "--laplace-scale", "-b", help="LNMax Laplace scale b (DGD: 40)"),
+    epsilon0: Optional[float] = typer.Option(None, "--epsilon0", help="LNMax per-query epsilon (scale = 2/epsilon0)"),
+    sigma: Optional[float] = typer.Option(None, "--sigma", help="GNMax sigma / DPDFD noise scale sigma / Confident-GNMax sigma2"),
+    sigma1: Optional[float] = typer.Option(None, "--sigma1", help="Confident-GNMax threshold noise"),
+    sigma2: Optional[float] = typer.Option(None, "--sigma2", help="Confident-GNMax answer noise"),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="Confident-GNMax threshold T"),
+    answered: Optional[int] = typer.Option(None, "--answered", help="Confident-GNMax: queries answered (default: all)"),
+    clip_norm: Optional[float] = typer.Option(None, "--clip-norm", "-C", help="DPDFD norm bound C"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-B", help="DPDFD batch size B"),
+    num_teachers: int = typer.Option(1, "--num-teachers", "-n", help="DPDFD teachers (Alg. 2 if > 1)"),
+    granularity: Granularity = typer.Option(Granularity.per_sample, "--granularity", help="DPDFD: per_sample | batch_sum"),
+    algorithm: Optional[int] = typer.Option(None, "--algorithm", help="DPDFD algorithm 1, 2 or 3 (default: 1, or 2 if --num-teachers > 1)"),
+    dataset_size: Optional[int] = typer.Option(None, "--dataset-size", "-N", help="DPDFD Alg. 3: private set size"),
+    num_classes: Optional[int] = typer.Option(None, "--num-classes", "-K", help="classes (SRR/RR; DPDFD Lemma 1 note)"),
+    epsilon_per_label: Optional[float] = typer.Option(None, "--epsilon-per-label", help="SRR / RR epsilon per label"),
+    srr_setting: SRRSetting = typer.Option(SRRSetting.data_free, "--srr-setting", help="data-free | label-dp"),
+    latent_epsilon: Optional[float] = typer.Option(None, "--latent-epsilon", help="DGD epsilon1 of the latent-code noise"),
+    delta: float = typer.Option(1e-5, "--delta", "-d", help="target delta"),
+    target_epsilon: Optional[float] = typer.Option(None, "--target-epsilon", help="calibrate: most queries/steps and least noise for this epsilon"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Epsilon of a mechanism under both accountings, side by side, and what each covers."""
+    from privdistill.privacy._checks import check_delta
+    from privdistill.privacy.accounting import both
+    from privdistill.privacy.report import privacy_report
+
+    check_delta(delta)
+    if algorithm is None:
+        algorithm = 2 if num_teachers > 1 else 1
+    main, events = _build_events(
+        mechanism, queries=queries, steps=steps, laplace_scale=laplace_scale, epsilon0=epsilon0, sigma=sigma,
+        sigma1=sigma1, sigma2=sigma2, threshold=threshold, answered=answered, clip_norm=clip_norm,
+        batch_size=batch_size, num_teachers=num_teachers, granularity=granularity, algorithm=algorithm,
+        dataset_size=dataset_size, num_classes=num_classes, epsilon_per_label=epsilon_per_label,
+        srr_setting=srr_setting, latent_epsilon=latent_epsilon)
+    method, artifacts = _pathways_for(mechanism, algorithm, srr_setting)
+    report = privacy_report(events, delta=delta, artifacts=artifacts, method=method)
+    calibration = None
+    if target_epsilon is not None:
+        calibration = _calibrate(main, events[1:], target_epsilon, delta)
+        report["calibration"] = calibration
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    _print_estimate(report, calibration)
+
+
+def _calibrate(main, fixed, target_epsilon: float, delta: float) -> dict[str, Any]:
+    from privdistill.privacy.calibration import calibrate_noise, max_count
+
+    out: dict[str, Any] = {"target_epsilon": target_epsilon, "delta": delta, "count_field": main.count_field,
+                           "noise_field": main.noise_field}
+    for acc in ("paper", "strict"):
+        entry: dict[str, Any] = {"max_" + (main.count_field or "count"): max_count(
+            main, target_epsilon=target_epsilon, delta=delta, accounting=acc, fixed=fixed)}
+        try:
+            entry[main.noise_field] = calibrate_noise(main, target_epsilon=target_epsilon, delta=delta,
+                                                      accounting=acc, fixed=fixed)
+        except PrivacyError as err:
+            entry[main.noise_field] = None
+            entry["note"] = str(err)
+        out[acc] = entry
+    return out
+
+
+def _print_estimate(report: dict[str, Any], calibration: dict[str, Any] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    strict = report["accountings"]["strict"]
+    paper = report["accountings"]["paper"]
+    table = Table(title=f"epsilon at delta = {report['delta']:g} ({report['relation']})")
+    table.add_column("accounting", style="bold")
+    table.add_column("epsilon", justify="right")
+    table.add_column("what it covers")
+    table.add_row("paper", _fmt(report["epsilon"]["paper"]),
+                  "the formula the paper prints: " + "; ".join(paper["notes"]))
+    strict_notes = [n for m in report["mechanisms"] for n in m["strict_notes"]] + list(strict["notes"])
+    table.add_row("strict", _fmt(report["epsilon"]["strict"]),
+                  "a correct bound for the private training set: " + "; ".join(strict_notes))
+    console.print(table)
+    details = {k: v for m in report["mechanisms"] for k, v in m["details"].items()}
+    if details:
+        console.print("details: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in details.items()), highlight=False)
+    if report["artifacts"]:
+        console.print(f"\n[bold]Pathways from the private data ({report['method']}):[/]")
+        for name, art in report["artifacts"].items():
+            console.print(f"  [bold]{name}[/]: {art['statement']}", highlight=False)
+            for p in art["pathways"]:
+                mark = "[green]covered[/]    " if p["covered"] else "[red]NOT covered[/]"
+                console.print(f"    {mark} {p['via']} -> {p['to']}", highlight=False)
+    if calibration:
+        cal = Table(title=f"calibration for epsilon <= {calibration['target_epsilon']:g}, delta = {calibration['delta']:g}")
+        cal.add_column("accounting", style="bold")
+        cf = "max_" + (calibration["count_field"] or "count")
+        cal.add_column(cf.replace("_", " "), justify="right")
+        cal.add_column(f"{calibration['noise_field']} (at the given count)", justify="right")
+        for acc in ("paper", "strict"):
+            e = calibration[acc]
+            cal.add_row(acc, _fmt(e[cf]), _fmt(e[calibration["noise_field"]]) + (f"  ({e['note']})" if e.get("note") else ""))
+        console.print(cal)
+
+
+@app.command("report")
+def report_command(
+    run_dir: Path = typer.Argument(..., help="a run directory holding ledger.jsonl (and privacy.json)"),
+    delta: Optional[float] = typer.Option(None, "--delta", "-d", help="delta (default: the ledger's)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """A run's privacy report: epsilon under both accountings and what each released artifact's epsilon covers."""
+    from privdistill.privacy.report import render_text, run_report
+
+    rep = run_report(run_dir, delta=delta)
+    if as_json:
+        typer.echo(json.dumps(rep, indent=2))
+    else:
+        typer.echo(render_text(rep), nl=False)

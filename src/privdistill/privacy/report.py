@@ -1,0 +1,293 @@
+"""Privacy reports: epsilon under both accountings, mechanism by mechanism, and for each released
+artifact the pathways from the private data that the epsilon covers and those it does not.
+
+A method describes its artifacts with :class:`Pathway` lists (helpers below for DGD, DPDFD, SRR and
+PATE) and writes them to ``RUN_DIR/privacy.json`` with :func:`write_privacy_json`;
+``privdistill privacy report RUN_DIR`` combines them with ``RUN_DIR/ledger.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from privdistill.errors import PrivacyError, RunError
+from privdistill.privacy._checks import check_choice, check_delta
+from privdistill.privacy.accounting import both, merge_events
+from privdistill.privacy.events import PrivacyEvent, as_events
+from privdistill.privacy._io import atomic_write_bytes
+from privdistill.privacy.ledger import LEDGER_NAME, read_ledger_events
+
+PRIVACY_JSON = "privacy.json"
+
+
+@dataclass(frozen=True)
+class Pathway:
+    """One way information flows from the private data to a released artifact."""
+
+    source: str
+    via: str
+    to: str
+    covered: bool
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Pathway":
+        try:
+            return cls(source=str(data["source"]), via=str(data["via"]), to=str(data["to"]),
+                       covered=bool(data["covered"]), note=str(data.get("note", "")))
+        except KeyError as err:
+            raise RunError(f"pathway {dict(data)!r} lacks the field {err}") from None
+
+
+PRIVATE = "private training data"
+
+
+# ------------------------------------------------------------------------------------ method helpers
+def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator") -> dict[str, list[Pathway]]:
+    """DGD (and DGD+ with ``aggregation="gaussian"``). ``inputs``: "generator" (the method) or
+    "held-out-private" (Fig. 7 variant: a held-out slice of the private set replaces the generator)."""
+    check_choice("aggregation", aggregation, ("laplace", "gaussian"))
+    check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
+    agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
+    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {agg} labels of the queried samples",
+                       "labels of the student's supervised set", True,
+                       "the vote channel: what epsilon prices")]
+    if inputs == "generator":
+        student += [
+            Pathway(PRIVATE, "non-private baseline classifier -> data-free generator -> synthetic inputs",
+                    "the student's inputs (queried and unlabelled)", False,
+                    "the baseline and the generator are trained on D without noise"),
+            Pathway(PRIVATE, "non-private baseline -> generator -> synthetic data -> VAE -> latent codes + "
+                    "Laplace(2c/eps1) -> decoded triples", "the student's unsupervised regulariser", False,
+                    "the latent noise perturbs codes of synthetic samples; it does not protect private records"),
+            Pathway(PRIVATE, "non-private baseline -> generator -> which samples are queried",
+                    "the student's query set", False),
+        ]
+        generator = [Pathway(PRIVATE, "non-private baseline classifier (trained on D) as fixed discriminator",
+                             "generator weights", False, "generator trained on the non-private baseline: not covered")]
+        out = {"student": student, "generator": generator}
+    elif inputs == "held-out-private":
+        student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
+                            "training data", "the student's inputs", False,
+                            "covered only if that slice is genuinely public")]
+        out = {"student": student}
+    else:
+        student += [Pathway("public unlabelled data", "inputs and VAE training data", "the student's inputs", True,
+                            "public by assumption: nothing to protect")]
+        out = {"student": student}
+    return out
+
+
+def dpdfd_pathways(*, algorithm: int = 1) -> dict[str, list[Pathway]]:
+    """DPDFD Alg. 1 (one teacher), 2 (n disjoint teachers) or 3 (direct training on private data)."""
+    check_choice("algorithm", algorithm, (1, 2, 3))
+    if algorithm in (1, 2):
+        teachers = "the teacher" if algorithm == 1 else "n disjoint teachers"
+        channel = Pathway(PRIVATE, f"{teachers} -> per-sample output gradients normalised to norm C + "
+                          "N(0, sigma^2 C^2 I) (A_C,sigma)", "student and generator updates", True,
+                          "every access to the teacher goes through the noisy gradients; both models are "
+                          "post-processing of them")
+        return {"student": [channel,
+                            Pathway("noise z and the student", "generator trained against the student",
+                                    "the student's synthetic inputs", True, "no private data on this path")],
+                "generator": [channel]}
+    return {"student": [
+        Pathway(PRIVATE, "per-sample output gradients normalised + Gaussian noise, Poisson-sampled",
+                "output-space targets of the update", True, "the channel the paper analyses"),
+        Pathway(PRIVATE, "back-propagation through the model's Jacobian at the private inputs",
+                "student weights", False, "Alg. 3 is not DP as written: this path carries un-noised private data"),
+    ]}
+
+
+def srr_pathways(*, setting: str = "data-free") -> dict[str, list[Pathway]]:
+    """SRR (data-free: synthetic inputs) or its label-DP setting (real inputs, labels protected)."""
+    check_choice("setting", setting, ("data-free", "label-dp"))
+    if setting == "label-dp":
+        return {"student": [
+            Pathway(PRIVATE + " (labels)", "selective randomized response, each label released once",
+                    "the student's labels", True, "epsilon-label-DP: correct under 'change one label'"),
+            Pathway(PRIVATE + " (inputs)", "used directly as training inputs", "student weights", False,
+                    "label-DP does not protect the inputs"),
+        ]}
+    return {
+        "student": [
+            Pathway(PRIVATE, "non-private teacher -> selective randomized response labels", "the student's labels",
+                    True, "strict: composed over every label drawn from the teacher"),
+            Pathway(PRIVATE, "non-private teacher -> generator (BN-statistics, trained and fine-tuned against it) "
+                    "-> synthetic inputs", "the student's inputs", False,
+                    "the generator is trained against the teacher without noise"),
+        ],
+        "generator": [Pathway(PRIVATE, "non-private teacher used as fixed discriminator", "generator weights",
+                              False, "generator trained against the non-private teacher: not covered")],
+    }
+
+
+def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
+    """PATE baselines: public unlabelled inputs labelled by the private ensemble."""
+    return {"student": [
+        Pathway(PRIVATE, f"disjoint teachers -> {aggregation} labels", "the student's labels", True),
+        Pathway("public unlabelled data", "inputs", "the student's inputs", True, "public by assumption"),
+    ]}
+
+
+def write_privacy_json(run_dir: str | os.PathLike, artifacts: Mapping[str, Sequence[Pathway]], *,
+                       method: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+    """Write ``RUN_DIR/privacy.json`` (artifacts and their pathways) atomically."""
+    doc = {"method": method, "artifacts": {k: [p.to_dict() for p in v] for k, v in artifacts.items()}}
+    if extra:
+        doc.update(extra)
+    path = Path(run_dir) / PRIVACY_JSON
+    atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
+    return path
+
+
+# ----------------------------------------------------------------------------------------- reports
+def _num(x: Any) -> Any:
+    if isinstance(x, float):
+        if math.isinf(x):
+            return "inf"
+        if math.isnan(x):
+            return None
+    return x
+
+
+def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: float,
+                   artifacts: Mapping[str, Sequence[Pathway]] | None = None, method: str | None = None,
+                   title: str | None = None) -> dict[str, Any]:
+    """A JSON-able report: epsilon at ``delta`` under both accountings (total and per mechanism, events
+    of one setting merged), and for each artifact its pathways, covered or not."""
+    delta = check_delta(delta)
+    events = merge_events(as_events(events))
+    results = both(events, delta=delta)
+    paper, strict = results["paper"], results["strict"]
+    mechanisms = []
+    for ev, pe, se in zip(events, paper.events, strict.events):
+        mechanisms.append({"type": ev.type_name, "description": ev.describe(), "event": ev.to_dict(),
+                           "epsilon_paper": _num(pe.epsilon), "epsilon_strict": _num(se.epsilon),
+                           "paper_notes": list(pe.notes), "strict_notes": list(se.notes),
+                           "details": {k: _num(v) for k, v in {**pe.details, **se.details}.items()}})
+    arts: dict[str, Any] = {}
+    for name, pathways in (artifacts or {}).items():
+        pws = [p if isinstance(p, Pathway) else Pathway.from_dict(p) for p in pathways]
+        covered = [p for p in pws if p.covered]
+        missing = [p for p in pws if not p.covered]
+        if not pws:
+            statement = "no pathways declared"
+        elif not missing:
+            statement = (f"every listed pathway is covered: ({_fmt(strict.value)}, {delta:g})-DP under strict "
+                         f"accounting, ({_fmt(paper.value)}, {delta:g}) as the papers count")
+        else:
+            statement = (f"NOT differentially private as a whole: epsilon covers {len(covered)} of {len(pws)} "
+                         f"pathways; not covered: " + "; ".join(p.via for p in missing))
+        arts[name] = {"pathways": [p.to_dict() for p in pws], "fully_covered": bool(pws) and not missing,
+                      "statement": statement}
+    notes = []
+    seen = set()
+    for n in list(strict.notes) + list(paper.notes):
+        if n not in seen:
+            seen.add(n)
+            notes.append(n)
+    if not artifacts:
+        notes.append("no artifact pathways were given (no privacy.json): the epsilon covers the recorded "
+                     "mechanisms only; what else reaches the released models is not stated")
+    return {
+        "title": title or (f"Privacy report: {method}" if method else "Privacy report"),
+        "method": method,
+        "relation": strict.relation,
+        "delta": delta,
+        "epsilon": {"paper": _num(paper.value), "strict": _num(strict.value)},
+        "accountings": {"paper": paper.to_dict(), "strict": strict.to_dict()},
+        "mechanisms": mechanisms,
+        "artifacts": arts,
+        "notes": notes,
+    }
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if math.isinf(x):
+        return "inf"
+    if x >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}"
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    """The report as readable plain text."""
+    lines = [report.get("title") or "Privacy report", ""]
+    lines.append(f"neighbouring relation: {report['relation']}")
+    lines.append(f"delta: {report['delta']:g}")
+    lines.append(f"epsilon (paper accounting):  {_fmt(report['epsilon']['paper'])}   "
+                 "- the formulas the papers print")
+    lines.append(f"epsilon (strict accounting): {_fmt(report['epsilon']['strict'])}   "
+                 "- a correct bound for the private training set")
+    lines.append("")
+    lines.append("Mechanisms:")
+    if not report["mechanisms"]:
+        lines.append("  (none recorded)")
+    for m in report["mechanisms"]:
+        lines.append(f"  - {m['description']}")
+        lines.append(f"      paper {_fmt(m['epsilon_paper'])} | strict {_fmt(m['epsilon_strict'])}")
+        for n in m["strict_notes"]:
+            lines.append(f"      strict: {n}")
+        for k, v in m["details"].items():
+            lines.append(f"      {k}: {_fmt(v) if isinstance(v, (int, float, str)) else v}")
+    lines.append("")
+    lines.append("Released artifacts and what the epsilon covers:")
+    if not report["artifacts"]:
+        lines.append("  (no pathways declared)")
+    for name, art in report["artifacts"].items():
+        lines.append(f"  {name}: {art['statement']}")
+        for p in art["pathways"]:
+            mark = "covered    " if p["covered"] else "NOT covered"
+            lines.append(f"    [{mark}] {p['source']} -> {p['via']} -> {p['to']}"
+                         + (f"  ({p['note']})" if p.get("note") else ""))
+    if report.get("notes"):
+        lines.append("")
+        lines.append("Notes:")
+        for n in report["notes"]:
+            lines.append(f"  - {n}")
+    return "\n".join(lines) + "\n"
+
+
+def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dict[str, Any]:
+    """The report of a run directory: ``ledger.jsonl`` (required) and ``privacy.json`` (optional)."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise RunError(f"{run} is not a directory")
+    if not (run / LEDGER_NAME).exists():
+        raise RunError(f"{run} has no {LEDGER_NAME}: this run recorded no privacy mechanism "
+                       "(or it is not a run directory)")
+    events, header = read_ledger_events(run)
+    if delta is None:
+        delta = float(header["delta"]) if header and "delta" in header else 1e-5
+    artifacts = None
+    method = None
+    pj = run / PRIVACY_JSON
+    if pj.exists():
+        try:
+            doc = json.loads(pj.read_text())
+        except ValueError as err:
+            raise RunError(f"{pj} is not valid JSON: {err}") from None
+        method = doc.get("method")
+        artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()}
+    try:
+        report = privacy_report(events, delta=delta, artifacts=artifacts, method=method,
+                                title=f"Privacy report: {run}")
+    except PrivacyError:
+        raise
+    if header:
+        report["ledger"] = {"accounting_enforced": header.get("accounting"), "max_epsilon": header.get("max_epsilon"),
+                            "records": len(events)}
+    return report
