@@ -1,0 +1,136 @@
+"""A user's own private data: a `.npz` file with arrays `x`, `y`, or an ImageFolder directory."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from privdistill.data.dataset import DataSplits, ImageDataset
+from privdistill.errors import DataError
+
+NPZ_HELP = (
+    "A .npz needs arrays 'x' (N x H x W or N x C x H x W, C in {1, 3}; uint8 0..255 or float 0..1) and 'y' "
+    "(N integer labels 0..K-1); optional 'x_test', 'y_test'."
+)
+
+
+def _as_uint8_images(x: np.ndarray, path: Path, key: str) -> torch.Tensor:
+    if x.ndim == 3:
+        x = x[:, None]
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise DataError(f"{path}: array {key!r} has shape {x.shape}; expected N x H x W or N x C x H x W "
+                        f"with C in {{1, 3}}. {NPZ_HELP}")
+    if x.dtype == np.uint8:
+        return torch.from_numpy(np.ascontiguousarray(x))
+    if not np.issubdtype(x.dtype, np.number):
+        raise DataError(f"{path}: array {key!r} has dtype {x.dtype}; expected numbers. {NPZ_HELP}")
+    lo, hi = float(np.min(x)), float(np.max(x))
+    if lo >= 0.0 and hi <= 1.0:
+        x = x * 255.0
+    elif lo < 0.0 or hi > 255.0:
+        raise DataError(f"{path}: pixel values of {key!r} lie in [{lo}, {hi}]; expected [0, 1] or [0, 255]")
+    return torch.from_numpy(np.ascontiguousarray(np.rint(x).astype(np.uint8)))
+
+
+def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> torch.Tensor:
+    y = np.asarray(y).reshape(-1) if np.asarray(y).ndim == 2 and 1 in np.asarray(y).shape else np.asarray(y)
+    if y.ndim != 1 or len(y) != n:
+        raise DataError(f"{path}: {key!r} has shape {y.shape} but there are {n} images. {NPZ_HELP}")
+    if not np.issubdtype(y.dtype, np.integer):
+        if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
+            y = y.astype(np.int64)
+        else:
+            raise DataError(f"{path}: labels {key!r} must be integers, got {y.dtype}. {NPZ_HELP}")
+    if len(y) and y.min() < 0:
+        raise DataError(f"{path}: labels {key!r} must be >= 0. {NPZ_HELP}")
+    return torch.from_numpy(y.astype(np.int64))
+
+
+def holdout_split(data: ImageDataset, fraction: float, seed: int) -> DataSplits:
+    """Split a single labelled set into train and test (seeded)."""
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"test fraction must lie in (0, 1), got {fraction}")
+    n_test = max(1, int(round(len(data) * fraction)))
+    if n_test >= len(data):
+        raise DataError(f"{data.name}: {len(data)} examples are too few to hold out a test split")
+    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
+    return DataSplits(train=data.subset(perm[n_test:]), test=data.subset(perm[:n_test]))
+
+
+def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> DataSplits:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"npz dataset {path} does not exist. {NPZ_HELP}")
+    try:
+        arrays = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise DataError(f"{path} is not a readable .npz file ({err}). {NPZ_HELP}") from err
+    with arrays:
+        if "x" not in arrays or "y" not in arrays:
+            raise DataError(f"{path} has arrays {sorted(arrays.files)}; 'x' and 'y' are required. {NPZ_HELP}")
+        x = _as_uint8_images(arrays["x"], path, "x")
+        y = _as_labels(arrays["y"], len(x), path, "y")
+        test = None
+        if "x_test" in arrays and "y_test" in arrays:
+            xt = _as_uint8_images(arrays["x_test"], path, "x_test")
+            yt = _as_labels(arrays["y_test"], len(xt), path, "y_test")
+            test = (xt, yt)
+    num_classes = int(max(int(y.max()), int(test[1].max()) if test else 0)) + 1
+    name = f"npz:{path.name}"
+    train = ImageDataset(x, y, num_classes, name=name, source=str(path))
+    if test is None:
+        return holdout_split(train, test_fraction, seed)
+    if test[0].shape[1:] != x.shape[1:]:
+        raise DataError(f"{path}: x_test images {tuple(test[0].shape[1:])} differ from x {tuple(x.shape[1:])}")
+    return DataSplits(train=train, test=ImageDataset(test[0], test[1], num_classes, name=name, source=str(path)))
+
+
+def _read_image_folder(directory: Path, image_size: int | None, classes: list[str] | None):
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import functional as F
+
+    try:
+        folder = ImageFolder(str(directory))
+    except (FileNotFoundError, OSError) as err:
+        raise DataError(f"ImageFolder {directory}: {err}. Expected one sub-directory of images per class.") from err
+    if classes is not None and folder.classes != classes:
+        raise DataError(f"{directory}: classes {folder.classes} differ from the training classes {classes}")
+    images, labels, size, mode = [], [], None, None
+    for path, label in folder.samples:
+        with Image.open(path) as img:  # not folder.loader: it converts everything to RGB
+            if mode is None:
+                mode = "L" if img.mode in ("L", "1", "I;16", "I") else "RGB"
+            img = img.convert(mode)
+            if image_size:
+                img = img.resize((image_size, image_size))
+            t = F.pil_to_tensor(img)
+        if size is None:
+            size = tuple(t.shape)
+        elif tuple(t.shape) != size:
+            raise DataError(f"{path} has shape {tuple(t.shape)} but earlier images have {size}; "
+                            "pass an image size to resize them all.")
+        images.append(t)
+        labels.append(label)
+    return torch.stack(images), torch.tensor(labels, dtype=torch.long), folder.classes
+
+
+def load_image_folder(directory: str | Path, *, image_size: int | None = None, test_fraction: float = 0.1,
+                      seed: int = 0) -> DataSplits:
+    """`DIR/<class>/<image>` (a test split is held out), or `DIR/train/<class>/...` + `DIR/test/<class>/...`."""
+    directory = Path(directory).expanduser()
+    if not directory.is_dir():
+        raise DataError(f"ImageFolder directory {directory} does not exist")
+    name = f"folder:{directory.name}"
+    if (directory / "train").is_dir() and (directory / "test").is_dir():
+        x, y, classes = _read_image_folder(directory / "train", image_size, None)
+        xt, yt, _ = _read_image_folder(directory / "test", image_size, classes)
+        k = len(classes)
+        return DataSplits(train=ImageDataset(x, y, k, name=name, classes=tuple(classes), source=str(directory)),
+                          test=ImageDataset(xt, yt, k, name=name, classes=tuple(classes), source=str(directory)))
+    x, y, classes = _read_image_folder(directory, image_size, None)
+    data = ImageDataset(x, y, len(classes), name=name, classes=tuple(classes), source=str(directory))
+    return holdout_split(data, test_fraction, seed)

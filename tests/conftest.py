@@ -1,0 +1,29 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # for `import fabricate`
+
+# Tests never show progress bars and run single-threaded unless they say otherwise: reproducible timing
+# and bit-identical results between a run and its resumed twin.
+os.environ["PRIVDISTILL_NO_PROGRESS"] = "1"
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def data_root(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    root.mkdir()
+    monkeypatch.setenv("PRIVDISTILL_DATA", str(root))
+    monkeypatch.delenv("PRIVDISTILL_SOURCES", raising=False)
+    return root
+
+
+@pytest.fixture
+def tiny_npz(tmp_path):
+    from fabricate import write_npz
+
+    return write_npz(tmp_path / "tiny.npz", n=300)

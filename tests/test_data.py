@@ -1,0 +1,160 @@
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+from fabricate import (IDX_NAMES, spec_with_hashes, write_cifar10, write_idx_gz, write_image_folder, write_npz,
+                       write_svhn)
+from privdistill.data import builtin, catalog, load_data, prepare, status
+from privdistill.errors import DataError
+
+
+@pytest.fixture
+def fake_mnist_spec(monkeypatch, tmp_path):
+    """MNIST's spec with content hashes of fabricated files, so the real prepare/verify path runs."""
+    contents = write_idx_gz(tmp_path / "source")
+    spec = spec_with_hashes(catalog.MNIST, contents)
+    monkeypatch.setitem(catalog.BUILTIN, "mnist", spec)
+    return tmp_path / "source", contents
+
+
+def test_prepare_from_offline_gz_verifies_and_loads(data_root, fake_mnist_spec):
+    source, _ = fake_mnist_spec
+    how = prepare("mnist", data_root, source=source, download=False)
+    assert "copied" in how
+    for name in IDX_NAMES:
+        assert (data_root / "MNIST" / "raw" / name).is_file()
+    splits = load_data("mnist", data_root)
+    assert splits.train.images.shape == (200, 1, 28, 28) and splits.train.images.dtype == torch.uint8
+    assert len(splits.test) == 100 and splits.num_classes == 10
+    st = status("mnist", data_root)
+    assert st.present and st.verified and st.train_size == 200
+
+
+def test_prepare_rejects_content_that_differs_from_the_official_files(data_root, tmp_path):
+    write_idx_gz(tmp_path / "bogus")  # real MNIST hashes, fabricated content
+    with pytest.raises(DataError, match="do not match the official content"):
+        prepare("mnist", data_root, source=tmp_path / "bogus", download=False)
+    assert not any((data_root / "MNIST" / "raw").glob("*-ubyte")), "rejected files must not stay behind"
+
+
+def test_truncated_gz_is_a_clear_error(data_root, fake_mnist_spec):
+    source, _ = fake_mnist_spec
+    gz = source / "train-images-idx3-ubyte.gz"
+    gz.write_bytes(gz.read_bytes()[:100])
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        prepare("mnist", data_root, source=source, download=False)
+
+
+def test_corrupt_prepared_file_is_reported_not_a_torchvision_traceback(data_root, fake_mnist_spec):
+    source, _ = fake_mnist_spec
+    prepare("mnist", data_root, source=source, download=False)
+    path = data_root / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(DataError, match="mnist.*could not be read"):
+        load_data("mnist", data_root)
+    st = status("mnist", data_root)
+    assert st.verified is False and any("size" in p for p in st.problems)
+
+
+def test_missing_dataset_names_where_it_looked_and_how_to_get_it(data_root, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setitem(catalog.BUILTIN, "fashion-mnist", replace(catalog.FASHION_MNIST, system_sources=()))
+    with pytest.raises(DataError, match=r"fashion-mnist: source directory .*nowhere does not exist.*apt-get install"):
+        prepare("fashion-mnist", data_root, source=data_root / "nowhere", download=False)
+    with pytest.raises(DataError, match=r"fashion-mnist is not prepared in .*FashionMNIST/raw.*apt-get install"):
+        prepare("fashion-mnist", data_root, download=False)
+    with pytest.raises(DataError, match="data root .*no-such-root does not exist"):
+        builtin.load_builtin("mnist", data_root / "no-such-root", auto_prepare=False)
+
+
+def test_unknown_dataset_name():
+    with pytest.raises(DataError, match="unknown dataset 'imagenet'"):
+        load_data("imagenet")
+
+
+def test_fashion_mnist_from_debian_layout_with_different_gzip_headers(data_root, tmp_path, monkeypatch):
+    contents = write_idx_gz(tmp_path / "debian")
+    # Re-compress with another header (a file name and mtime), as Debian's package does: same content.
+    for name, data in contents.items():
+        with open(tmp_path / "debian" / f"{name}.gz", "wb") as raw:
+            with gzip.GzipFile(filename=name, mode="wb", fileobj=raw, mtime=1234567) as gz:
+                gz.write(data)
+    spec = spec_with_hashes(catalog.FASHION_MNIST, contents)
+    monkeypatch.setitem(catalog.BUILTIN, "fashion-mnist", spec)
+    monkeypatch.setenv("PRIVDISTILL_SOURCES", str(tmp_path / "debian"))
+    assert "copied" in prepare("fmnist", data_root, download=False)
+    assert len(load_data("fashion-mnist", data_root).train) == 200
+
+
+def test_cifar10_pickles(data_root):
+    write_cifar10(data_root)
+    splits = load_data("cifar10", data_root, verify=False)
+    assert splits.train.images.shape == (100, 3, 32, 32)
+    assert len(splits.test) == 20 and splits.train.classes[0] == "airplane"
+    with pytest.raises(DataError, match="cifar10"):  # torchvision's md5 check rejects fabricated files
+        load_data("cifar10", data_root, verify=True)
+
+
+def test_svhn_mat_maps_label_10_to_0(data_root):
+    write_svhn(data_root)
+    splits = load_data("svhn", data_root, verify=False)
+    assert splits.train.images.shape == (40, 3, 32, 32)
+    assert int(splits.train.labels.min()) >= 0 and int(splits.train.labels.max()) <= 9
+
+
+def test_image_folder_gray_and_rgb(tmp_path):
+    write_image_folder(tmp_path / "gray", mode="L", num_classes=3, n_per_class=5, size=20)
+    splits = load_data(f"folder:{tmp_path / 'gray'}", test_fraction=0.2)
+    assert splits.train.channels == 1 and splits.image_size == (20, 20) and splits.num_classes == 3
+    assert len(splits.train) + len(splits.test) == 15
+    write_image_folder(tmp_path / "rgb" / "train", mode="RGB", num_classes=4, size=24)
+    write_image_folder(tmp_path / "rgb" / "test", mode="RGB", num_classes=4, size=24, n_per_class=2)
+    splits = load_data(f"folder:{tmp_path / 'rgb'}")
+    assert splits.train.channels == 3 and len(splits.test) == 8 and splits.num_classes == 4
+
+
+@pytest.mark.parametrize("channels,size,classes", [(1, 28, 10), (3, 20, 5), (1, 17, 2)])
+def test_npz_any_size_channels_classes(tmp_path, channels, size, classes):
+    path = write_npz(tmp_path / "d.npz", n=60, num_classes=classes, size=size, channels=channels)
+    splits = load_data(f"npz:{path}")
+    assert splits.train.images.shape[1:] == (channels, size, size)
+    assert splits.num_classes == classes
+
+
+def test_npz_float_images_and_holdout(tmp_path):
+    x = np.random.default_rng(0).random((50, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "f.npz", x=x, y=np.arange(50) % 3)
+    splits = load_data(f"npz:{tmp_path / 'f.npz'}", test_fraction=0.2)
+    assert splits.train.images.dtype == torch.uint8 and len(splits.test) == 10 and len(splits.train) == 40
+
+
+@pytest.mark.parametrize("arrays,message", [
+    ({"x": np.zeros((10, 2, 8, 8), np.uint8), "y": np.zeros(10)}, "C in"),
+    ({"x": np.zeros((10, 8), np.uint8), "y": np.zeros(10)}, "expected N x H x W"),
+    ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.zeros(9)}, "there are 10 images"),
+    ({"x": np.zeros((10, 8, 8), np.uint8)}, "'x' and 'y' are required"),
+    ({"x": np.full((10, 8, 8), 300.0), "y": np.zeros(10)}, "pixel values"),
+    ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.full(10, -1)}, ">= 0"),
+])
+def test_npz_bad_shapes_are_clear_errors(tmp_path, arrays, message):
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DataError, match=message):
+        load_data(f"npz:{tmp_path / 'bad.npz'}")
+
+
+def test_npz_not_a_zip(tmp_path):
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="not a readable .npz"):
+        load_data(f"npz:{tmp_path / 'junk.npz'}")
+
+
+def test_real_mnist_if_available(data_root):
+    source = builtin.Path(__file__).resolve().parents[2] / "shared" / "data" / "MNIST" / "raw"
+    if not source.is_dir():
+        pytest.skip("no offline MNIST copy on this machine")
+    prepare("mnist", data_root, source=source, download=False)
+    st = status("mnist", data_root)
+    assert st.verified and st.train_size == 60000 and st.test_size == 10000
