@@ -1,0 +1,54 @@
+"""The DAFL generator (Chen et al., ICCV 2019), which the three papers build on without giving their own:
+linear -> BN -> (2x upsample -> conv3x3 -> BN -> LeakyReLU) x 2 -> conv3x3 -> tanh -> BN(affine=False).
+
+DAFL ends with a non-affine BatchNorm after tanh; we keep tanh as the last layer instead so that samples
+lie in [-1, 1], the range real images are mapped to (see `privdistill.data.to_float`), which lets the same
+classifier, VAE and audits consume real and synthetic images alike.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from privdistill.models.registry import register_model
+
+
+class DAFLGenerator(nn.Module):
+    def __init__(self, latent_dim: int = 100, out_channels: int = 1, image_size: int | tuple[int, int] = 28,
+                 width: int = 128):
+        super().__init__()
+        h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+        self.latent_dim = latent_dim
+        self.out_shape = (out_channels, h, w)
+        self.init_h, self.init_w = (h + 3) // 4, (w + 3) // 4  # upsampled twice, then cropped to (h, w)
+        self.project = nn.Sequential(nn.Linear(latent_dim, width * self.init_h * self.init_w))
+        self.width = width
+        self.body = nn.Sequential(
+            nn.BatchNorm2d(width),
+            nn.Upsample(scale_factor=2),
+            nn.Conv2d(width, width, 3, stride=1, padding=1),
+            nn.BatchNorm2d(width, eps=0.8),
+            nn.LeakyReLU(0.2, inplace=True),
+            nn.Upsample(scale_factor=2),
+            nn.Conv2d(width, width // 2, 3, stride=1, padding=1),
+            nn.BatchNorm2d(width // 2, eps=0.8),
+            nn.LeakyReLU(0.2, inplace=True),
+            nn.Conv2d(width // 2, out_channels, 3, stride=1, padding=1),
+            nn.Tanh(),
+        )
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.project(z).view(z.shape[0], self.width, self.init_h, self.init_w)
+        x = self.body(x)
+        h, w = self.out_shape[1:]
+        return x[:, :, :h, :w]
+
+    def sample_latent(self, n: int, *, generator: torch.Generator | None = None,
+                      device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.randn(n, self.latent_dim, generator=generator, device=device)
+
+
+@register_model("dafl-generator", kind="generator", description="DAFL generator: z (100) -> image in [-1, 1]")
+def dafl_generator(latent_dim: int = 100, out_channels: int = 1, image_size: int = 28, width: int = 128) -> DAFLGenerator:
+    return DAFLGenerator(latent_dim, out_channels, image_size, width)
