@@ -1,0 +1,222 @@
+"""Configuration: typed sections, presets, YAML files and command-line overrides.
+
+A run's configuration is a set of named sections (``run``, ``baseline``, ``teachers``, ...), each a
+dataclass. Values are resolved in this order, later winning:
+
+    dataclass defaults < preset (``presets/<name>.yaml``) < the preset's ``by_dataset.<dataset>`` block
+    < the user's ``--config FILE.yaml`` (same layout) < ``--set section.key=value`` on the command line
+
+The resolved configuration is written to the run directory as ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from privdistill.errors import ConfigError
+
+PRESETS = ("quick", "paper")
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------------------------- sections
+@dataclass
+class RunOptions:
+    """Where and how a run executes (not a hyper-parameter of any method)."""
+
+    seed: int = 0
+    deterministic: bool = False
+    device: str = "auto"
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    threads: int = 0  # 0: one per available core
+    data_root: str | None = None
+    runs_dir: str = "runs"
+    progress: bool = True
+
+    def validate(self) -> None:
+        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"run.precision: unknown {self.precision!r}")
+        _check(self.threads >= 0, "run.threads must be >= 0")
+
+
+@dataclass
+class ClassifierTraining:
+    """Supervised training of a classifier (the non-private baseline, teachers, DP-SGD's network)."""
+
+    model: str = "paper-cnn"
+    epochs: float = 5.0
+    steps: int = 0  # > 0 overrides epochs
+    batch_size: int = 128
+    optimizer: str = "adam"  # adam | sgd
+    lr: float = 1e-3
+    momentum: float = 0.9  # sgd only
+    lr_schedule: str = "linear"  # linear decay to 0 (the papers' schedule) | cosine | constant
+    weight_decay: float = 0.0
+    augment: str = "none"  # none | shift (random translation by up to 2 px) | flip-shift (+ horizontal flip)
+    label_smoothing: float = 0.0
+    eval_every_epochs: float = 1.0
+    checkpoint_every: int = 200  # steps
+
+    def validate(self) -> None:
+        _check(self.epochs > 0 or self.steps > 0, "epochs or steps must be > 0")
+        _check(self.steps >= 0, "steps must be >= 0")
+        _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        _check(self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}")
+        _check(self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}")
+        _check(self.augment in ("none", "shift", "flip-shift"), f"unknown augment {self.augment!r}")
+        _check(0 <= self.label_smoothing < 1, "label_smoothing must lie in [0, 1)")
+        _check(self.checkpoint_every >= 1, "checkpoint_every must be >= 1")
+        _check(self.weight_decay >= 0, "weight_decay must be >= 0")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+# ----------------------------------------------------------------------------------------------- presets
+def load_preset(name: str) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    text = resources.files("privdistill.presets").joinpath(f"{name}.yaml").read_text()
+    return yaml.safe_load(text) or {}
+
+
+def load_yaml_file(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, dict[str, Any]]:
+    """['baseline.epochs=3', 'run.seed=1'] -> {'baseline': {'epochs': 3}, 'run': {'seed': 1}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--set expects section.key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        section, field_name = key.split(".", 1)
+        out.setdefault(section.strip(), {})[field_name.strip()] = yaml.safe_load(value) if value != "" else None
+    return out
+
+
+# --------------------------------------------------------------------------------------------- resolve
+def _layers(preset: str, dataset: str | None, user: dict[str, Any], overrides: dict[str, dict[str, Any]]):
+    base = load_preset(preset)
+    layers = [base]
+    if dataset:
+        layers.append((base.get("by_dataset") or {}).get(dataset, {}))
+    layers.append(user)
+    if dataset:
+        layers.append((user.get("by_dataset") or {}).get(dataset, {}))
+    layers.append(overrides)
+    return layers
+
+
+def build_section(cls: type[T], values: dict[str, Any], section: str) -> T:
+    """Instantiate a section dataclass from a mapping, coercing types and rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in section {section!r}; valid keys: {sorted(known)}")
+    kwargs = {k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()}
+    obj = cls(**kwargs)
+    if hasattr(obj, "validate"):
+        try:
+            obj.validate()
+        except ConfigError as err:
+            raise ConfigError(f"{section}: {err}") from None
+    return obj
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if value is None:
+        if type(None) in args or hint is Any:
+            return None
+        raise ConfigError(f"{where} cannot be empty")
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: {value!r} does not fit {hint}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        inner = args[0] if args else Any
+        seq = [_coerce(v, inner, where) for v in value]
+        return tuple(seq) if origin is tuple else seq
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            try:
+                return int(str(value))
+            except ValueError:
+                raise ConfigError(f"{where} must be an integer, got {value!r}") from None
+        return int(value)
+    if hint is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if hint is str:
+        return str(value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return build_section(hint, value, where)
+    return value
+
+
+def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | None = None,
+                     config_file: str | Path | None = None, overrides: list[str] | dict | None = None) -> dict[str, Any]:
+    """Resolve every requested section; returns {name: dataclass instance}."""
+    user = load_yaml_file(config_file)
+    parsed = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    stray = sorted(set(parsed) - set(sections))
+    if stray:
+        raise ConfigError(f"--set names unknown section(s) {stray}; this command has {sorted(sections)}")
+    merged: dict[str, dict[str, Any]] = {name: {} for name in sections}
+    for layer in _layers(preset, dataset, user, parsed):
+        for name in sections:
+            block = layer.get(name) or {}
+            if not isinstance(block, dict):
+                raise ConfigError(f"section {name!r} must be a mapping, got {block!r}")
+            merged[name].update(block)
+    return {name: build_section(cls, merged[name], name) for name, cls in sections.items()}
+
+
+def to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj

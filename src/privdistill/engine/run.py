@@ -1,0 +1,210 @@
+"""A run directory: everything one run writes, laid out the same way for every method.
+
+    config.yaml       resolved configuration (and the command that made it)
+    metrics.jsonl     one JSON object per logged event, appended and flushed
+    checkpoint.pt     training state for --resume, written atomically
+    *.safetensors     weights of the released and intermediate models
+    ledger.jsonl      privacy ledger (methods with a privacy mechanism)
+    summary.json      the headline numbers; `--record` copies it to results/<preset>/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from privdistill.engine.atomic import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from privdistill.errors import RunError
+
+SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accuracy", "epsilon_paper",
+                "epsilon_strict", "delta", "wall_seconds", "device", "git_commit", "command")
+
+
+def git_commit() -> str | None:
+    """The commit of the code that ran (with '-dirty' if it had uncommitted changes), if in a checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def command_line() -> str:
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("privdistill", "__main__.py")):
+        argv[0] = "privdistill"
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    # -------------------------------------------------------------------------------- creation / resume
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, config: dict[str, Any], resume: bool = False,
+             command: str | None = None) -> "RunDir":
+        """Create a new run directory, or re-open one with `resume=True`.
+
+        Resuming with a different configuration would silently mix two experiments (and two privacy
+        budgets), so it is refused; the differing keys are listed.
+        """
+        run = cls(path)
+        cfg_path = run.path / "config.yaml"
+        if cfg_path.exists():
+            if not resume:
+                raise RunError(f"run directory {run.path} already holds a run; pass --resume to continue it "
+                               "or choose another --run-dir")
+            previous = yaml.safe_load(cfg_path.read_text()) or {}
+            diff = _diff(previous.get("config", {}), json.loads(json.dumps(config)))
+            if diff:
+                raise RunError(f"cannot resume {run.path}: its configuration differs in {', '.join(diff)}")
+        else:
+            if resume and run.path.exists() and any(run.path.iterdir()):
+                raise RunError(f"--resume given but {run.path} has no config.yaml: not a run directory")
+            run.path.mkdir(parents=True, exist_ok=True)
+            doc = {"command": command or command_line(), "created": datetime.now(timezone.utc).isoformat(),
+                   "config": json.loads(json.dumps(config))}
+            atomic_write_text(cfg_path, yaml.safe_dump(doc, sort_keys=False))
+        return run
+
+    @classmethod
+    def existing(cls, path: str | os.PathLike) -> "RunDir":
+        run = cls(path)
+        if not (run.path / "config.yaml").is_file():
+            raise RunError(f"{run.path} is not a run directory (no config.yaml)")
+        return run
+
+    def config(self) -> dict[str, Any]:
+        return (yaml.safe_load((self.path / "config.yaml").read_text()) or {}).get("config", {})
+
+    def command(self) -> str:
+        return (yaml.safe_load((self.path / "config.yaml").read_text()) or {}).get("command", "")
+
+    # --------------------------------------------------------------------------------------- metrics
+    def log(self, **metrics: Any) -> None:
+        metrics = {"time": round(time.time(), 3), **metrics}
+        with open(self.path / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics, default=float) + "\n")
+            f.flush()
+
+    def metrics(self) -> list[dict[str, Any]]:
+        p = self.path / "metrics.jsonl"
+        if not p.exists():
+            return []
+        out = []
+        for line in p.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a crash
+        return out
+
+    # --------------------------------------------------------------------------------------- weights
+    def save_weights(self, name: str, module: nn.Module, metadata: dict[str, str] | None = None) -> Path:
+        from safetensors.torch import save
+
+        state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+        meta = {"registry_name": getattr(module, "registry_name", ""),
+                "registry_kwargs": json.dumps(getattr(module, "registry_kwargs", {}))}
+        meta.update(metadata or {})
+        path = self.path / f"{name}.safetensors"
+        atomic_write_bytes(path, save(state, metadata=meta))
+        return path
+
+    def has_weights(self, name: str) -> bool:
+        return (self.path / f"{name}.safetensors").is_file()
+
+    def load_weights(self, name: str, module: nn.Module | None = None, device: str | torch.device = "cpu") -> nn.Module:
+        """Load weights into `module`, or rebuild the module from the registry metadata stored with them."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        path = self.path / f"{name}.safetensors"
+        if not path.is_file():
+            raise RunError(f"{path} not found: the run did not finish this stage")
+        if module is None:
+            from privdistill.models import create_model
+
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+            if not meta.get("registry_name"):
+                raise RunError(f"{path} carries no model name; pass the module to load it into")
+            module = create_model(meta["registry_name"], **json.loads(meta.get("registry_kwargs", "{}")))
+        module.load_state_dict(load_file(str(path), device=str(device)))
+        return module.to(device)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def checkpoint_path(self, name: str = "checkpoint") -> Path:
+        return self.path / f"{name}.pt"
+
+    def save_checkpoint(self, state: dict[str, Any], name: str = "checkpoint") -> None:
+        atomic_torch_save(self.checkpoint_path(name), state)
+
+    def load_checkpoint(self, name: str = "checkpoint") -> dict[str, Any] | None:
+        p = self.checkpoint_path(name)
+        if not p.is_file():
+            return None
+        return torch.load(p, map_location="cpu", weights_only=False)
+
+    def remove_checkpoint(self, name: str = "checkpoint") -> None:
+        self.checkpoint_path(name).unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------------------------------- summary
+    def write_summary(self, **fields: Any) -> dict[str, Any]:
+        summary = {k: None for k in SUMMARY_KEYS}
+        summary.update(git_commit=git_commit(), command=self.command())
+        summary.update(fields)
+        summary["run_dir"] = str(self.path)
+        summary["finished"] = datetime.now(timezone.utc).isoformat()
+        atomic_write_json(self.path / "summary.json", summary)
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        p = self.path / "summary.json"
+        if not p.is_file():
+            raise RunError(f"{self.path} has no summary.json: the run has not finished")
+        return json.loads(p.read_text())
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [prefix.rstrip(".")] if a != b else []
+
+
+def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "results", name: str | None = None) -> Path:
+    """Copy a run's summary to results/<preset>/<method>-<dataset>[-eps<ε>].json (small JSON, no weights)."""
+    from privdistill.data import dataset_slug
+
+    preset = summary.get("preset") or "custom"
+    if name is None:
+        name = f"{summary['method']}-{dataset_slug(summary['dataset'])}"
+        if summary.get("target_epsilon") is not None:
+            name += f"-eps{_fmt_eps(summary['target_epsilon'])}"
+    path = Path(results_dir) / preset / f"{name}.json"
+    atomic_write_json(path, summary)
+    return path
+
+
+def _fmt_eps(eps: float) -> str:
+    return f"{eps:g}"

@@ -1,0 +1,44 @@
+import pytest
+
+from privdistill.config import ClassifierTraining, RunOptions, parse_overrides, resolve_sections
+from privdistill.errors import ConfigError
+
+SECTIONS = {"run": RunOptions, "baseline": ClassifierTraining}
+
+
+def test_precedence_preset_dataset_file_cli(tmp_path):
+    quick = resolve_sections(SECTIONS, preset="quick", dataset="mnist")
+    fmnist = resolve_sections(SECTIONS, preset="quick", dataset="fashion-mnist")
+    assert fmnist["baseline"].epochs > quick["baseline"].epochs, "by_dataset block applies"
+    user = tmp_path / "c.yaml"
+    user.write_text("baseline:\n  epochs: 2\n  lr: 0.01\n")
+    cfg = resolve_sections(SECTIONS, preset="quick", dataset="fashion-mnist", config_file=user,
+                           overrides=["baseline.lr=0.5", "run.seed=7"])
+    assert cfg["baseline"].epochs == 2 and cfg["baseline"].lr == 0.5 and cfg["run"].seed == 7
+
+
+@pytest.mark.parametrize("override,message", [
+    ("baseline.batch_size=0", "batch_size must be >= 1"),
+    ("baseline.lr=-1", "lr must be > 0"),
+    ("baseline.epochs=abc", "must be a number"),
+    ("baseline.colour=red", "unknown key"),
+    ("teachers.n=3", "unknown section"),
+    ("baseline.lr_schedule=zigzag", "unknown lr_schedule"),
+    ("run.precision=fp8", "unknown 'fp8'"),
+])
+def test_impossible_values_are_clear_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_sections(SECTIONS, preset="quick", overrides=[override])
+
+
+def test_bad_preset_and_files(tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset"):
+        resolve_sections(SECTIONS, preset="fast")
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve_sections(SECTIONS, preset="quick", config_file=tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("baseline: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        resolve_sections(SECTIONS, preset="quick", config_file=bad)
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_overrides(["epochs=3"])

@@ -1,0 +1,118 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from privdistill.config import ClassifierTraining
+from privdistill.data import load_data
+from privdistill.engine import Env, RunDir, evaluate, train_classifier
+from privdistill.engine.atomic import atomic_write_bytes
+from privdistill.engine.augment import random_flip, random_shift
+from privdistill.engine.run import SUMMARY_KEYS
+from privdistill.errors import RunError
+from privdistill.models import create_model
+
+
+def test_training_learns_the_fabricated_task(tiny_npz, tmp_path):
+    data = load_data(f"npz:{tiny_npz}")
+    model = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    env = Env.cpu(seed=0)
+    before = evaluate(model, data.test, env)
+    run = RunDir.open(tmp_path / "run", config={"x": 1})
+    cfg = ClassifierTraining(model="small-cnn", epochs=6, batch_size=32, lr=3e-3, checkpoint_every=5)
+    result = train_classifier(model, data.train, cfg=cfg, env=env, run=run, test=data.test)
+    assert result.test_accuracy > 0.9 > before + 0.3
+    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines and all("test_accuracy" in l for l in lines)
+
+
+def test_augmentations_are_vectorised_and_seeded():
+    x = torch.randn(8, 3, 10, 10)
+    a = random_shift(x, 2, torch.Generator().manual_seed(1))
+    b = random_shift(x, 2, torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and a.shape == x.shape and not torch.equal(a, x)
+    # a shift moves pixels, never invents values besides the black fill
+    assert set(torch.unique(a).tolist()) <= set(torch.unique(x).tolist()) | {-1.0}
+    f = random_flip(x, torch.Generator().manual_seed(0))
+    flipped = [torch.equal(f[i], x[i].flip(-1)) for i in range(8)]
+    assert all(flipped[i] or torch.equal(f[i], x[i]) for i in range(8)) and any(flipped)
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path):
+    target = tmp_path / "f.bin"
+    atomic_write_bytes(target, b"old")
+
+    class Boom(Exception):
+        pass
+
+    from privdistill.engine.atomic import atomic_write
+
+    def half_write(f):
+        f.write(b"new but incomplete")
+        raise Boom
+
+    with pytest.raises(Boom):
+        atomic_write(target, half_write)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"], "no temporary file left behind"
+
+
+def test_run_dir_refuses_to_overwrite_or_resume_with_another_config(tmp_path):
+    RunDir.open(tmp_path / "r", config={"lr": 1})
+    with pytest.raises(RunError, match="--resume"):
+        RunDir.open(tmp_path / "r", config={"lr": 1})
+    with pytest.raises(RunError, match="differs in lr"):
+        RunDir.open(tmp_path / "r", config={"lr": 2}, resume=True)
+    RunDir.open(tmp_path / "r", config={"lr": 1}, resume=True)
+    with pytest.raises(RunError, match="not a run directory"):
+        RunDir.existing(tmp_path / "nothing")
+
+
+def _cli(*args, env_extra=None):
+    env = {**os.environ, "PRIVDISTILL_NO_PROGRESS": "1", **(env_extra or {})}
+    return [sys.executable, "-m", "privdistill", *args], env
+
+
+TRAIN_ARGS = ["--set", "baseline.model=small-cnn", "--set", "baseline.steps=40", "--set", "baseline.batch_size=32",
+              "--set", "baseline.checkpoint_every=2", "--set", "baseline.eval_every_epochs=100",
+              "--set", "run.threads=1", "--precision", "fp32", "--seed", "3"]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_result(tiny_npz, tmp_path):
+    """Kill a training run with SIGKILL mid-way, resume it, and compare with an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    dataset = f"npz:{tiny_npz}"
+    cmd, env = _cli("train", "baseline", "--dataset", dataset, "--run-dir", str(tmp_path / "full"), *TRAIN_ARGS)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+
+    cmd, env = _cli("train", "baseline", "--dataset", dataset, "--run-dir", str(tmp_path / "killed"), *TRAIN_ARGS)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "killed" / "checkpoint.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if ckpt.exists() and torch.load(ckpt, weights_only=False)["step"] >= 10:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(ckpt, weights_only=False)["step"]
+    assert 10 <= killed_at < 40, f"the run should have been killed mid-way, not at step {killed_at}"
+    assert not (tmp_path / "killed" / "summary.json").exists()
+
+    cmd, env = _cli("train", "baseline", "--dataset", dataset, "--run-dir", str(tmp_path / "killed"), "--resume", *TRAIN_ARGS)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    full = load_file(tmp_path / "full" / "model.safetensors")
+    resumed = load_file(tmp_path / "killed" / "model.safetensors")
+    assert full.keys() == resumed.keys()
+    assert all(torch.equal(full[k], resumed[k]) for k in full), "resumed weights differ from the uninterrupted run"
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert summary["test_accuracy"] == json.loads((tmp_path / "full" / "summary.json").read_text())["test_accuracy"]
+    assert set(SUMMARY_KEYS) <= set(summary)
