@@ -17,12 +17,32 @@ app = typer.Typer(
 )
 
 
-def _mount_subcommands() -> None:
-    # Imported here so that `privdistill --help` stays fast and a broken optional module
-    # cannot stop the others from loading.
-    from privdistill.cli import privacy as privacy_cli
+_MOUNTED = False
 
-    app.add_typer(privacy_cli.app, name="privacy")
+
+def _mount_subcommands() -> None:
+    global _MOUNTED
+    if _MOUNTED:
+        return
+    _MOUNTED = True
+    from privdistill.cli import data, evaluate, models, train
+
+    app.add_typer(data.app, name="data")
+    app.add_typer(train.app, name="train")
+    app.command("eval")(evaluate.eval_command)
+    app.command("models")(models.models_command)
+    try:
+        from privdistill.cli import privacy as privacy_cli
+    except ImportError:  # TEMPORARY while the privacy module is being written
+        pass
+    else:
+        app.add_typer(privacy_cli.app, name="privacy", help="Estimate ε under both accountings; privacy reports.")
+
+
+def get_app() -> typer.Typer:
+    """The fully mounted app (tests call it through typer's CliRunner)."""
+    _mount_subcommands()
+    return app
 
 
 def main() -> None:
@@ -32,7 +52,7 @@ def main() -> None:
     except PrivdistillError as err:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

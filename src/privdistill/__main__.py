@@ -1,0 +1,3 @@
+from privdistill.cli import main
+
+main()

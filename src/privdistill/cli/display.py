@@ -1,0 +1,32 @@
+"""How results are shown: one summary table per run, ε always with what it covers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if value < 10 else f"{value:.2f}"
+    return str(value)
+
+
+def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
+    table = Table(title=title or f"{summary.get('method')} on {summary.get('dataset')}", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    rows = ["test_accuracy", "baseline_accuracy", "epsilon_paper", "epsilon_strict", "delta", "privacy",
+            "wall_seconds", "device", "run_dir", "recorded_as"]
+    for key in rows:
+        if key in summary and summary[key] is not None:
+            table.add_row(key, _fmt(summary[key]))
+    console.print(table)
+    if summary.get("epsilon_paper") is None and summary.get("epsilon_strict") is None:
+        console.print("[yellow]No differential-privacy guarantee:[/] this model was trained directly on the data.")

@@ -1,0 +1,34 @@
+"""`privdistill eval RUN_DIR`: accuracy of a run's released model on its dataset's test split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from privdistill.cli import options as o
+
+
+def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+                 dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="evaluate on another dataset's test split")] = None,
+                 weights: Annotated[Optional[str], typer.Option("--weights", help="which weights (default: student, else model)")] = None,
+                 data_root: o.DataRoot = None, device: o.Device = None) -> None:
+    """Evaluate the released model of a run on a test split and print its accuracy."""
+    from privdistill.config import RunOptions
+    from privdistill.data import load_data
+    from privdistill.engine import Env, RunDir, evaluate
+    from privdistill.errors import RunError
+
+    run = RunDir.existing(run_dir)
+    config = run.config()
+    name = weights or next((w for w in ("student", "model") if run.has_weights(w)), None)
+    if name is None:
+        raise RunError(f"{run_dir} holds no student.safetensors or model.safetensors to evaluate")
+    env = Env.from_options(RunOptions(device=device or "auto", progress=False))
+    model = run.load_weights(name, device=env.device)
+    data = load_data(dataset or config["dataset"], data_root or config.get("run", {}).get("data_root"))
+    accuracy = evaluate(env.place(model), data.test, env)
+    Console().print(f"{name} of {run_dir} on {data.test.name} test ({len(data.test)} images): "
+                    f"[bold]accuracy {accuracy:.4f}[/]", highlight=False)

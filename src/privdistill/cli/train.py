@@ -1,0 +1,26 @@
+"""`privdistill train baseline`: the non-private reference classifier."""
+
+from __future__ import annotations
+
+import typer
+
+from privdistill.cli import options as o
+from privdistill.cli.display import show_summary
+
+app = typer.Typer(help="Train reference models.", no_args_is_help=True)
+
+
+@app.command("baseline")
+def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
+             set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
+             seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
+             no_progress: o.NoProgress = False) -> None:
+    """Train the classifier directly on all private data (no privacy): the accuracy to beat."""
+    from privdistill.methods.baseline import train_baseline
+    from privdistill.methods.common import RunRequest
+
+    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
+                         overrides=o.run_overrides(set_, seed=seed, device=device, precision=precision,
+                                                   data_root=data_root, no_progress=no_progress),
+                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    show_summary(train_baseline(request))

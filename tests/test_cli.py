@@ -1,0 +1,48 @@
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from fabricate import write_cifar10
+from privdistill.cli import get_app
+
+runner = CliRunner()
+
+
+def test_help_lists_the_commands():
+    result = runner.invoke(get_app(), ["--help"])
+    assert result.exit_code == 0
+    for command in ("data", "train", "eval", "models"):
+        assert command in result.output
+
+
+def test_data_lists_where_each_dataset_is(data_root):
+    write_cifar10(data_root)
+    result = runner.invoke(get_app(), ["data", "--data-root", str(data_root), "--no-verify"])
+    assert result.exit_code == 0, result.output
+    assert "cifar10" in result.output and "ready" in result.output and "missing" in result.output
+
+
+def test_train_record_and_eval(tiny_npz, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(get_app(), ["train", "baseline", "--dataset", f"npz:{tiny_npz}", "--run-dir", "run",
+                                       "--set", "baseline.model=small-cnn", "--set", "baseline.epochs=3",
+                                       "--set", "baseline.batch_size=32", "--precision", "fp32", "--record"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["method"] == "baseline" and summary["epsilon_strict"] is None and summary["delta"] is None
+    assert summary["test_accuracy"] > 0.5
+    recorded = tmp_path / "results" / "quick" / "baseline-npz-tiny.json"
+    assert json.loads(recorded.read_text())["test_accuracy"] == summary["test_accuracy"]
+    result = runner.invoke(get_app(), ["eval", "run", "--device", "cpu"])
+    assert result.exit_code == 0 and f"accuracy {summary['test_accuracy']:.4f}" in result.output
+
+
+def test_user_errors_print_one_line_and_exit_2(tmp_path):
+    for args, message in ((["train", "baseline", "--dataset", "imagenet"], "unknown dataset"),
+                          (["train", "baseline", "--dataset", "mnist", "--set", "baseline.lr=0"], "lr must be > 0"),
+                          (["eval", str(tmp_path)], "not a run directory")):
+        proc = subprocess.run([sys.executable, "-m", "privdistill", *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr
