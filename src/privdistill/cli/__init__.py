@@ -31,12 +31,9 @@ def _mount_subcommands() -> None:
     app.add_typer(train.app, name="train")
     app.command("eval")(evaluate.eval_command)
     app.command("models")(models.models_command)
-    try:
-        from privdistill.cli import privacy as privacy_cli
-    except ImportError:  # TEMPORARY while the privacy module is being written
-        pass
-    else:
-        app.add_typer(privacy_cli.app, name="privacy", help="Estimate ε under both accountings; privacy reports.")
+    from privdistill.cli import privacy as privacy_cli
+
+    app.add_typer(privacy_cli.app, name="privacy", help="Estimate ε under both accountings; privacy reports.")
 
 
 def get_app() -> typer.Typer:
