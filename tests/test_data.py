@@ -39,6 +39,13 @@ def test_prepare_rejects_content_that_differs_from_the_official_files(data_root,
     assert not any((data_root / "MNIST" / "raw").glob("*-ubyte")), "rejected files must not stay behind"
 
 
+def test_a_source_with_other_content_is_skipped_for_the_next_one(data_root, fake_mnist_spec, tmp_path, monkeypatch):
+    good, _ = fake_mnist_spec
+    write_idx_gz(tmp_path / "other", seed=7)  # same file names, other content (like MNIST vs Fashion-MNIST)
+    monkeypatch.setenv("PRIVDISTILL_SOURCES", f"{tmp_path / 'other'}:{good}")
+    assert prepare("mnist", data_root, download=False) == f"copied from {good}"
+
+
 def test_truncated_gz_is_a_clear_error(data_root, fake_mnist_spec):
     source, _ = fake_mnist_spec
     gz = source / "train-images-idx3-ubyte.gz"

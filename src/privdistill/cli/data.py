@@ -50,4 +50,4 @@ def prepare_cmd(names: Annotated[list[str], typer.Argument(help="datasets, e.g. 
     root = resolve_data_root(data_root)
     for name in names:
         how = prepare(name, root, source=source, download=not offline)
-        console.print(f"[green]{name}[/]: {how} -> {root}", highlight=False)
+        console.print(f"[green]{name}[/]: {how} -> {root}", highlight=False, soft_wrap=True)

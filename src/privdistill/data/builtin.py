@@ -126,20 +126,24 @@ def _prepare_idx(spec: DatasetSpec, root: Path, source: Path | None, download: b
     if not missing:
         return f"already in {raw}"
     searched = _candidate_source_dirs(spec, source)
+    rejected = []
     for directory in searched:
         found = {rf.name: _find_source_file(directory, rf.name) for rf in missing}
-        if all(found.values()):
-            for rf in missing:
-                _copy_decompressed(found[rf.name], raw / rf.name)
-            bad = [c for c in verify_idx_files(spec, root) if not c.ok]
-            if bad:
-                for c in bad:
-                    c.path.unlink(missing_ok=True)
-                raise DataError(
-                    f"{spec.name}: files from {directory} do not match the official content "
-                    f"({'; '.join(f'{c.name}: {c.problem}' for c in bad)}). {spec.how_to_get}"
-                )
+        if not all(found.values()):
+            continue
+        for rf in missing:
+            _copy_decompressed(found[rf.name], raw / rf.name)
+        bad = [c for c in verify_idx_files(spec, root) if not c.ok]
+        if not bad:
             return f"copied from {directory}"
+        # Same file names, other content (e.g. MNIST's files where Fashion-MNIST's were looked for):
+        # discard them and try the next source.
+        for c in bad:
+            c.path.unlink(missing_ok=True)
+        rejected.append(f"{directory} ({'; '.join(f'{c.name}: {c.problem}' for c in bad)})")
+    if rejected:
+        raise DataError(f"{spec.name}: files found in {', '.join(rejected)} do not match the official content. "
+                        f"{spec.how_to_get}")
     if source is not None and not source.is_dir():
         raise DataError(f"{spec.name}: source directory {source} does not exist. {spec.how_to_get}")
     if download:
