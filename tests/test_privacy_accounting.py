@@ -425,3 +425,13 @@ class TestBadInput:
             event_from_dict({"type": "lnmax", "scale": 1, "count": 1, "extra": 2})
         with pytest.raises(PrivacyError, match="no 'type'"):
             event_from_dict({"scale": 1})
+
+
+def test_merge_confident_events_keeps_answered_counts():
+    a = ConfidentGNMaxQueries(200, 150, 40, 10, answered=3)
+    b = ConfidentGNMaxQueries(200, 150, 40, 5, answered=2)
+    assert acc.merge_events([a, b]) == [ConfidentGNMaxQueries(200, 150, 40, 15, answered=5)]
+    unknown = ConfidentGNMaxQueries(200, 150, 40, 5)
+    assert acc.merge_events([a, unknown])[0].answered is None  # worst case once any is unknown
+    for name in ("paper", "strict"):
+        assert eps(acc.merge_events([a, b]), name) == pytest.approx(eps([a, b], name))

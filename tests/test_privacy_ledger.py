@@ -244,3 +244,11 @@ def test_crash_and_resume_reuses_answers_and_never_double_spends(tmp_path):
     assert [r["key"] for r in recs] == [f"batch/{i}" for i in range(6)]
     led = PrivacyLedger(run, max_epsilon=9.0)
     assert led.epsilon().value == pytest.approx(epsilon([LNMaxQueries(40, 24)], delta=DELTA).value)
+
+
+def test_ledger_path_forms(tmp_path):
+    a = PrivacyLedger(tmp_path / "run.1")  # a run directory, even with a dot in its name
+    assert a.path == tmp_path / "run.1" / "ledger.jsonl"
+    b = PrivacyLedger(tmp_path / "custom.jsonl")
+    b.spend("x", LNMaxQueries(40, 1), lambda: np.arange(1000))
+    assert (tmp_path / "custom.jsonl").exists() and (tmp_path / "ledger_answers").is_dir()

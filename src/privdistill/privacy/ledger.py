@@ -175,7 +175,7 @@ def _vote_summary(votes: np.ndarray) -> dict[str, Any]:
 class PrivacyLedger:
     """Append-only privacy ledger of one run (see the module docstring).
 
-    ``path``: the ledger file, or a run directory (then ``RUN_DIR/ledger.jsonl``).
+    ``path``: the ledger file (a ``.jsonl`` path), or a run directory (then ``RUN_DIR/ledger.jsonl``).
     ``max_epsilon``: refuse any spend that would take epsilon (under ``accounting``, at ``delta``)
     above this; None = no limit (still recorded).
     """
@@ -183,7 +183,7 @@ class PrivacyLedger:
     def __init__(self, path: str | os.PathLike, *, max_epsilon: float | None = None,
                  accounting: str = "strict", delta: float = 1e-5):
         path = Path(path)
-        if path.is_dir() or (not path.suffix and not path.exists()):
+        if path.suffix != ".jsonl":  # a run directory (existing or not)
             path = path / LEDGER_NAME
         self.path = path
         self.root = path.parent
@@ -363,7 +363,10 @@ class PrivacyLedger:
 
     def check_can_start(self, planned_events: Sequence[PrivacyEvent] | PrivacyEvent) -> EpsilonResult:
         """Refuse to start (BudgetExceededError) if the recorded events plus ``planned_events`` exceed
-        max_epsilon; otherwise return the planned total under the ledger's accounting."""
+        max_epsilon; otherwise return the planned total under the ledger's accounting.
+
+        ``planned_events``: what the run will still spend, i.e. on resume the events not yet recorded
+        (the recorded ones are already counted)."""
         planned = as_events(planned_events)
         self._check_budget(planned, "the planned run (" + "; ".join(e.describe() for e in planned) + ")")
         return epsilon(merge_events(self._events + planned), delta=self.delta, accounting=self.accounting,
