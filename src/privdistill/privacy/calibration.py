@@ -26,7 +26,7 @@ COUNT_LIMIT = 10**12
 
 
 def _eps(events: Sequence[PrivacyEvent], delta: float, accounting: str) -> float:
-    return epsilon(list(events), delta=delta, accounting=accounting).value
+    return epsilon(list(events), delta=delta, accounting=accounting, breakdown=False).value
 
 
 def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
