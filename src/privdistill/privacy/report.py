@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from privdistill.errors import PrivacyError, RunError
+from privdistill.errors import RunError
 from privdistill.privacy._checks import check_choice, check_delta
 from privdistill.privacy.accounting import both, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events
@@ -282,11 +282,7 @@ def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dic
             raise RunError(f"{pj} is not valid JSON: {err}") from None
         method = doc.get("method")
         artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()}
-    try:
-        report = privacy_report(events, delta=delta, artifacts=artifacts, method=method,
-                                title=f"Privacy report: {run}")
-    except PrivacyError:
-        raise
+    report = privacy_report(events, delta=delta, artifacts=artifacts, method=method, title=f"Privacy report: {run}")
     if header:
         report["ledger"] = {"accounting_enforced": header.get("accounting"), "max_epsilon": header.get("max_epsilon"),
                             "records": len(events)}
