@@ -25,10 +25,13 @@ def _mount_subcommands() -> None:
     if _MOUNTED:
         return
     _MOUNTED = True
-    from privdistill.cli import data, evaluate, models, train
+    from privdistill.cli import data, evaluate, models, stages, train
 
     app.add_typer(data.app, name="data")
     app.add_typer(train.app, name="train")
+    app.add_typer(stages.teachers_app, name="teachers")
+    app.add_typer(stages.generator_app, name="generator")
+    app.add_typer(stages.cache_app, name="cache")
     app.command("eval")(evaluate.eval_command)
     app.command("models")(models.models_command)
     from privdistill.cli import privacy as privacy_cli

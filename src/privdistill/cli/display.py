@@ -22,11 +22,12 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
     table = Table(title=title or f"{summary.get('method')} on {summary.get('dataset')}", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
-    rows = ["test_accuracy", "baseline_accuracy", "epsilon_paper", "epsilon_strict", "delta", "privacy",
+    rows = ["test_accuracy", "baseline_accuracy", "epsilon_paper", "epsilon_strict", "delta",
             "wall_seconds", "device", "run_dir", "recorded_as"]
     for key in rows:
         if key in summary and summary[key] is not None:
             table.add_row(key, _fmt(summary[key]))
     console.print(table)
     if summary.get("epsilon_paper") is None and summary.get("epsilon_strict") is None:
-        console.print("[yellow]No differential-privacy guarantee:[/] this model was trained directly on the data.")
+        console.print(f"[yellow]No differential-privacy guarantee[/] ({summary.get('privacy') or 'no mechanism'}).",
+                      highlight=False)

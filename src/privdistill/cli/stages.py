@@ -1,0 +1,102 @@
+"""`privdistill teachers ...`, `privdistill generator ...` and `privdistill cache ...`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from privdistill.cli import options as o
+from privdistill.cli.display import show_summary
+
+teachers_app = typer.Typer(help="Teacher ensembles on disjoint partitions.", no_args_is_help=True)
+generator_app = typer.Typer(help="Data-free generators.", no_args_is_help=True)
+cache_app = typer.Typer(help="The stage cache (baseline, teachers, generator, synthetic set, VAE).", no_args_is_help=True)
+console = Console()
+
+NoCache = Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")]
+
+
+@teachers_app.command("train")
+def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
+                   set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False,
+                   record: o.Record = False, seed: o.Seed = None, device: o.Device = None,
+                   precision: o.Precision = None, data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
+                   num_teachers: Annotated[Optional[int], typer.Option("--num-teachers", "-n")] = None,
+                   trainer: Annotated[Optional[str], typer.Option("--trainer", help="vectorized or loop")] = None,
+                   laplace_scale: Annotated[float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")] = 40.0,
+                   no_cache: NoCache = False) -> None:
+    """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
+    from privdistill.methods.common import RunRequest
+    from privdistill.methods.teachers import train_teachers_workflow
+
+    extra = [f"teachers.num_teachers={num_teachers}"] if num_teachers else []
+    extra += [f"teachers.trainer={trainer}"] if trainer else []
+    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
+                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
+                                                   data_root=data_root, no_progress=no_progress),
+                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache)
+    show_summary(summary, title=f"{summary['num_teachers']} teachers on {summary['dataset']}")
+    console.print(f"ensemble (plurality) {summary['ensemble_accuracy']:.4f}, Laplace b={laplace_scale:g} noisy vote "
+                  f"{summary.get('noisy_ensemble_accuracy', float('nan')):.4f}, mean single teacher "
+                  f"{summary['mean_teacher_accuracy']:.4f}; {summary['teachers_per_minute']} teachers/min",
+                  highlight=False)
+
+
+@generator_app.command("train")
+def generator_train(teacher: Annotated[Path, typer.Option("--teacher", "-t", help="run directory of the fixed classifier")],
+                    preset: o.Preset = "quick", config: o.ConfigFile = None, set_: o.Overrides = None,
+                    run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
+                    seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None,
+                    data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
+                    loss: Annotated[Optional[str], typer.Option("--loss", help="dgd, dpdfd or srr")] = None,
+                    samples: Annotated[Optional[int], typer.Option("--samples", help="N synthetic samples")] = None,
+                    no_cache: NoCache = False) -> None:
+    """Train a generator against a fixed classifier, write N samples + a grid, report their quality."""
+    from privdistill.methods.datafree import GeneratorRequest, train_generator_workflow
+
+    extra = [f"generator.loss={loss}"] if loss else []
+    extra += [f"generator.num_samples={samples}"] if samples else []
+    req = GeneratorRequest(teacher=str(teacher), preset=preset, config_file=str(config) if config else None,
+                           overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device,
+                                                     precision=precision, data_root=data_root, no_progress=no_progress),
+                           run_dir=str(run_dir) if run_dir else None, resume=resume, record=record, cache=not no_cache)
+    summary = train_generator_workflow(req)
+    show_summary(summary, title=f"generator ({summary['loss']} loss) on {summary['dataset']}")
+    q = summary["synthetic_quality"]
+    console.print(f"teacher on {summary['num_samples']} synthetic samples: histogram {q['class_histogram']}, "
+                  f"entropy {q['histogram_entropy_normalised']:.3f} of max, mean confidence {q['mean_confidence']:.3f}; "
+                  f"student trained on them alone: test accuracy {summary['test_accuracy']:.4f}. "
+                  f"Grid: {summary['run_dir']}/samples.png", highlight=False)
+
+
+@cache_app.command("ls")
+def cache_ls() -> None:
+    """List cached stages."""
+    from privdistill.engine.cache import StageCache
+
+    cache = StageCache()
+    table = Table(title=f"stage cache {cache.root}")
+    for col in ("stage", "complete", "size", "built in", "created"):
+        table.add_column(col)
+    for e in cache.entries():
+        table.add_row(e["name"], "yes" if e["complete"] else "[yellow]partial[/]", f"{e['bytes'] / 2**20:.1f} MiB",
+                      f"{e.get('build_seconds') or '-'} s", e.get("created") or "-")
+    console.print(table)
+
+
+@cache_app.command("rm")
+def cache_rm(pattern: Annotated[Optional[str], typer.Argument(help="remove entries whose name contains this")] = None,
+             all_: Annotated[bool, typer.Option("--all", help="remove every entry")] = False) -> None:
+    """Remove cached stages (by name fragment, or --all)."""
+    from privdistill.engine.cache import StageCache
+    from privdistill.errors import ConfigError
+
+    if pattern is None and not all_:
+        raise ConfigError("say which entries to remove (a name fragment) or pass --all")
+    removed = StageCache().remove(None if all_ else pattern)
+    console.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}: {', '.join(removed) or '-'}")

@@ -1,0 +1,228 @@
+"""Data-free generator learning: train a generator against a FIXED classifier, reading no private image.
+
+    L(x) = CE(f(x), argmax f(x)) + α · Σ_k p̄_k log p̄_k + β · A(x),   x = G(z), z ~ N(0, I)
+
+- the one-hot term pushes samples into regions the classifier is confident about;
+- p̄ is the batch mean of the softmax: minimising Σ p̄ log p̄ maximises its entropy (class balance);
+- A(x) differs per paper:
+    dgd   (DGD Eq. 2, α=5, β=0.1):   an L1 activation term on the backbone features;
+    dpdfd (DPDFD Eq. 5, α=β=1):      an L2 norm of the backbone features;
+    srr   (SRR, α=5, β=10):          BatchNorm-statistics matching (DeepInversion): Σ_l ‖μ_l − μ̂_l‖₂ + ‖σ²_l − σ̂²_l‖₂.
+
+Ambiguities and the readings chosen:
+- DGD and DPDFD write "+β‖f‖" for the activation term, but their text (real images "tend to receive higher
+  activation") and DAFL, which both cite, REWARD high activation: we use −β·mean|f| (dgd) and
+  −β·RMS(f) = −β·‖f‖₂/√d (dpdfd). Dividing the L2 norm by √d keeps β = 1 on the same scale as the other
+  terms for any feature width; without it the term of a 6272-wide feature would swamp the others.
+- The generator architecture is not given by any paper: DAFL's (see `models.generator`).
+- DGD's "200 rounds, lr 0.2, ÷10 every 80 rounds" follows DAFL, whose round is an epoch of 120 iterations
+  of batch 512 against Adam; `steps_per_round` and `batch_size` make that explicit and configurable.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privdistill.data.dataset import to_uint8
+from privdistill.engine.context import Env
+from privdistill.engine.progress import progress_bar
+from privdistill.engine.run import RunDir
+from privdistill.errors import ConfigError, ModelError
+from privdistill.models import create_model
+
+LOSS_DEFAULTS = {"dgd": (5.0, 0.1), "dpdfd": (1.0, 1.0), "srr": (5.0, 10.0)}
+_LATENT_STREAM = 21
+_SYNTHETIC_STREAM = 22
+
+
+@dataclass
+class GeneratorTraining:
+    """Config section `generator`."""
+
+    loss: str = "dgd"  # dgd | dpdfd | srr
+    alpha: Optional[float] = None  # None: the paper's value for the chosen loss
+    beta: Optional[float] = None
+    latent_dim: int = 100
+    width: int = 128
+    rounds: int = 200
+    steps_per_round: int = 120
+    batch_size: int = 512
+    lr: float = 0.2
+    lr_decay_every: int = 80  # rounds
+    lr_decay: float = 0.1
+    num_samples: int = 0  # synthetic set size; 0: as many as the classifier's training set
+    checkpoint_every: int = 100  # steps
+
+    def validate(self) -> None:
+        if self.loss not in LOSS_DEFAULTS:
+            raise ConfigError(f"generator.loss must be one of {sorted(LOSS_DEFAULTS)}, got {self.loss!r}")
+        if min(self.rounds, self.steps_per_round, self.batch_size, self.latent_dim, self.width) < 1:
+            raise ConfigError("generator rounds, steps_per_round, batch_size, latent_dim and width must be >= 1")
+        if self.lr <= 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("generator.lr must be > 0 and lr_decay in (0, 1]")
+        if self.num_samples < 0:
+            raise ConfigError("generator.num_samples must be >= 0")
+
+    @property
+    def weights(self) -> tuple[float, float]:
+        a, b = LOSS_DEFAULTS[self.loss]
+        return (a if self.alpha is None else self.alpha, b if self.beta is None else self.beta)
+
+    @property
+    def total_steps(self) -> int:
+        return self.rounds * self.steps_per_round
+
+
+# ------------------------------------------------------------------------------------------- features
+def logits_and_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and backbone features (input of the last linear layer) of any classifier.
+
+    Our classifiers expose `features` and `classifier`; for other modules (a user's torch model), the input
+    of the last nn.Linear is captured with a forward hook.
+    """
+    if hasattr(model, "features") and hasattr(model, "classifier") and callable(model.features):
+        feats = model.features(x)
+        return model.classifier(feats), feats
+    last = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not last:
+        raise ModelError("cannot find backbone features: the classifier has no nn.Linear output layer")
+    captured = {}
+    handle = last[-1].register_forward_hook(lambda mod, inp, out: captured.__setitem__("f", inp[0]))
+    try:
+        logits = model(x)
+    finally:
+        handle.remove()
+    return logits, captured["f"].flatten(1)
+
+
+class BatchNormStatistics:
+    """Forward hooks on every BatchNorm layer: the distance between a batch's statistics and the layer's
+    running statistics (DeepInversion's R_feature), summed over layers."""
+
+    def __init__(self, model: nn.Module):
+        self.layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if not self.layers:
+            raise ModelError("the SRR generator loss matches BatchNorm statistics, but this classifier has no "
+                             "BatchNorm layer; use a BN network (e.g. paper-cnn-bn, resnet18/34) or another loss")
+        self.losses: list[torch.Tensor] = []
+        self.handles = [m.register_forward_hook(self._hook) for m in self.layers]
+
+    def _hook(self, module, inputs, output):
+        x = inputs[0].float()
+        dims = [0] + list(range(2, x.ndim))
+        mean, var = x.mean(dims), x.var(dims, unbiased=False)
+        self.losses.append(torch.norm(mean - module.running_mean, 2) + torch.norm(var - module.running_var, 2))
+
+    def pop(self) -> torch.Tensor:
+        total = torch.stack(self.losses).sum()
+        self.losses = []
+        return total
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def datafree_loss(classifier: nn.Module, x: torch.Tensor, kind: str, alpha: float, beta: float,
+                  bn: BatchNormStatistics | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    logits, feats = logits_and_features(classifier, x)
+    logits, feats = logits.float(), feats.float()
+    one_hot = F.cross_entropy(logits, logits.argmax(1))
+    mean_p = F.softmax(logits, dim=1).mean(0)
+    neg_entropy = (mean_p * torch.log(mean_p + 1e-12)).sum()
+    if kind == "dgd":
+        activation = -feats.abs().mean()
+    elif kind == "dpdfd":
+        activation = -(feats.norm(dim=1) / math.sqrt(feats.shape[1])).mean()
+    else:
+        activation = bn.pop()
+    loss = one_hot + alpha * neg_entropy + beta * activation
+    return loss, {"one_hot": float(one_hot.detach()), "entropy": float(-neg_entropy.detach()),
+                  "activation": float(activation.detach())}
+
+
+# -------------------------------------------------------------------------------------------- training
+def build_generator(cfg: GeneratorTraining, channels: int, image_size: int) -> nn.Module:
+    return create_model("dafl-generator", kind="generator", latent_dim=cfg.latent_dim, out_channels=channels,
+                        image_size=image_size, width=cfg.width)
+
+
+def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, channels: int, image_size: int,
+                    run: RunDir | None = None) -> tuple[nn.Module, dict]:
+    """Train a DAFL generator against the fixed `classifier` (its weights are never updated)."""
+    classifier = env.place(classifier).eval()
+    for p in classifier.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(env.generator(_LATENT_STREAM, -1).initial_seed())
+    generator = env.place(build_generator(cfg, channels, image_size)).train()
+    optimizer = torch.optim.Adam(generator.parameters(), lr=cfg.lr)
+    alpha, beta = cfg.weights
+    bn = BatchNormStatistics(classifier) if cfg.loss == "srr" else None
+    steps = cfg.total_steps
+    start, elapsed, history = 0, 0.0, []
+    state = run.load_checkpoint("generator-checkpoint") if run is not None else None
+    if state is not None:
+        generator.load_state_dict(state["generator"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, elapsed, history = state["step"], state["elapsed"], state["history"]
+    t0 = time.perf_counter()
+    window: dict[str, float] = {}
+    try:
+        with progress_bar(steps, f"generator ({cfg.loss})", enabled=env.progress, completed=start) as bar:
+            for step in range(start, steps):
+                lr = cfg.lr * cfg.lr_decay ** (step // (cfg.lr_decay_every * cfg.steps_per_round))
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                z = torch.randn(cfg.batch_size, cfg.latent_dim, generator=env.generator(_LATENT_STREAM, step))
+                with env.autocast():
+                    x = generator(z.to(env.device))
+                    loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                for k, v in {"loss": float(loss.detach()), **parts}.items():
+                    window[k] = window.get(k, 0.0) + v
+                done = step + 1
+                if done % cfg.steps_per_round == 0 or done == steps:
+                    n = done % cfg.steps_per_round or cfg.steps_per_round
+                    entry = {"step": done, "round": math.ceil(done / cfg.steps_per_round), "lr": lr,
+                             **{k: v / n for k, v in window.items()}}
+                    window = {}
+                    history.append(entry)
+                    if run is not None:
+                        run.log(stage="generator", **entry)
+                if run is not None and done % cfg.checkpoint_every == 0 and done < steps:
+                    run.save_checkpoint({"generator": generator.state_dict(), "optimizer": optimizer.state_dict(),
+                                         "step": done, "elapsed": elapsed + time.perf_counter() - t0,
+                                         "history": history}, "generator-checkpoint")
+                bar.advance(1, loss=float(loss.detach()))
+    finally:
+        if bn is not None:
+            bn.remove()
+    for p in classifier.parameters():
+        p.requires_grad_(True)
+    return generator, {"wall_seconds": round(elapsed + time.perf_counter() - t0, 1), "steps": steps,
+                       "alpha": alpha, "beta": beta, "final": history[-1] if history else {}}
+
+
+@torch.no_grad()
+def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, stream: int = 0) -> torch.Tensor:
+    """n synthetic images as uint8 [n, C, H, W] (quantised like real images).
+
+    The generator stays in train mode, as while it was trained: its BatchNorm layers normalise with batch
+    statistics (running statistics are updated but never used in this mode)."""
+    generator.train()
+    out = []
+    for i, start in enumerate(range(0, n, batch_size)):
+        m = min(batch_size, n - start)
+        z = torch.randn(m, generator.latent_dim, generator=env.generator(_SYNTHETIC_STREAM, stream, i))
+        with env.autocast():
+            out.append(to_uint8(generator(z.to(env.device)).float()).cpu())
+    return torch.cat(out).contiguous()

@@ -1,0 +1,348 @@
+"""Teacher ensembles: n classifiers trained on n disjoint partitions, and their batched votes.
+
+Training many small networks one after the other wastes most of a GPU (and, on a CPU, pays Python and
+dispatch overhead per tiny step). The vectorised trainer stacks the teachers' parameters
+(`torch.func.stack_module_state`) and runs one `vmap(functional_call)` step for a whole chunk of teachers,
+each on its own batch from its own partition. Adam is element-wise, so one Adam over stacked parameters
+is exactly n independent Adams; the plain loop trainer is kept as the reference and the two give the
+same teachers for equal seeds (up to floating-point summation order).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.data.partition import missing_classes, partition_indices
+from privdistill.engine.atomic import atomic_write_bytes
+from privdistill.engine.context import Env
+from privdistill.engine.progress import progress_bar
+from privdistill.errors import ConfigError, DataError, ModelError
+from privdistill.models import create_model
+
+_TEACHER_INIT_STREAM = 11
+_TEACHER_EPOCH_STREAM = 12
+
+
+@dataclass
+class TeacherTraining:
+    """Config section `teachers`. Paper (DGD Sec. IV): 250 teachers, Adam, batch 128, 3000 iterations,
+    lr 0.05 decaying linearly to 0."""
+
+    num_teachers: int = 250
+    model: str = "paper-cnn"
+    steps: int = 3000  # iterations per teacher
+    batch_size: int = 128
+    lr: float = 0.05
+    lr_schedule: str = "linear"  # linear | constant
+    stratified: bool = False
+    trainer: str = "vectorized"  # vectorized | loop
+    chunk_size: int = 0  # teachers per vectorised step; 0: automatic (memory-bounded)
+    partition_seed: int = 0
+
+    def validate(self) -> None:
+        if self.num_teachers < 1:
+            raise ConfigError(f"num_teachers must be >= 1, got {self.num_teachers}")
+        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ConfigError("steps, batch_size and lr must be positive")
+        if self.trainer not in ("vectorized", "loop"):
+            raise ConfigError(f"trainer must be vectorized or loop, got {self.trainer!r}")
+        if self.lr_schedule not in ("linear", "constant"):
+            raise ConfigError(f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
+        if self.chunk_size < 0:
+            raise ConfigError("chunk_size must be >= 0")
+
+
+# ------------------------------------------------------------------------------------------ the ensemble
+class TeacherEnsemble(nn.Module):
+    """n teachers of one architecture with stacked parameters [n, ...]; `votes(x)` counts their argmaxes."""
+
+    def __init__(self, base: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor] | None = None):
+        super().__init__()
+        self.base = [copy.deepcopy(base).to("meta")]  # a list: keeps the template out of state_dict
+        self.names = list(params)
+        for i, name in enumerate(self.names):
+            self.register_buffer(f"p{i}", params[name].detach())
+        self.buffer_names = list(buffers or {})
+        for i, name in enumerate(self.buffer_names):
+            self.register_buffer(f"b{i}", buffers[name].detach())
+        self.registry_name = getattr(base, "registry_name", "")
+        self.registry_kwargs = dict(getattr(base, "registry_kwargs", {}))
+
+    @property
+    def num_teachers(self) -> int:
+        return int(getattr(self, "p0").shape[0])
+
+    def stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        params = {n: getattr(self, f"p{i}") for i, n in enumerate(self.names)}
+        buffers = {n: getattr(self, f"b{i}") for i, n in enumerate(self.buffer_names)}
+        return params, buffers
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor, *, chunk: int = 50) -> torch.Tensor:
+        """[n, B, K] logits of every teacher on the same batch x [B, C, H, W]."""
+        params, buffers = self.stacked()
+        base = self.base[0]
+
+        def one(p, b, inputs):
+            return functional_call(base, (p, b), (inputs,))
+
+        out = []
+        for start in range(0, self.num_teachers, chunk):
+            p = {k: v[start:start + chunk] for k, v in params.items()}
+            b = {k: v[start:start + chunk] for k, v in buffers.items()}
+            out.append(vmap(one, in_dims=(0, 0, None))(p, b, x).float())
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def predictions(self, x: torch.Tensor, *, chunk: int = 50) -> torch.Tensor:
+        """[n, B] predicted label of every teacher."""
+        return self.logits(x, chunk=chunk).argmax(-1)
+
+    @torch.no_grad()
+    def votes(self, x: torch.Tensor, *, num_classes: int | None = None, chunk: int = 50) -> torch.Tensor:
+        """counts[B, K]: how many teachers vote for each class, for the whole ensemble in one pass."""
+        preds = self.predictions(x, chunk=chunk)
+        k = num_classes or int(self.base[0].classifier.out_features)
+        return F.one_hot(preds, k).sum(0)
+
+    def member(self, i: int) -> nn.Module:
+        """Teacher i as an ordinary module (for inspection, audits and the reference loop)."""
+        if self.registry_name:
+            model = create_model(self.registry_name, **self.registry_kwargs)
+        else:
+            raise ModelError("this ensemble was built from an unregistered model; cannot rebuild a member")
+        params, buffers = self.stacked()
+        state = {k: v[i] for k, v in {**params, **buffers}.items()}
+        model.load_state_dict(state)
+        return model
+
+    def save(self, path: str | Path, metadata: dict | None = None) -> None:
+        from safetensors.torch import save
+
+        params, buffers = self.stacked()
+        tensors = {f"param.{k}": v.detach().cpu().contiguous() for k, v in params.items()}
+        tensors.update({f"buffer.{k}": v.detach().cpu().contiguous() for k, v in buffers.items()})
+        meta = {"registry_name": self.registry_name, "registry_kwargs": json.dumps(self.registry_kwargs),
+                "num_teachers": str(self.num_teachers), **{k: str(v) for k, v in (metadata or {}).items()}}
+        atomic_write_bytes(path, save(tensors, metadata=meta))
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "TeacherEnsemble":
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path), device=str(device))
+        base = create_model(meta["registry_name"], **json.loads(meta["registry_kwargs"]))
+        params = {k[6:]: v for k, v in tensors.items() if k.startswith("param.")}
+        buffers = {k[7:]: v for k, v in tensors.items() if k.startswith("buffer.")}
+        return cls(base, params, buffers).to(device)
+
+
+# -------------------------------------------------------------------------------------------- training
+def make_partitions(train: ImageDataset, cfg: TeacherTraining) -> list[torch.Tensor]:
+    if cfg.num_teachers > len(train):
+        raise DataError(f"{cfg.num_teachers} teachers need at least {cfg.num_teachers} training examples; "
+                        f"{train.name} has {len(train)}")
+    parts = partition_indices(train.labels, cfg.num_teachers, seed=cfg.partition_seed, stratified=cfg.stratified)
+    smallest = min(len(p) for p in parts)
+    if smallest < cfg.batch_size:
+        raise ConfigError(f"teachers.batch_size {cfg.batch_size} exceeds the smallest partition ({smallest} "
+                          f"examples with {cfg.num_teachers} teachers); lower it or use fewer teachers")
+    return parts
+
+
+def _init_teachers(cfg: TeacherTraining, train: ImageDataset, count: int, first: int, env: Env) -> list[nn.Module]:
+    models = []
+    for i in range(first, first + count):
+        torch.manual_seed(env.generator(_TEACHER_INIT_STREAM, i).initial_seed())
+        models.append(create_model(cfg.model, kind="classifier", in_channels=train.channels,
+                                   num_classes=train.num_classes, image_size=train.image_size[0]))
+    return models
+
+
+def _batch_positions(sizes: torch.Tensor, step: int, batch: int, teacher_ids: torch.Tensor, env: Env) -> torch.Tensor:
+    """[m, batch] positions inside each teacher's partition for this step.
+
+    Each teacher walks through seeded per-epoch permutations of its own partition; an epoch is
+    min(size) // batch steps for every teacher, so all teachers stay in step.
+    """
+    per_epoch = max(1, int(sizes.min()) // batch)
+    epoch, pos = divmod(step, per_epoch)
+    gen = env.generator(_TEACHER_EPOCH_STREAM, epoch)
+    keys = torch.rand(int(teacher_ids.max()) + 1, int(sizes.max()), generator=gen)[teacher_ids]
+    keys = keys.masked_fill(torch.arange(keys.shape[1])[None, :] >= sizes[:, None], 2.0)  # padding sorts last
+    order = keys.argsort(dim=1)
+    return order[:, pos * batch:(pos + 1) * batch]
+
+
+def _lr_factor(cfg: TeacherTraining, step: int) -> float:
+    return max(0.0, 1.0 - step / cfg.steps) if cfg.lr_schedule == "linear" else 1.0
+
+
+def _gather(train: ImageDataset, parts_padded: torch.Tensor, positions: torch.Tensor, chunk_ids: torch.Tensor, env: Env):
+    idx = torch.gather(parts_padded[chunk_ids], 1, positions)  # [m, B] dataset indices
+    x = to_float(train.images[idx.flatten()])
+    x = x.view(*idx.shape, *x.shape[1:])
+    return x.to(env.device, non_blocking=True), train.labels[idx].to(env.device, non_blocking=True)
+
+
+def auto_chunk_size(cfg: TeacherTraining, train: ImageDataset, env: Env) -> int:
+    """Teachers per vectorised step: bounded by activation memory (about 256 KiB per image for the
+    paper CNN in fp32 at 28x28, scaled by image area), all teachers at once when they fit."""
+    if cfg.chunk_size > 0:
+        return min(cfg.chunk_size, cfg.num_teachers)
+    h, w = train.image_size
+    per_image = 256 * 1024 * (h * w) / (28 * 28) * (3 if cfg.model.startswith("resnet") else 1)
+    if env.device.type == "cuda":
+        budget = torch.cuda.mem_get_info(env.device)[0] * 0.5
+    else:
+        budget = 4 * 1024**3  # CPU: keep the working set modest; bigger chunks do not run faster here
+    return max(1, min(cfg.num_teachers, int(budget // (per_image * cfg.batch_size))))
+
+
+def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, checkpoint_dir: Path | None = None,
+                   parts: list[torch.Tensor] | None = None) -> tuple[TeacherEnsemble, dict]:
+    """Train cfg.num_teachers teachers on disjoint partitions of `train`.
+
+    Returns the ensemble and statistics (time, teachers per minute, partition facts). With a
+    checkpoint directory, finished chunks are saved atomically and skipped on resume.
+    """
+    parts = parts if parts is not None else make_partitions(train, cfg)
+    lacking = missing_classes(train.labels, parts, train.num_classes)
+    sizes = torch.tensor([len(p) for p in parts])
+    padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
+    for i, p in enumerate(parts):
+        padded[i, :len(p)] = p
+    template = _init_teachers(cfg, train, 1, 0, env)[0]
+    if cfg.trainer == "vectorized" and any(True for _ in template.buffers()):
+        raise ModelError(f"{cfg.model} has buffers (BatchNorm running statistics), which vmap cannot update; "
+                         "set teachers.trainer=loop for it")
+    chunk = auto_chunk_size(cfg, train, env) if cfg.trainer == "vectorized" else 1
+    started = time.perf_counter()
+    chunks: list[dict[str, torch.Tensor]] = []
+    with progress_bar(cfg.num_teachers * cfg.steps, f"{cfg.num_teachers} teachers ({cfg.trainer})",
+                      enabled=env.progress) as bar:
+        for first in range(0, cfg.num_teachers, chunk):
+            ids = torch.arange(first, min(first + chunk, cfg.num_teachers))
+            saved = checkpoint_dir / f"teachers-{first:05d}.pt" if checkpoint_dir else None
+            if saved is not None and saved.is_file():
+                chunks.append(torch.load(saved, map_location="cpu", weights_only=True))
+                bar.advance(len(ids) * cfg.steps)
+                continue
+            models = _init_teachers(cfg, train, len(ids), first, env)
+            if cfg.trainer == "vectorized":
+                params = _train_chunk_vectorized(models, train, padded, sizes, ids, cfg, env, bar)
+            else:
+                params = _train_chunk_loop(models, train, padded, sizes, ids, cfg, env, bar)
+            params = {k: v.detach().cpu() for k, v in params.items()}
+            if saved is not None:
+                from privdistill.engine.atomic import atomic_torch_save
+
+                atomic_torch_save(saved, params)
+            chunks.append(params)
+    wall = time.perf_counter() - started
+    stacked = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+    ensemble = TeacherEnsemble(template, stacked)
+    stats = {"num_teachers": cfg.num_teachers, "trainer": cfg.trainer, "chunk_size": chunk,
+             "wall_seconds": round(wall, 1), "teachers_per_minute": round(cfg.num_teachers / wall * 60, 2),
+             "partition_sizes": [int(sizes.min()), int(sizes.max())],
+             "partitions_missing_classes": len(lacking)}
+    return ensemble, stats
+
+
+def _train_chunk_vectorized(models, train, padded, sizes, ids, cfg: TeacherTraining, env: Env, bar) -> dict:
+    params, buffers = stack_module_state(models)
+    params = {k: v.to(env.device).detach().requires_grad_(True) for k, v in params.items()}
+    base = copy.deepcopy(models[0]).to("meta")
+
+    def loss_one(p, x, y):
+        logits = functional_call(base, (p,), (x,))
+        return F.cross_entropy(logits.float(), y)
+
+    batched_loss = vmap(loss_one, in_dims=(0, 0, 0))
+    optimizer = torch.optim.Adam(params.values(), lr=cfg.lr)
+    sizes_chunk = sizes[ids]
+    for step in range(cfg.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * _lr_factor(cfg, step)
+        positions = _batch_positions(sizes_chunk, step, cfg.batch_size, ids, env)
+        x, y = _gather(train, padded, positions, ids, env)
+        with env.autocast():
+            # Sum over teachers: each teacher's gradient is that of its own mean loss.
+            loss = batched_loss(params, x, y).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        bar.advance(len(ids), loss=float(loss.detach()) / len(ids))
+    return params
+
+
+def _train_chunk_loop(models, train, padded, sizes, ids, cfg: TeacherTraining, env: Env, bar) -> dict:
+    """Reference trainer: one teacher after the other, same batches and schedule as the vectorised one."""
+    trained = []
+    for model, tid in zip(models, ids):
+        model = env.place(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        one = tid.view(1)
+        for step in range(cfg.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * _lr_factor(cfg, step)
+            positions = _batch_positions(sizes[one], step, cfg.batch_size, one, env)
+            x, y = _gather(train, padded, positions, one, env)
+            with env.autocast():
+                logits = model(env.place_batch(x[0]))
+            loss = F.cross_entropy(logits.float(), y[0])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            bar.advance(1, loss=float(loss.detach()))
+        trained.append(model)
+    params, _ = stack_module_state(trained)
+    return params
+
+
+@torch.no_grad()
+def ensemble_accuracy(ensemble: TeacherEnsemble, data: ImageDataset, env: Env, *, laplace_scale: float | None = None,
+                      batch_size: int = 500, seed: int = 0) -> dict[str, float]:
+    """Accuracy of the plurality vote (and of the Laplace noisy vote with scale b) on `data`, plus the mean
+    accuracy of individual teachers. Evaluation only: no privacy is spent on a test set."""
+    correct = noisy_correct = member_correct = 0.0
+    gen = torch.Generator().manual_seed(seed)
+    for start in range(0, len(data), batch_size):
+        x, y = data.batch(torch.arange(start, min(start + batch_size, len(data))), env.device)
+        preds = ensemble.predictions(env.place_batch(x) if x.ndim == 4 else x).cpu()
+        y = y.cpu()
+        member_correct += float((preds == y[None]).float().sum()) / ensemble.num_teachers
+        counts = F.one_hot(preds, data.num_classes).sum(0).float()
+        correct += float((counts.argmax(1) == y).sum())
+        if laplace_scale:
+            noise = _laplace(counts.shape, laplace_scale, gen)
+            noisy_correct += float(((counts + noise).argmax(1) == y).sum())
+    n = len(data)
+    out = {"ensemble_accuracy": correct / n, "mean_teacher_accuracy": member_correct / n}
+    if laplace_scale:
+        out["noisy_ensemble_accuracy"] = noisy_correct / n
+        out["laplace_scale"] = laplace_scale
+    return out
+
+
+def _laplace(shape, scale: float, gen: torch.Generator) -> torch.Tensor:
+    u = torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5
+    return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).float()
+
+
+def steps_for_epochs(epochs: float, partition_size: int, batch_size: int) -> int:
+    return max(1, math.ceil(epochs * partition_size / batch_size))

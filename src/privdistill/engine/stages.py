@@ -1,0 +1,125 @@
+"""The cached stages methods are composed of: baseline, teachers, generator, synthetic set.
+
+Each returns the trained object and its :class:`Stage` (where it lives, its key, whether it was reused).
+Stage keys hash the dataset fingerprint, the stage's configuration, the seed, the precision and the keys
+of upstream stages, so any run needing the same stage reuses it (see `engine.cache`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from privdistill.config import ClassifierTraining, to_plain
+from privdistill.data.dataset import DataSplits
+from privdistill.engine.cache import Stage, StageCache
+from privdistill.engine.context import Env
+from privdistill.engine.datafree import GeneratorTraining, generate, train_generator
+from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
+from privdistill.engine.run import RunDir
+from privdistill.engine.trainer import evaluate, train_classifier
+from privdistill.models import create_model
+
+# Bump a stage's version when what it computes changes: old cache entries are then never reused.
+VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1"}
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Stages:
+    cache: StageCache
+    env: Env
+    data: DataSplits
+    run: RunDir  # the run using the stages (private stage directory when the cache is disabled)
+
+    def __post_init__(self) -> None:
+        self._fingerprint = None
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = self.data.train.fingerprint()
+        return self._fingerprint
+
+    def _material(self, cfg, **extra) -> dict:
+        return {"data": self.fingerprint, "config": to_plain(cfg), "seed": self.env.seed,
+                "precision": self.env.precision, **extra}
+
+    def _get(self, name: str, material: dict, build) -> Stage:
+        return self.cache.get_or_build(name, VERSIONS[name], material, build, private_dir=self.run.path / "stages")
+
+    # ---------------------------------------------------------------------------------------- stages
+    def baseline(self, cfg: ClassifierTraining) -> tuple[nn.Module, Stage]:
+        """The non-private classifier on all of the private training set."""
+        data = self.data
+
+        def build(run: RunDir) -> dict:
+            model = self._new_classifier(cfg.model)
+            result = train_classifier(model, data.train, cfg=cfg, env=self.env, run=run, test=data.test,
+                                      description="baseline")
+            run.save_weights("model", model)
+            return {"test_accuracy": round(evaluate(model, data.test, self.env), 4), "wall_seconds": round(result.wall_seconds, 1)}
+
+        stage = self._get("baseline", self._material(cfg), build)
+        model = stage.run.load_weights("model", device=self.env.device)
+        return self.env.place(model).eval(), stage
+
+    def teachers(self, cfg: TeacherTraining) -> tuple[TeacherEnsemble, Stage]:
+        """n teachers on disjoint partitions of the private training set."""
+        def build(run: RunDir) -> dict:
+            ensemble, stats = train_teachers(self.data.train, cfg, self.env, checkpoint_dir=run.path)
+            ensemble.save(run.path / "teachers.safetensors")
+            for leftover in run.path.glob("teachers-*.pt"):
+                leftover.unlink()
+            return {**stats, **ensemble_accuracy(ensemble.to(self.env.device), self.data.test, self.env)}
+
+        stage = self._get("teachers", self._material(cfg), build)
+        return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
+
+    def generator(self, classifier: nn.Module, classifier_key: str, cfg: GeneratorTraining) -> tuple[nn.Module, Stage]:
+        """A data-free generator trained against the fixed `classifier` (identified by `classifier_key`)."""
+        channels, size = self.data.channels, self.data.image_size[0]
+
+        def build(run: RunDir) -> dict:
+            gen, stats = train_generator(classifier, cfg, self.env, channels=channels, image_size=size, run=run)
+            run.save_weights("generator", gen)
+            run.remove_checkpoint("generator-checkpoint")
+            return stats
+
+        material = {"classifier": classifier_key, "config": to_plain(cfg), "seed": self.env.seed,
+                    "precision": self.env.precision, "shape": [channels, size]}
+        stage = self._get("generator", material, build)
+        gen = stage.run.load_weights("generator", device=self.env.device)
+        return gen, stage
+
+    def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int) -> tuple[torch.Tensor, Stage]:
+        """n synthetic images (uint8) from the generator. No labels are stored with them: labels must come
+        from a privacy mechanism (votes, randomized response, noisy gradients), never from this stage."""
+        def build(run: RunDir) -> dict:
+            from safetensors.torch import save_file
+
+            images = generate(generator, n, self.env)
+            save_file({"images": images}, str(run.path / "synthetic.safetensors"))
+            return {"num_samples": n}
+
+        stage = self._get("synthetic", {"generator": generator_stage.key, "n": n, "seed": self.env.seed}, build)
+        from safetensors.torch import load_file
+
+        return load_file(str(stage.path / "synthetic.safetensors"))["images"], stage
+
+    # -------------------------------------------------------------------------------------- helpers
+    def _new_classifier(self, name: str) -> nn.Module:
+        return create_model(name, kind="classifier", in_channels=self.data.channels,
+                            num_classes=self.data.num_classes, image_size=self.data.image_size[0])
+

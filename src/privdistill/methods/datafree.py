@@ -1,0 +1,96 @@
+"""`privdistill generator train --teacher RUN_DIR`: a data-free generator as a standalone workflow.
+
+Trains a generator against a fixed teacher (no private image is read), writes N synthetic samples and a
+sample grid, and measures their quality: the teacher's class histogram and confidence on them, and the
+real-test-set accuracy of a student trained ONLY on synthetic samples labelled by the teacher. That
+student has no privacy guarantee: it is the ceiling that the private methods' students approach.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from privdistill.config import ClassifierTraining, RunOptions, resolve_sections, to_plain
+from privdistill.data import ImageDataset, load_data
+from privdistill.engine import Env, RunDir, evaluate, record_result, train_classifier
+from privdistill.engine.cache import StageCache
+from privdistill.engine.datafree import GeneratorTraining
+from privdistill.engine.stages import Stages, file_digest
+from privdistill.engine.synthetic import save_grid, teacher_view
+from privdistill.engine.trainer import predict_logits
+from privdistill.errors import RunError
+from privdistill.models import create_model
+
+
+@dataclass
+class GeneratorRequest:
+    teacher: str  # a run directory holding model.safetensors (e.g. from `train baseline`)
+    preset: str = "quick"
+    config_file: str | None = None
+    overrides: list[str] | dict | None = None
+    run_dir: str | None = None
+    resume: bool = False
+    record: bool = False
+    cache: bool = True
+    results_dir: str = "results"
+
+
+def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
+    teacher_run = RunDir.existing(req.teacher)
+    if not teacher_run.has_weights("model"):
+        raise RunError(f"{req.teacher} holds no model.safetensors: give the run directory of a trained classifier")
+    teacher_cfg = teacher_run.config()
+    dataset = teacher_cfg.get("dataset")
+    if not dataset:
+        raise RunError(f"{req.teacher}/config.yaml does not say which dataset the teacher was trained on")
+    sections = resolve_sections({"run": RunOptions, "generator": GeneratorTraining, "synthetic_student": ClassifierTraining},
+                                preset=req.preset, dataset=dataset, config_file=req.config_file, overrides=req.overrides)
+    env = Env.from_options(sections["run"])
+    data = load_data(dataset, sections["run"].data_root)
+    cfg: GeneratorTraining = sections["generator"]
+    n = cfg.num_samples or len(data.train)
+    config = {"method": "generator", "dataset": dataset, "preset": req.preset, "teacher": str(req.teacher),
+              **to_plain(sections)}
+    run = RunDir.open(req.run_dir or f"{sections['run'].runs_dir}/generator-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}",
+                      config=config, resume=req.resume)
+    started = time.perf_counter()
+    stages = Stages(StageCache(enabled=req.cache), env, data, run)
+
+    teacher = env.place(teacher_run.load_weights("model", device=env.device)).eval()
+    teacher_key = file_digest(teacher_run.path / "model.safetensors")
+    teacher_accuracy = evaluate(teacher, data.test, env)
+    generator, gen_stage = stages.generator(teacher, teacher_key, cfg)
+    images, syn_stage = stages.synthetic(generator, gen_stage, n)
+
+    view = teacher_view(teacher, images, env, data.num_classes)
+    teacher_labels = predict_logits(teacher, images, env).argmax(1)
+    save_grid(images, teacher_labels, run.path / "samples.png", num_classes=data.num_classes)
+    run.save_weights("generator", generator)
+    from safetensors.torch import save_file
+
+    save_file({"images": images}, str(run.path / "synthetic.safetensors"))
+
+    # The quality check: a student that never sees a real image, labelled by the (non-private) teacher.
+    student_cfg: ClassifierTraining = sections["synthetic_student"]
+    synthetic = ImageDataset(images, teacher_labels, data.num_classes, name=f"synthetic {dataset}")
+    student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
+                           num_classes=data.num_classes, image_size=data.image_size[0])
+    train_classifier(student, synthetic, cfg=student_cfg, env=env, run=run, test=data.test,
+                     checkpoint="student-checkpoint", description="student on synthetic data")
+    student_accuracy = evaluate(student, data.test, env)
+    run.save_weights("student", student)
+    wall = time.perf_counter() - started
+    summary = run.write_summary(
+        method="generator", dataset=dataset, preset=req.preset, test_accuracy=round(student_accuracy, 4),
+        baseline_accuracy=round(teacher_accuracy, 4), epsilon_paper=None, epsilon_strict=None, delta=None,
+        privacy="none: generator trained against a non-private teacher, student labelled by that teacher",
+        wall_seconds=round(wall, 1), device=env.describe(), loss=cfg.loss, num_samples=n,
+        generator_stage=gen_stage.ref(), synthetic_stage=syn_stage.ref(), generator_stats=gen_stage.info(),
+        synthetic_quality=view)
+    if req.record:
+        summary["recorded_as"] = str(record_result(summary, results_dir=req.results_dir))
+    return summary

@@ -1,0 +1,31 @@
+"""`privdistill teachers train`: a teacher ensemble on disjoint partitions, and its accuracy.
+
+The ensemble accuracy on the test set (plurality vote, and Laplace noisy vote) is an evaluation: it spends
+no privacy budget on the private training data, but it also is not a released model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from privdistill.engine.cache import StageCache
+from privdistill.engine.ensemble import TeacherTraining, ensemble_accuracy
+from privdistill.engine.stages import Stages
+from privdistill.methods.common import RunRequest, finish_run, prepare_run
+
+
+def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None = 40.0, cache: bool = True) -> dict[str, Any]:
+    prep = prepare_run("teachers", request, {"teachers": TeacherTraining})
+    cfg: TeacherTraining = prep.sections["teachers"]
+    stages = Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run)
+    started = time.perf_counter()
+    ensemble, stage = stages.teachers(cfg)
+    accuracy = ensemble_accuracy(ensemble, prep.data.test, prep.env, laplace_scale=laplace_scale, seed=prep.env.seed)
+    info = stage.info()
+    return finish_run(prep, request, method="teachers", wall_seconds=time.perf_counter() - started,
+                      test_accuracy=round(accuracy["ensemble_accuracy"], 4), epsilon_paper=None, epsilon_strict=None,
+                      delta=None, privacy="evaluation only: the ensemble is not released and no query was answered",
+                      num_teachers=cfg.num_teachers, trainer=cfg.trainer, teachers_stage=stage.ref(),
+                      training_seconds=info.get("wall_seconds"), teachers_per_minute=info.get("teachers_per_minute"),
+                      **{k: round(v, 4) if isinstance(v, float) else v for k, v in accuracy.items()})

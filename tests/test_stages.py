@@ -1,0 +1,170 @@
+"""Issue 4: stage cache, teacher ensembles (vectorised == loop), data-free generator learning."""
+
+import json
+
+import pytest
+import torch
+
+from privdistill.config import ClassifierTraining
+from privdistill.data import load_data
+from privdistill.engine import Env, RunDir
+from privdistill.engine.cache import StageCache
+from privdistill.engine.datafree import BatchNormStatistics, GeneratorTraining, datafree_loss, generate, train_generator
+from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
+from privdistill.engine.stages import Stages
+from privdistill.errors import ConfigError, DataError, ModelError
+from privdistill.models import create_model
+
+
+@pytest.fixture
+def tiny(tiny_npz):
+    return load_data(f"npz:{tiny_npz}")
+
+
+def teacher_cfg(**kw):
+    base = dict(num_teachers=4, model="small-cnn", steps=25, batch_size=16, lr=3e-3)
+    base.update(kw)
+    return TeacherTraining(**base)
+
+
+def test_vectorised_and_loop_trainers_give_the_same_teachers(tiny):
+    env = Env.cpu(seed=5)
+    vec, _ = train_teachers(tiny.train, teacher_cfg(trainer="vectorized"), env)
+    loop, _ = train_teachers(tiny.train, teacher_cfg(trainer="loop"), env)
+    chunked, _ = train_teachers(tiny.train, teacher_cfg(trainer="vectorized", chunk_size=3), env)
+    for other in (loop, chunked):
+        a, _ = vec.stacked()
+        b, _ = other.stacked()
+        for k in a:
+            assert torch.allclose(a[k], b[k], atol=2e-4, rtol=1e-3), k
+    x = tiny.test.batch(torch.arange(20))[0]
+    assert torch.equal(vec.votes(x), loop.votes(x))
+
+
+def test_votes_count_every_teacher_once_and_members_match(tiny):
+    env = Env.cpu(seed=1)
+    ens, stats = train_teachers(tiny.train, teacher_cfg(), env)
+    x = tiny.test.batch(torch.arange(30))[0]
+    votes = ens.votes(x, num_classes=10)
+    assert votes.shape == (30, 10) and torch.all(votes.sum(1) == 4)
+    member = ens.member(2).eval()
+    with torch.no_grad():
+        assert torch.equal(member(x).argmax(1), ens.predictions(x)[2])
+    acc = ensemble_accuracy(ens, tiny.test, env, laplace_scale=0.5)
+    assert acc["ensemble_accuracy"] > 0.8 and 0 <= acc["noisy_ensemble_accuracy"] <= 1
+    assert stats["partition_sizes"] == [75, 75] and stats["teachers_per_minute"] > 0
+
+
+def test_ensemble_save_load_roundtrip(tiny, tmp_path):
+    ens, _ = train_teachers(tiny.train, teacher_cfg(steps=2), Env.cpu())
+    ens.save(tmp_path / "t.safetensors")
+    back = TeacherEnsemble.load(tmp_path / "t.safetensors")
+    x = tiny.test.batch(torch.arange(5))[0]
+    assert torch.equal(ens.logits(x), back.logits(x))
+
+
+def test_teacher_bad_input(tiny):
+    env = Env.cpu()
+    with pytest.raises(DataError, match="at least 1000 training examples"):
+        train_teachers(tiny.train, teacher_cfg(num_teachers=1000), env)
+    with pytest.raises(ConfigError, match="exceeds the smallest partition"):
+        train_teachers(tiny.train, teacher_cfg(num_teachers=50, batch_size=16), env)
+    with pytest.raises(ModelError, match="trainer=loop"):
+        train_teachers(tiny.train, teacher_cfg(model="resnet18", steps=1), env)
+    with pytest.raises(ConfigError):
+        TeacherTraining(num_teachers=0).validate()
+
+
+def test_killed_teacher_training_resumes_from_finished_chunks(tiny, tmp_path):
+    env = Env.cpu(seed=2)
+    cfg = teacher_cfg(chunk_size=2)
+    full, _ = train_teachers(tiny.train, cfg, env, checkpoint_dir=tmp_path)
+    chunks = sorted(tmp_path.glob("teachers-*.pt"))
+    assert [c.name for c in chunks] == ["teachers-00000.pt", "teachers-00002.pt"]
+    # As if killed during the second chunk: its file is missing. Mark the first chunk so that we can see
+    # it is loaded, not retrained.
+    chunks[1].unlink()
+    first = torch.load(chunks[0], weights_only=True)
+    torch.save({k: v + 1.0 for k, v in first.items()}, chunks[0])
+    resumed, _ = train_teachers(tiny.train, cfg, env, checkpoint_dir=tmp_path)
+    for k in full.names:
+        a, b = full.stacked()[0][k], resumed.stacked()[0][k]
+        assert torch.allclose(a[:2] + 1.0, b[:2]), "finished chunk reused as saved"
+        assert torch.equal(a[2:], b[2:]), "missing chunk retrained identically"
+
+
+def test_generator_losses_and_training_reduce_the_objective(tiny):
+    env = Env.cpu(seed=0)
+    teacher = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    from privdistill.engine import train_classifier
+
+    train_classifier(teacher, tiny.train, cfg=ClassifierTraining(model="small-cnn", epochs=3, batch_size=32, lr=3e-3), env=env)
+    teacher.eval()
+    cfg = GeneratorTraining(loss="dgd", rounds=3, steps_per_round=10, batch_size=32, width=32, lr=0.05)
+    gen, stats = train_generator(teacher, cfg, env, channels=1, image_size=28)
+    first_rounds = stats["final"]
+    assert stats["alpha"] == 5.0 and stats["beta"] == 0.1 and first_rounds["round"] == 3
+    images = generate(gen, 50, env)
+    assert images.shape == (50, 1, 28, 28) and images.dtype == torch.uint8
+    x = torch.rand(8, 1, 28, 28) * 2 - 1
+    for kind in ("dgd", "dpdfd"):
+        loss, parts = datafree_loss(teacher, x, kind, 1.0, 1.0)
+        assert torch.isfinite(loss) and parts["activation"] <= 0, "activation is a reward (negative term)"
+
+
+def test_srr_loss_needs_batchnorm_and_matches_running_stats():
+    cnn = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    with pytest.raises(ModelError, match="no BatchNorm"):
+        BatchNormStatistics(cnn)
+    net = create_model("resnet18", in_channels=1, num_classes=10, image_size=28).eval()
+    bn = BatchNormStatistics(net)
+    loss, parts = datafree_loss(net, torch.randn(4, 1, 28, 28), "srr", 5.0, 10.0, bn)
+    assert parts["activation"] > 0 and torch.isfinite(loss)
+    bn.remove()
+
+
+def test_stage_cache_reuses_complete_stages_and_never_partial_ones(tmp_path):
+    cache = StageCache(tmp_path / "cache")
+    calls = []
+
+    def build(run: RunDir):
+        calls.append(run.path.name)
+        (run.path / "artifact.txt").write_text("x")
+        return {"value": 1}
+
+    a = cache.get_or_build("teachers", "1", {"cfg": 1}, build)
+    b = cache.get_or_build("teachers", "1", {"cfg": 1}, build)
+    c = cache.get_or_build("teachers", "1", {"cfg": 2}, build)
+    assert not a.reused and b.reused and not c.reused and len(calls) == 2
+    assert a.path == b.path and a.key != c.key and b.info()["value"] == 1
+    assert cache.get_or_build("teachers", "2", {"cfg": 1}, build).key != a.key, "code version is part of the key"
+
+    # A build that crashes leaves a .partial directory, which is not a stage and is resumed next time.
+    def crash(run: RunDir):
+        (run.path / "half.txt").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.get_or_build("generator", "1", {"cfg": 3}, crash)
+    partial = [e for e in cache.entries() if e["name"].startswith("generator")]
+    assert len(partial) == 1 and not partial[0]["complete"]
+    d = cache.get_or_build("generator", "1", {"cfg": 3}, build)
+    assert not d.reused and (d.path / "half.txt").exists(), "the rebuild resumes inside the partial directory"
+    assert [e["complete"] for e in cache.entries() if e["name"].startswith("generator")] == [True]
+    assert len(cache.remove("teachers")) == 3
+
+
+def test_stages_share_the_baseline_between_runs(tiny, tmp_path):
+    env = Env.cpu(seed=0)
+    cache = StageCache(tmp_path / "cache")
+    cfg = ClassifierTraining(model="small-cnn", epochs=1, batch_size=32)
+    run1 = RunDir.open(tmp_path / "r1", config={})
+    run2 = RunDir.open(tmp_path / "r2", config={})
+    m1, s1 = Stages(cache, env, tiny, run1).baseline(cfg)
+    m2, s2 = Stages(cache, env, tiny, run2).baseline(cfg)
+    assert not s1.reused and s2.reused and s1.key == s2.key
+    m3, s3 = Stages(cache, Env.cpu(seed=1), tiny, run2).baseline(cfg)
+    assert s3.key != s1.key, "another seed is another stage"
+    disabled = Stages(StageCache(tmp_path / "cache", enabled=False), env, tiny, run1)
+    _, s4 = disabled.baseline(cfg)
+    assert str(s4.path).startswith(str(run1.path)), "with the cache off, stages live inside the run"
