@@ -84,10 +84,29 @@ def _check(condition: bool, message: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- presets
 def load_preset(name: str) -> dict[str, Any]:
+    """A preset is the union of the YAML files in presets/<name>/ (one file per method or stage family).
+
+    Two files may both contribute to `by_dataset`, but a top-level section belongs to one file only.
+    """
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    text = resources.files("privdistill.presets").joinpath(f"{name}.yaml").read_text()
-    return yaml.safe_load(text) or {}
+    merged: dict[str, Any] = {}
+    folder = resources.files("privdistill.presets").joinpath(name)
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".yaml"):
+            continue
+        part = yaml.safe_load(entry.read_text()) or {}
+        for section, block in part.items():
+            if section == "by_dataset":
+                for dataset, sections in (block or {}).items():
+                    target = merged.setdefault("by_dataset", {}).setdefault(dataset, {})
+                    for sec, values in (sections or {}).items():
+                        target.setdefault(sec, {}).update(values or {})
+            elif section in merged:
+                raise ConfigError(f"preset {name}: section {section!r} is defined twice (second time in {entry.name})")
+            else:
+                merged[section] = block
+    return merged
 
 
 def load_yaml_file(path: str | Path | None) -> dict[str, Any]:
