@@ -14,14 +14,15 @@ from privdistill.models.registry import register_model
 
 class PaperCNN(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int | tuple[int, int] = 28,
-                 widths: tuple[int, int] = (64, 128), hidden: tuple[int, ...] = ()):
+                 widths: tuple[int, int] = (64, 128), hidden: tuple[int, ...] = (), batchnorm: bool = False):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
-        self.conv = nn.Sequential(
-            nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(widths[0], widths[1], 3, stride=1, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Flatten(),
-        )
+
+        def block(cin: int, cout: int) -> list[nn.Module]:
+            norm = [nn.BatchNorm2d(cout)] if batchnorm else []
+            return [nn.Conv2d(cin, cout, 3, stride=1, padding=1), *norm, nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+
+        self.conv = nn.Sequential(*block(in_channels, widths[0]), *block(widths[0], widths[1]), nn.Flatten())
         dim = widths[1] * (h // 4) * (w // 4)
         layers: list[nn.Module] = []
         for width in hidden:
@@ -50,6 +51,12 @@ def paper_cnn(in_channels: int = 1, num_classes: int = 10, image_size: int = 28)
 @register_model("paper-cnn-svhn", kind="classifier", description="the paper CNN with FC 384 and 192 (SVHN)")
 def paper_cnn_svhn(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> PaperCNN:
     return PaperCNN(in_channels, num_classes, image_size, hidden=(384, 192))
+
+
+@register_model("paper-cnn-bn", kind="classifier",
+                description="the paper CNN with BatchNorm after each convolution (for BN-statistics generator losses)")
+def paper_cnn_bn(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> PaperCNN:
+    return PaperCNN(in_channels, num_classes, image_size, batchnorm=True)
 
 
 @register_model("small-cnn", kind="classifier",
