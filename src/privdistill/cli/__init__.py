@@ -37,6 +37,9 @@ def _mount_subcommands() -> None:
     from privdistill.cli import privacy as privacy_cli
 
     app.add_typer(privacy_cli.app, name="privacy", help="Estimate ε under both accountings; privacy reports.")
+    from privdistill.cli import srr as srr_cli
+
+    app.command("srr")(srr_cli.srr_command)
 
 
 def get_app() -> typer.Typer:

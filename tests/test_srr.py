@@ -1,0 +1,233 @@
+"""Issue 7: SRR (selective randomized response), its label-DP setting, RR / RRWithPrior, budget, resume."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import privdistill.methods.srr as srr_mod
+from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
+from privdistill.methods.common import RunRequest
+from privdistill.methods.srr import (SRRConfig, label_event, release_labels, rr_on_sets, rr_with_prior_sets,
+                                     stage_sizes, train_srr)
+from privdistill.privacy.events import RRLabels, SRRLabels
+from privdistill.privacy.ledger import PrivacyLedger
+
+# a config that runs in a few seconds on one thread (fabricated 28x28 patterns, 10 classes)
+TINY = ["srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.batch_size=32",
+        "srr_teacher.lr=0.003", "srr_teacher.eval_every_epochs=100",
+        "srr_generator.rounds=2", "srr_generator.steps_per_round=5", "srr_generator.batch_size=32",
+        "srr_generator.width=32", "srr.stages=4", "srr.num_samples=160", "srr.batch_size=32",
+        "srr.epochs_per_stage=2", "srr.finetune_steps=2", "srr.finetune_batch_size=16",
+        "run.threads=1", "run.precision=fp32", "run.progress=false"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def request(tiny_npz, run_dir, *extra, record=False, results_dir="results"):
+    return RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + list(extra), run_dir=str(run_dir),
+                      record=record, results_dir=str(results_dir))
+
+
+# ------------------------------------------------------------------------------------------ mechanisms
+def test_rr_with_prior_picks_the_optimal_top_k():
+    eps = 1.0
+    w = lambda k: math.exp(eps) / (math.exp(eps) + k - 1)  # noqa: E731
+    prior = torch.tensor([[0.9, 0.05, 0.05, 0, 0], [0.3, 0.3, 0.3, 0.1, 0.0], [0.2] * 5])
+    sets = rr_with_prior_sets(prior, eps)
+    for row, p in zip(sets, prior):
+        ranked = sorted(p.tolist(), reverse=True)
+        best = max(range(1, 6), key=lambda k: (w(k) * sum(ranked[:k]), -k))
+        assert int(row.sum()) == best
+        assert set(torch.nonzero(row).flatten().tolist()) == set(torch.argsort(-p, stable=True)[:best].tolist())
+    assert sets[0].tolist() == [True, False, False, False, False]  # confident prior: k* = 1
+
+
+def test_rr_on_sets_has_the_rr_distribution_and_is_eps_dp():
+    eps, n = 1.3, 200_000
+    in_set = torch.zeros(n, 5, dtype=torch.bool)
+    in_set[:, [0, 2, 3]] = True  # I = {0, 2, 3}, k = 3
+    g = torch.Generator().manual_seed(0)
+    freq = {}
+    for y in (0, 1):  # label in I, label not in I
+        out = rr_on_sets(in_set, torch.full((n,), y), epsilon=eps, generator=g)
+        freq[y] = torch.bincount(out, minlength=5).double() / n
+    keep = math.exp(eps) / (math.exp(eps) + 2)
+    assert freq[0][0] == pytest.approx(keep, abs=0.005)
+    assert freq[0][2] == pytest.approx((1 - keep) / 2, abs=0.005) and freq[0][1] == freq[0][4] == 0
+    assert torch.allclose(freq[1][[0, 2, 3]], torch.full((3,), 1 / 3, dtype=torch.float64), atol=0.005)
+    ratio = (freq[0][[0, 2, 3]] / freq[1][[0, 2, 3]]).log().abs().max()
+    assert ratio <= eps + 0.02
+    single = torch.zeros(4, 5, dtype=torch.bool)
+    single[:, 2] = True  # k = 1: the output does not depend on the label
+    assert rr_on_sets(single, torch.tensor([2, 0, 1, 4]), epsilon=5.0, generator=g).tolist() == [2, 2, 2, 2]
+    with pytest.raises(PrivacyError, match="non-empty"):
+        rr_on_sets(torch.zeros(2, 3, dtype=torch.bool), torch.tensor([0, 1]), epsilon=1.0, generator=g)
+
+
+def test_release_labels_dispatches_and_srr_keeps_the_teacher_label_in_the_prior_set():
+    g = torch.Generator().manual_seed(1)
+    prior = torch.tensor([[0.6, 0.3, 0.05, 0.05]] * 4000, dtype=torch.float64)
+    teacher = torch.zeros(4000, dtype=torch.long)
+    out = release_labels("srr", prior, teacher, epsilon=2.0, threshold=None, generator=g)
+    assert set(out.unique().tolist()) <= {0, 1}  # I = {k : y_s > 1/8} = {0, 1}
+    assert float((out == 0).double().mean()) == pytest.approx(math.exp(2) / (math.exp(2) + 1), abs=0.02)
+    rr = release_labels("rr", prior, teacher, epsilon=2.0, threshold=None, generator=g)
+    assert set(rr.unique().tolist()) == {0, 1, 2, 3}
+    rrp = release_labels("rr-prior", prior, teacher, epsilon=2.0, threshold=None, generator=g)
+    assert set(rrp.unique().tolist()) <= {0, 1}
+
+
+def test_events_stage_sizes_and_config_checks():
+    cfg = SRRConfig(epsilon=2.0)
+    assert label_event(cfg, 10, 10) == SRRLabels(2.0, 10, 10, "data-free")
+    assert label_event(SRRConfig(mechanism="rr"), 10, 10) == RRLabels(10.0, 10, 10)
+    for mech in ("srr", "rr", "rr-prior"):  # all priced per label under "change one label"
+        assert label_event(SRRConfig(setting="label-dp", mechanism=mech), 7, 10) == SRRLabels(10.0, 7, 10, "label-dp")
+    assert stage_sizes(10, 3) == [4, 3, 3] and sum(stage_sizes(60000, 320)) == 60000
+    with pytest.raises(ConfigError, match="at least"):
+        stage_sizes(2, 3)
+    for bad in (dict(epsilon=0), dict(setting="x"), dict(mechanism="x"), dict(stages=0), dict(finetune="x")):
+        with pytest.raises(ConfigError):
+            SRRConfig(**bad).validate()
+
+
+# ------------------------------------------------------------------------------------------ end to end
+def test_data_free_run_records_labels_and_reports_both_epsilons(tiny_npz, tmp_path, cache):
+    summary = train_srr(request(tiny_npz, tmp_path / "run", "srr.epsilon=1", record=True,
+                                results_dir=tmp_path / "results"))
+    run = tmp_path / "run"
+    assert summary["method"] == "srr" and summary["epsilon_paper"] == 1.0 and summary["target_epsilon"] == 1.0
+    ledger = PrivacyLedger(run, accounting="paper")
+    assert ledger.keys() == ["stage-1", "stage-2", "stage-3", "stage-4"]
+    assert sum(e.count for e in ledger.events()) == 160
+    # strict: 160 labels from one teacher, composed (between the exact optimum and 160 * eps)
+    assert 10 < summary["epsilon_strict"] < 160
+    assert summary["baseline_accuracy"] > 0.8 and 0 <= summary["label_accuracy_vs_teacher"] <= 1
+    assert summary["delta"] == 1e-5 and "pure" in summary["epsilon_note"]
+    privacy = json.loads((run / "privacy.json").read_text())
+    assert privacy["artifacts"]["generator"][0]["covered"] is False
+    assert any(not p["covered"] for p in privacy["artifacts"]["student"])
+    assert (tmp_path / "results" / "custom" / "srr-npz-tiny-eps1.json").is_file() or \
+        (tmp_path / "results" / "quick" / "srr-npz-tiny-eps1.json").is_file()
+    assert not (run / "synthetic").exists(), "stage images are removed once the run has finished"
+    # the shared stages are cached: a second epsilon reuses the teacher and the generator
+    other = train_srr(request(tiny_npz, tmp_path / "run10", "srr.epsilon=10"))
+    assert other["stages_used"]["teacher"]["reused"] and other["stages_used"]["generator"]["reused"]
+    assert other["label_accuracy_vs_teacher"] > summary["label_accuracy_vs_teacher"]
+
+
+def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
+    summary = train_srr(request(tiny_npz, tmp_path / "run", "srr.setting=label-dp", "srr.epsilon=2",
+                                "srr.num_samples=0", "srr.stages=3", "srr.epochs_per_stage=4", "srr.lr=0.003",
+                                "srr.student_model=small-cnn"))
+    assert summary["epsilon_strict"] == pytest.approx(2.0, abs=1e-4) and summary["epsilon_paper"] == 2.0
+    assert "label" in summary["relation"] and summary["variant"] == "label-dp"
+    assert summary["num_labels"] == 300 and 0.3 < summary["label_accuracy_vs_truth"] <= 1
+    assert summary["test_accuracy"] > 0.5
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert set(privacy["artifacts"]) == {"student"}
+    rr = train_srr(request(tiny_npz, tmp_path / "rr", "srr.setting=label-dp", "srr.mechanism=rr",
+                           "srr.epsilon=2", "srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn"))
+    assert rr["variant"] == "label-dp-rr" and rr["epsilon_strict"] == pytest.approx(2.0, abs=1e-4)
+
+
+def test_budget_refuses_before_training(tiny_npz, tmp_path, cache):
+    with pytest.raises(BudgetExceededError, match="strict"):
+        train_srr(request(tiny_npz, tmp_path / "a", "srr.epsilon=1"), max_epsilon=10, accounting="strict")
+    with pytest.raises(BudgetExceededError, match="paper"):
+        train_srr(request(tiny_npz, tmp_path / "b", "srr.epsilon=1"), max_epsilon=0.5, accounting="paper")
+    assert not cache.exists() or not any(cache.glob("baseline-*")), "nothing may be trained before the check"
+    with pytest.raises(ConfigError, match="private records"):
+        train_srr(request(tiny_npz, tmp_path / "c", "srr.setting=label-dp", "srr.num_samples=100000"))
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz, tmp_path, cache, monkeypatch):
+    """Interrupt after stage 2's labels are recorded but before its checkpoint; the resumed run reuses them."""
+    from safetensors.torch import load_file
+
+    full = train_srr(request(tiny_npz, tmp_path / "full", "srr.epsilon=1"))
+    draws = []
+    real_release, real_stats = srr_mod.release_labels, srr_mod._label_stats
+
+    def counting_release(*args, **kwargs):
+        draws.append(1)
+        return real_release(*args, **kwargs)
+
+    def failing_stats(i, *args, **kwargs):
+        if i == 1:
+            raise _Interrupt
+        return real_stats(i, *args, **kwargs)
+
+    monkeypatch.setattr(srr_mod, "release_labels", counting_release)
+    monkeypatch.setattr(srr_mod, "_label_stats", failing_stats)
+    with pytest.raises(_Interrupt):
+        train_srr(request(tiny_npz, tmp_path / "cut", "srr.epsilon=1"))
+    assert len(draws) == 2 and PrivacyLedger(tmp_path / "cut", accounting="paper").keys() == ["stage-1", "stage-2"]
+    monkeypatch.setattr(srr_mod, "_label_stats", real_stats)
+    req = request(tiny_npz, tmp_path / "cut", "srr.epsilon=1")
+    req.resume = True
+    resumed = train_srr(req)
+    assert len(draws) == 4, "stage 2's labels were drawn again on resume"
+    a, b = load_file(tmp_path / "full" / "student.safetensors"), load_file(tmp_path / "cut" / "student.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["test_accuracy"] == full["test_accuracy"]
+    la, lb = (PrivacyLedger(tmp_path / d, accounting="paper") for d in ("full", "cut"))
+    assert [r["answers"] for r in la.records()[1:]] == [r["answers"] for r in lb.records()[1:]]
+
+
+@pytest.mark.slow
+def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache):
+    from safetensors.torch import load_file
+
+    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "1"]
+    for item in TINY + ["srr.stages=8", "srr.num_samples=240"]:
+        args += ["--set", item]
+    env = {**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"}
+    subprocess.run(args + ["--run-dir", str(tmp_path / "full")], env=env, check=True, capture_output=True, timeout=300)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(args + ["--run-dir", str(killed)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ckpt = killed / "srr-checkpoint.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        try:
+            if ckpt.exists() and torch.load(ckpt, weights_only=False)["stage"] >= 2:
+                break
+        except Exception:  # noqa: BLE001 - read while being replaced
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stage = torch.load(ckpt, weights_only=False)["stage"]
+    assert 2 <= stage < 8, f"killed at stage {stage}, not mid-run"
+    recorded = PrivacyLedger(killed, accounting="paper").records()
+    subprocess.run(args + ["--run-dir", str(killed), "--resume"], env=env, check=True, capture_output=True, timeout=300)
+    after = PrivacyLedger(killed, accounting="paper").records()
+    assert after[:len(recorded)] == recorded and len([r for r in after if r["kind"] == "spend"]) == 8
+    a, b = load_file(tmp_path / "full" / "student.safetensors"), load_file(killed / "student.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed student differs from the uninterrupted run"
+
+
+def test_cli_refuses_over_budget_with_a_clear_error(tiny_npz, tmp_path, cache):
+    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "10",
+            "--max-epsilon", "10", "--accounting", "strict", "--run-dir", str(tmp_path / "r")]
+    for item in TINY:
+        args += ["--set", item]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"})
+    assert out.returncode == 2 and "max-epsilon" in out.stderr and "Traceback" not in out.stderr
