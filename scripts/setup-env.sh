@@ -30,7 +30,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" \
       || .venv/bin/python -m pip install -q torch torchvision
   fi
-  .venv/bin/python -m pip install -q -e ".[test,dpsgd]"
+  .venv/bin/python -m pip install -q -e ".[test,dpsgd,ray]"
   touch "$stamp"
 fi
 

@@ -29,14 +29,17 @@ def teacher_cfg(**kw):
 
 def test_vectorised_and_loop_trainers_give_the_same_teachers(tiny):
     env = Env.cpu(seed=5)
-    vec, _ = train_teachers(tiny.train, teacher_cfg(trainer="vectorized"), env)
-    loop, _ = train_teachers(tiny.train, teacher_cfg(trainer="loop"), env)
-    chunked, _ = train_teachers(tiny.train, teacher_cfg(trainer="vectorized", chunk_size=3), env)
-    for other in (loop, chunked):
-        a, _ = vec.stacked()
+    cfg = dict(num_teachers=7)  # 300 examples into 7 parts: sizes 42 and 43, so unequal partitions are covered
+    vec, _ = train_teachers(tiny.train, teacher_cfg(trainer="vectorized", **cfg), env)
+    loop, _ = train_teachers(tiny.train, teacher_cfg(trainer="loop", **cfg), env)
+    chunked, _ = train_teachers(tiny.train, teacher_cfg(trainer="vectorized", chunk_size=3, **cfg), env)
+    # Grouped (vmap) and plain convolutions sum in another order; Adam amplifies those 1e-7 differences
+    # in the smallest gradient coordinates to ~3e-4 after 25 steps. Chunking changes nothing (1e-7).
+    a, _ = vec.stacked()
+    for other, atol in ((loop, 1e-3), (chunked, 1e-6)):
         b, _ = other.stacked()
         for k in a:
-            assert torch.allclose(a[k], b[k], atol=2e-4, rtol=1e-3), k
+            assert torch.allclose(a[k], b[k], atol=atol, rtol=1e-3), k
     x = tiny.test.batch(torch.arange(20))[0]
     assert torch.equal(vec.votes(x), loop.votes(x))
 

@@ -28,6 +28,7 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
                    num_teachers: Annotated[Optional[int], typer.Option("--num-teachers", "-n")] = None,
                    trainer: Annotated[Optional[str], typer.Option("--trainer", help="vectorized or loop")] = None,
                    laplace_scale: Annotated[float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")] = 40.0,
+                   ray_address: Annotated[Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")] = None,
                    no_cache: NoCache = False) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
     from privdistill.methods.common import RunRequest
@@ -39,7 +40,7 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
                          overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
                                                    data_root=data_root, no_progress=no_progress),
                          run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
-    summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache)
+    summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache, ray_address=ray_address)
     show_summary(summary, title=f"{summary['num_teachers']} teachers on {summary['dataset']}")
     console.print(f"ensemble (plurality) {summary['ensemble_accuracy']:.4f}, Laplace b={laplace_scale:g} noisy vote "
                   f"{summary.get('noisy_ensemble_accuracy', float('nan')):.4f}, mean single teacher "

@@ -173,27 +173,44 @@ def _init_teachers(cfg: TeacherTraining, train: ImageDataset, count: int, first:
     return models
 
 
-def _batch_positions(sizes: torch.Tensor, step: int, batch: int, teacher_ids: torch.Tensor, env: Env) -> torch.Tensor:
-    """[m, batch] positions inside each teacher's partition for this step.
+def _epoch_orders(sizes: torch.Tensor, rng_ids: torch.Tensor, epoch: int, env: Env) -> torch.Tensor:
+    """[m, max size]: a seeded permutation of each teacher's own partition for this epoch.
 
-    Each teacher walks through seeded per-epoch permutations of its own partition; an epoch is
-    min(size) // batch steps for every teacher, so all teachers stay in step.
-    """
-    per_epoch = max(1, int(sizes.min()) // batch)
-    epoch, pos = divmod(step, per_epoch)
-    gen = env.generator(_TEACHER_EPOCH_STREAM, epoch)
-    keys = torch.rand(int(teacher_ids.max()) + 1, int(sizes.max()), generator=gen)[teacher_ids]
-    keys = keys.masked_fill(torch.arange(keys.shape[1])[None, :] >= sizes[:, None], 2.0)  # padding sorts last
-    order = keys.argsort(dim=1)
-    return order[:, pos * batch:(pos + 1) * batch]
+    Derived from (seed, teacher id, epoch) alone, so a teacher sees the same batches whether it is trained
+    alone, in any chunk, or inside a client actor."""
+    orders = torch.zeros(len(sizes), int(sizes.max()), dtype=torch.long)
+    for row, (size, tid) in enumerate(zip(sizes.tolist(), rng_ids.tolist())):
+        orders[row, :size] = torch.randperm(size, generator=env.generator(_TEACHER_EPOCH_STREAM, tid, epoch))
+    return orders
+
+
+def _steps_per_epoch(sizes: torch.Tensor, batch: int) -> int:
+    # Every teacher of a run uses the same epoch length (smallest partition // batch), so that all
+    # teachers stay in step whatever the chunking; partitions differ in size by at most one.
+    return max(1, int(sizes.min()) // batch)
+
+
+class _BatchPlan:
+    """Positions of each step's batch inside each teacher's partition, recomputed once per epoch."""
+
+    def __init__(self, sizes: torch.Tensor, rng_ids: torch.Tensor, batch: int, per_epoch: int, env: Env):
+        self.sizes, self.rng_ids, self.batch, self.per_epoch, self.env = sizes, rng_ids, batch, per_epoch, env
+        self._epoch, self._orders = None, None
+
+    def positions(self, step: int) -> torch.Tensor:
+        epoch, pos = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._orders = epoch, _epoch_orders(self.sizes, self.rng_ids, epoch, self.env)
+        return self._orders[:, pos * self.batch:(pos + 1) * self.batch]
 
 
 def _lr_factor(cfg: TeacherTraining, step: int) -> float:
     return max(0.0, 1.0 - step / cfg.steps) if cfg.lr_schedule == "linear" else 1.0
 
 
-def _gather(train: ImageDataset, parts_padded: torch.Tensor, positions: torch.Tensor, chunk_ids: torch.Tensor, env: Env):
-    idx = torch.gather(parts_padded[chunk_ids], 1, positions)  # [m, B] dataset indices
+def _gather(train: ImageDataset, partitions: torch.Tensor, positions: torch.Tensor, env: Env):
+    """Images [m, B, C, H, W] and labels [m, B]: row r of `positions` indexes partition row r."""
+    idx = torch.gather(partitions, 1, positions)  # [m, B] dataset indices
     x = to_float(train.images[idx.flatten()])
     x = x.view(*idx.shape, *x.shape[1:])
     return x.to(env.device, non_blocking=True), train.labels[idx].to(env.device, non_blocking=True)
@@ -243,10 +260,9 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                 bar.advance(len(ids) * cfg.steps)
                 continue
             models = _init_teachers(cfg, train, len(ids), first, env)
-            if cfg.trainer == "vectorized":
-                params = _train_chunk_vectorized(models, train, padded, sizes, ids, cfg, env, bar)
-            else:
-                params = _train_chunk_loop(models, train, padded, sizes, ids, cfg, env, bar)
+            trainer = _train_chunk_vectorized if cfg.trainer == "vectorized" else _train_chunk_loop
+            params = trainer(models, train, padded[ids], sizes[ids], ids, cfg, env, bar,
+                             per_epoch=_steps_per_epoch(sizes, cfg.batch_size))
             params = {k: v.detach().cpu() for k, v in params.items()}
             if saved is not None:
                 from privdistill.engine.atomic import atomic_torch_save
@@ -263,7 +279,9 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     return ensemble, stats
 
 
-def _train_chunk_vectorized(models, train, padded, sizes, ids, cfg: TeacherTraining, env: Env, bar) -> dict:
+def _train_chunk_vectorized(models, train, partitions, sizes, rng_ids, cfg: TeacherTraining, env: Env, bar, *,
+                            per_epoch: int) -> dict:
+    """Train m teachers at once: `partitions` [m, P] / `sizes` [m] are theirs, `rng_ids` their identities."""
     params, buffers = stack_module_state(models)
     params = {k: v.to(env.device).detach().requires_grad_(True) for k, v in params.items()}
     base = copy.deepcopy(models[0]).to("meta")
@@ -274,34 +292,33 @@ def _train_chunk_vectorized(models, train, padded, sizes, ids, cfg: TeacherTrain
 
     batched_loss = vmap(loss_one, in_dims=(0, 0, 0))
     optimizer = torch.optim.Adam(params.values(), lr=cfg.lr)
-    sizes_chunk = sizes[ids]
+    plan = _BatchPlan(sizes, rng_ids, cfg.batch_size, per_epoch, env)
     for step in range(cfg.steps):
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * _lr_factor(cfg, step)
-        positions = _batch_positions(sizes_chunk, step, cfg.batch_size, ids, env)
-        x, y = _gather(train, padded, positions, ids, env)
+        x, y = _gather(train, partitions, plan.positions(step), env)
         with env.autocast():
             # Sum over teachers: each teacher's gradient is that of its own mean loss.
             loss = batched_loss(params, x, y).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        bar.advance(len(ids), loss=float(loss.detach()) / len(ids))
+        bar.advance(len(rng_ids), loss=float(loss.detach()) / len(rng_ids))
     return params
 
 
-def _train_chunk_loop(models, train, padded, sizes, ids, cfg: TeacherTraining, env: Env, bar) -> dict:
+def _train_chunk_loop(models, train, partitions, sizes, rng_ids, cfg: TeacherTraining, env: Env, bar, *,
+                      per_epoch: int) -> dict:
     """Reference trainer: one teacher after the other, same batches and schedule as the vectorised one."""
     trained = []
-    for model, tid in zip(models, ids):
+    for row, model in enumerate(models):
         model = env.place(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-        one = tid.view(1)
+        plan = _BatchPlan(sizes[row:row + 1], rng_ids[row:row + 1], cfg.batch_size, per_epoch, env)
         for step in range(cfg.steps):
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * _lr_factor(cfg, step)
-            positions = _batch_positions(sizes[one], step, cfg.batch_size, one, env)
-            x, y = _gather(train, padded, positions, one, env)
+            x, y = _gather(train, partitions[row:row + 1], plan.positions(step), env)
             with env.autocast():
                 logits = model(env.place_batch(x[0]))
             loss = F.cross_entropy(logits.float(), y[0])

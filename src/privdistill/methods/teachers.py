@@ -15,17 +15,27 @@ from privdistill.engine.stages import Stages
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
 
 
-def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None = 40.0, cache: bool = True) -> dict[str, Any]:
+def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None = 40.0, cache: bool = True,
+                            ray_address: str | None = None) -> dict[str, Any]:
+    """Train (or reuse) the ensemble; with `ray_address` ("local", "auto" or "ray://...") train it as Ray tasks."""
     prep = prepare_run("teachers", request, {"teachers": TeacherTraining})
     cfg: TeacherTraining = prep.sections["teachers"]
-    stages = Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run)
     started = time.perf_counter()
-    ensemble, stage = stages.teachers(cfg)
+    if ray_address:
+        from privdistill.engine.distributed import train_teachers_ray
+
+        ensemble, info = train_teachers_ray(prep.data.train, cfg, prep.env,
+                                            address=None if ray_address == "local" else ray_address)
+        ensemble.save(prep.run.path / "teachers.safetensors")
+        stage_ref = {"stage": "teachers", "path": str(prep.run.path / "teachers.safetensors"), "reused": False}
+    else:
+        stages = Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run)
+        ensemble, stage = stages.teachers(cfg)
+        info, stage_ref = stage.info(), stage.ref()
     accuracy = ensemble_accuracy(ensemble, prep.data.test, prep.env, laplace_scale=laplace_scale, seed=prep.env.seed)
-    info = stage.info()
     return finish_run(prep, request, method="teachers", wall_seconds=time.perf_counter() - started,
                       test_accuracy=round(accuracy["ensemble_accuracy"], 4), epsilon_paper=None, epsilon_strict=None,
                       delta=None, privacy="evaluation only: the ensemble is not released and no query was answered",
-                      num_teachers=cfg.num_teachers, trainer=cfg.trainer, teachers_stage=stage.ref(),
+                      num_teachers=cfg.num_teachers, trainer=info.get("trainer", cfg.trainer), teachers_stage=stage_ref,
                       training_seconds=info.get("wall_seconds"), teachers_per_minute=info.get("teachers_per_minute"),
                       **{k: round(v, 4) if isinstance(v, float) else v for k, v in accuracy.items()})

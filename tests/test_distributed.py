@@ -1,0 +1,74 @@
+"""Ray scale-out and the DGD distributed-clients deployment, on a local 2-CPU Ray instance."""
+
+import builtins
+
+import pytest
+import torch
+
+from privdistill.data import load_data
+from privdistill.engine import Env
+from privdistill.engine.ensemble import TeacherTraining, train_teachers
+from privdistill.errors import PrivdistillError
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from privdistill.engine.distributed import connect
+
+    connect(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def cfg(**kw):
+    base = dict(num_teachers=4, model="small-cnn", steps=15, batch_size=16, lr=3e-3, trainer="loop")
+    base.update(kw)
+    return TeacherTraining(**base)
+
+
+def test_ray_tasks_train_the_same_teachers_as_local_training(local_ray, tiny_npz):
+    from privdistill.engine.distributed import train_teachers_ray
+
+    data = load_data(f"npz:{tiny_npz}")
+    env = Env.cpu(seed=4)
+    local, _ = train_teachers(data.train, cfg(), env)
+    remote, stats = train_teachers_ray(data.train, cfg(), env, chunk_size=2)
+    assert stats["ray_tasks"] == 2
+    for k in local.names:
+        assert torch.allclose(local.stacked()[0][k], remote.stacked()[0][k], atol=1e-5), k
+
+
+def test_clients_keep_their_data_and_answer_with_votes_only(local_ray, tiny_npz):
+    from privdistill.engine.distributed import ClientEnsemble, TeacherClient
+
+    assert sorted(m for m in vars(TeacherClient) if not m.startswith("_")) == ["train", "vote"], \
+        "a client exposes training and voting, nothing that returns data or weights"
+    dataset = f"npz:{tiny_npz}"
+    data = load_data(dataset)
+    clients = ClientEnsemble.launch(dataset, data.train, cfg(num_teachers=3), Env.cpu(seed=0))
+    try:
+        x = data.test.batch(torch.arange(40))[0]
+        votes = clients.votes(x)
+        assert votes.shape == (40, 10) and torch.all(votes.sum(1) == 3)
+        accuracy = float((votes.argmax(1) == data.test.labels[:40]).float().mean())
+        assert accuracy > 0.7, "clients trained on their own partitions agree with the truth"
+    finally:
+        clients.shutdown()
+
+
+def test_without_ray_the_message_says_how_to_install(monkeypatch):
+    from privdistill.engine import distributed
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(PrivdistillError, match=r"pip install 'privdistill\[ray\]'"):
+        distributed.require_ray()
