@@ -1,4 +1,5 @@
 import os
+import tempfile
 import sys
 from pathlib import Path
 
@@ -10,6 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # for `import fabricate`
 # Tests never show progress bars and run single-threaded unless they say otherwise: reproducible timing
 # and bit-identical results between a run and its resumed twin.
 os.environ["PRIVDISTILL_NO_PROGRESS"] = "1"
+# Never touch the user's stage cache from tests.
+os.environ["PRIVDISTILL_CACHE"] = tempfile.mkdtemp(prefix="privdistill-test-cache-")
 torch.set_num_threads(1)
 
 

@@ -81,7 +81,7 @@ def _cli(*args, env_extra=None):
 
 TRAIN_ARGS = ["--set", "baseline.model=small-cnn", "--set", "baseline.steps=40", "--set", "baseline.batch_size=32",
               "--set", "baseline.checkpoint_every=2", "--set", "baseline.eval_every_epochs=100",
-              "--set", "run.threads=1", "--precision", "fp32", "--seed", "3"]
+              "--set", "run.threads=1", "--precision", "fp32", "--seed", "3", "--no-cache"]
 
 
 @pytest.mark.slow
@@ -95,14 +95,17 @@ def test_killed_run_resumes_to_the_same_result(tiny_npz, tmp_path):
 
     cmd, env = _cli("train", "baseline", "--dataset", dataset, "--run-dir", str(tmp_path / "killed"), *TRAIN_ARGS)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = tmp_path / "killed" / "checkpoint.pt"
     deadline = time.time() + 240
-    while time.time() < deadline:
-        if ckpt.exists() and torch.load(ckpt, weights_only=False)["step"] >= 10:
+    ckpt = None
+    while time.time() < deadline:  # with --no-cache the baseline stage lives in <run>/stages/baseline-<key>/
+        found = list((tmp_path / "killed").glob("stages/baseline-*/checkpoint.pt"))
+        if found and torch.load(found[0], weights_only=False)["step"] >= 10:
+            ckpt = found[0]
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert ckpt is not None, "no checkpoint appeared"
     killed_at = torch.load(ckpt, weights_only=False)["step"]
     assert 10 <= killed_at < 40, f"the run should have been killed mid-way, not at step {killed_at}"
     assert not (tmp_path / "killed" / "summary.json").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from privdistill.cli import options as o
@@ -14,7 +16,8 @@ app = typer.Typer(help="Train reference models.", no_args_is_help=True)
 def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
              set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
              seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
-             no_progress: o.NoProgress = False) -> None:
+             no_progress: o.NoProgress = False,
+             no_cache: Annotated[bool, typer.Option("--no-cache", help="train inside this run; do not share the stage")] = False) -> None:
     """Train the classifier directly on all private data (no privacy): the accuracy to beat."""
     from privdistill.methods.baseline import train_baseline
     from privdistill.methods.common import RunRequest
@@ -23,4 +26,4 @@ def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o
                          overrides=o.run_overrides(set_, seed=seed, device=device, precision=precision,
                                                    data_root=data_root, no_progress=no_progress),
                          run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
-    show_summary(train_baseline(request))
+    show_summary(train_baseline(request, cache=not no_cache))

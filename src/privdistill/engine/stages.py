@@ -69,7 +69,9 @@ class Stages:
             result = train_classifier(model, data.train, cfg=cfg, env=self.env, run=run, test=data.test,
                                       description="baseline")
             run.save_weights("model", model)
-            return {"test_accuracy": round(evaluate(model, data.test, self.env), 4), "wall_seconds": round(result.wall_seconds, 1)}
+            run.remove_checkpoint()
+            return {"test_accuracy": round(evaluate(model, data.test, self.env), 4), "wall_seconds": round(result.wall_seconds, 1),
+                    "steps": result.steps, "device": self.env.describe()}
 
         stage = self._get("baseline", self._material(cfg), build)
         model = stage.run.load_weights("model", device=self.env.device)

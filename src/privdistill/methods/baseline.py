@@ -1,7 +1,9 @@
 """The non-private baseline: the classifier trained directly on all private data.
 
 It is the accuracy every private method is compared with, and in DGD/DPDFD/SRR it is also the fixed
-discriminator that the data-free generator learns from (a pathway no ε covers: see the privacy reports).
+classifier that data-free generators learn from (a pathway no ε covers: see the privacy reports). It is
+trained as the cached `baseline` stage, so `train baseline` and every method needing the same baseline
+share one training.
 """
 
 from __future__ import annotations
@@ -9,23 +11,21 @@ from __future__ import annotations
 from typing import Any
 
 from privdistill.config import ClassifierTraining
-from privdistill.engine import evaluate, train_classifier
+from privdistill.engine import evaluate
+from privdistill.engine.cache import StageCache
+from privdistill.engine.stages import Stages
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
-from privdistill.models import create_model
 
 
-def train_baseline(request: RunRequest) -> dict[str, Any]:
+def train_baseline(request: RunRequest, *, cache: bool = True) -> dict[str, Any]:
     prep = prepare_run("baseline", request, {"baseline": ClassifierTraining})
     cfg: ClassifierTraining = prep.sections["baseline"]
-    data = prep.data
-    model = create_model(cfg.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
-                         image_size=data.image_size[0])
-    result = train_classifier(model, data.train, cfg=cfg, env=prep.env, run=prep.run, test=data.test,
-                              description=f"baseline {prep.dataset}")
-    accuracy = evaluate(model, data.test, prep.env)
+    model, stage = Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run).baseline(cfg)
+    accuracy = evaluate(model, prep.data.test, prep.env)
     prep.run.save_weights("model", model)
-    return finish_run(prep, request, method="baseline", wall_seconds=result.wall_seconds,
+    info = stage.info()
+    return finish_run(prep, request, method="baseline", wall_seconds=info["wall_seconds"],
                       test_accuracy=round(accuracy, 4), baseline_accuracy=round(accuracy, 4),
                       epsilon_paper=None, epsilon_strict=None, delta=None,
-                      privacy="none: trained directly on the private data", model=cfg.model, steps=result.steps,
-                      train_size=len(data.train), test_size=len(data.test))
+                      privacy="none: trained directly on the private data", model=cfg.model,
+                      train_size=len(prep.data.train), test_size=len(prep.data.test), baseline_stage=stage.ref())
