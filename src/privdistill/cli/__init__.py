@@ -25,13 +25,14 @@ def _mount_subcommands() -> None:
     if _MOUNTED:
         return
     _MOUNTED = True
-    from privdistill.cli import data, evaluate, models, stages, train
+    from privdistill.cli import data, dgd, evaluate, models, stages, train
 
     app.add_typer(data.app, name="data")
     app.add_typer(train.app, name="train")
     app.add_typer(stages.teachers_app, name="teachers")
     app.add_typer(stages.generator_app, name="generator")
     app.add_typer(stages.cache_app, name="cache")
+    app.command("dgd")(dgd.command)
     app.command("eval")(evaluate.eval_command)
     app.command("models")(models.models_command)
     from privdistill.cli import privacy as privacy_cli
@@ -40,6 +41,9 @@ def _mount_subcommands() -> None:
     from privdistill.cli import srr as srr_cli
 
     app.command("srr")(srr_cli.srr_command)
+    from privdistill.cli import dpdfd as dpdfd_cli
+
+    app.command("dpdfd")(dpdfd_cli.command)
 
 
 def get_app() -> typer.Typer:

@@ -14,6 +14,8 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value != 0 and abs(value) < 1e-3:
+            return f"{value:g}"
         return f"{value:.4f}" if value < 10 else f"{value:.2f}"
     return str(value)
 

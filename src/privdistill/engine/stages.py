@@ -22,10 +22,11 @@ from privdistill.engine.datafree import GeneratorTraining, generate, train_gener
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import evaluate, train_classifier
+from privdistill.engine.vae import VAETraining, train_vae
 from privdistill.models import create_model
 
 # Bump a stage's version when what it computes changes: old cache entries are then never reused.
-VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1"}
+VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1"}
 
 
 def file_digest(path: str | Path) -> str:
@@ -119,6 +120,31 @@ class Stages:
         from safetensors.torch import load_file
 
         return load_file(str(stage.path / "synthetic.safetensors"))["images"], stage
+
+    def teachers_on(self, train, cfg: TeacherTraining) -> tuple[TeacherEnsemble, Stage]:
+        """Teachers on another training set than the run's (e.g. the private part when a slice is held out)."""
+        def build(run: RunDir) -> dict:
+            ensemble, stats = train_teachers(train, cfg, self.env, checkpoint_dir=run.path)
+            ensemble.save(run.path / "teachers.safetensors")
+            for leftover in run.path.glob("teachers-*.pt"):
+                leftover.unlink()
+            return {**stats, **ensemble_accuracy(ensemble.to(self.env.device), self.data.test, self.env)}
+
+        material = {**self._material(cfg), "data": train.fingerprint()}
+        stage = self._get("teachers", material, build)
+        return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
+
+    def vae(self, images: torch.Tensor, images_key: str, cfg: VAETraining) -> tuple[nn.Module, Stage]:
+        """A VAE fitted to `images` (synthetic samples, identified by their stage key)."""
+        def build(run: RunDir) -> dict:
+            model, stats = train_vae(images, cfg, self.env, run=run)
+            run.save_weights("vae", model)
+            run.remove_checkpoint("vae-checkpoint")
+            return stats
+
+        stage = self._get("vae", {"images": images_key, "config": to_plain(cfg), "seed": self.env.seed,
+                                  "precision": self.env.precision}, build)
+        return stage.run.load_weights("vae", device=self.env.device).eval(), stage
 
     # -------------------------------------------------------------------------------------- helpers
     def _new_classifier(self, name: str) -> nn.Module:

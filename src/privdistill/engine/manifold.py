@@ -1,0 +1,109 @@
+"""Tangent and normal perturbations of decoded samples (TNAR, Yu et al. CVPR 2019), used by DGD's student.
+
+For a latent code z and its decoding x̂ = dec(z):
+- tangent: perturb the code and decode, x̂∥ = dec(z + η) ≈ x̂ + J η (J = ∂dec/∂z): a move ALONG the data
+  manifold that the VAE has learned;
+- normal: perturb in input space orthogonally to the tangent space (the column space of J),
+  x̂⊥ = x̂ + r with r ⊥ span(J): a move OFF the manifold.
+
+Adversarial directions (the TNAR default) come from one power iteration that maximises the student's
+feature change; "random" draws them uniformly (what the DGD text says). The distance is the one DGD's
+unsupervised energy (Eq. 6) uses: the squared L2 distance between the student's backbone features.
+The Jacobian is computed exactly with forward-mode autodiff (`torch.func.jacfwd`, vectorised over the
+batch with `vmap`): c forward-mode passes of the small decoder per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import contextlib
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.func import jacfwd, vmap
+
+
+def feature_distance(student: nn.Module, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-sample squared L2 distance between backbone features (DGD Eq. 6)."""
+    return (student.features(a).float() - student.features(b).float()).pow(2).flatten(1).sum(1)
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    flat = v.flatten(1)
+    return (flat / (flat.norm(dim=1, keepdim=True) + 1e-12)).view_as(v)
+
+
+def decoder_tangent_basis(decoder: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis Q [B, D, c] of each decoding's tangent space span(∂dec/∂z).
+
+    `decoder` is a VAE in eval mode (its `decode` is differentiated; its weights are constants here)."""
+
+    def decode_one(code: torch.Tensor) -> torch.Tensor:
+        return decoder.decode(code[None]).flatten()
+
+    with torch.autocast(device_type=z.device.type, enabled=False):  # QR needs fp32
+        jac = vmap(jacfwd(decode_one))(z.float())  # [B, D, c]
+        q, _ = torch.linalg.qr(jac, mode="reduced")
+    return q
+
+
+def project_normal(d: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Remove the tangent component: d - Q Qᵀ d, per sample (d: [B, C, H, W], basis [B, D, c])."""
+    flat = d.flatten(1).unsqueeze(2)  # [B, D, 1]
+    tangent = basis @ (basis.transpose(1, 2) @ flat)
+    return (flat - tangent).squeeze(2).view_as(d)
+
+
+@dataclass
+class PerturbationConfig:
+    tangent_eps: float = 1.0  # L2 size of the latent perturbation η
+    normal_eps: float = 2.0  # L2 size of the input-space perturbation r (images in [-1, 1])
+    xi: float = 1e-2  # finite-difference step of the power iteration
+    mode: str = "adversarial"  # adversarial | random
+
+
+class ManifoldPerturber:
+    """Builds (x̂, x̂∥, x̂⊥) triples from latent codes, given the current student."""
+
+    def __init__(self, decoder: nn.Module, cfg: PerturbationConfig,
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        self.decoder = decoder.eval()
+        for p in self.decoder.parameters():
+            p.requires_grad_(False)
+        self.cfg = cfg
+        self.autocast = autocast
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.decoder.decode(z)
+
+    def tangent(self, student: nn.Module, z: torch.Tensor, x_hat: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        eta = _unit(torch.randn(z.shape, generator=generator).to(z.device))
+        if self.cfg.mode == "adversarial":
+            with self.autocast():
+                eta = self._power_step(student, x_hat, eta, lambda e: self.decode(z + self.cfg.xi * e))
+        with torch.no_grad():
+            return self.decode(z + self.cfg.tangent_eps * eta)
+
+    def normal(self, student: nn.Module, z: torch.Tensor, x_hat: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        basis = decoder_tangent_basis(self.decoder, z)
+        d = _unit(project_normal(torch.randn(x_hat.shape, generator=generator).to(x_hat.device), basis))
+        if self.cfg.mode == "adversarial":
+            with self.autocast():
+                d = self._power_step(student, x_hat, d, lambda r: x_hat + self.cfg.xi * r,
+                                     project=lambda g: project_normal(g.float(), basis))
+        return (x_hat + self.cfg.normal_eps * d).detach()
+
+    @staticmethod
+    def _power_step(student, x_hat, direction, perturbed, project=None):
+        """One power iteration: the direction of steepest feature change from x̂, as a unit vector."""
+        direction = direction.detach().requires_grad_(True)
+        was_training = student.training
+        student.eval()  # BatchNorm (if any) must not see these probes as a training batch
+        distance = feature_distance(student, x_hat.detach(), perturbed(direction)).sum()
+        (grad,) = torch.autograd.grad(distance, direction)
+        student.train(was_training)
+        if project is not None:
+            grad = project(grad)
+        return _unit(grad.detach())

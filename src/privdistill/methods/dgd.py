@@ -1,0 +1,369 @@
+"""DGD: discriminative-generative distillation (Ge et al., IEEE TIP 2023; paper 001).
+
+    discriminative stream   baseline φb on all of D;  n teachers φt,i on disjoint subsets D_i
+    generative stream       generator φg trained data-free against φb (DGD loss);  N synthetic samples;
+                            VAE (c = 32) trained on them
+    split                   |D̂s| queries  -> labels l = argmax(votes + Lap(2/ε0))          (Eq. 3)
+                            the rest D̂u   -> codes, clipped + Lap(2c/ε1), decoded into triples (x̂, x̂∥, x̂⊥)
+    student                 CE on (D̂s, l)  +  ‖h(x̂)−h(x̂⊥)‖² + ‖h(x̂)−h(x̂∥)‖² + Σ φs(x̂) log φs(x̂)   (Eq. 1, 5, 6)
+
+Readings of what the paper leaves open (each configurable):
+- "normalized latent codes" + "mapping operator M": codes (the VAE means) are clamped to [−clip, clip] per
+  coordinate, perturbed with Lap(2·clip·c/ε1), and M clamps the result back into [−clip, clip] before
+  decoding. With ε1 = 0.01 the noise (scale 6400) dominates every code, so the decoded x̂ are essentially
+  random decodings of corners of the latent box; `dgd.latent_noise=false` is the ablation without it.
+- Perturbations follow TNAR (adversarial, one power iteration) by default; `student.perturbation=random`
+  follows the DGD text ("random perturbation noise"). Distances are squared L2 on backbone features with the
+  clean features held fixed (as in VAT/TNAR); the entropy term is the mean negative entropy of φs(x̂).
+- Eq. 1 adds the energies unweighted; the weights (default 1) are exposed for ablations.
+- DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
+- Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
+  generator's data (teachers are trained on the rest); compare with PATE.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privdistill.config import ClassifierTraining
+from privdistill.data.dataset import DataSplits, ImageDataset, to_float
+from privdistill.engine import RunDir, evaluate
+from privdistill.engine.cache import StageCache
+from privdistill.engine.context import Env
+from privdistill.engine.datafree import GeneratorTraining
+from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
+from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig, feature_distance
+from privdistill.engine.progress import progress_bar
+from privdistill.engine.stages import Stages, file_digest
+from privdistill.engine.vae import VAETraining
+from privdistill.errors import ConfigError
+from privdistill.methods.common import RunRequest, finish_run, prepare_run
+from privdistill.models import create_model
+from privdistill.privacy import calibration, mechanisms
+from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
+from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
+from privdistill.privacy.report import dgd_pathways, write_privacy_json
+
+_SPLIT_STREAM, _LABEL_STREAM, _UNLABEL_STREAM, _PERTURB_STREAM, _INIT_STREAM = 41, 42, 43, 44, 45
+
+
+@dataclass
+class DGDConfig:
+    """Config section `dgd`: the privacy mechanisms and the data split."""
+
+    epsilon: float | None = None  # target ε (vote channel) when `queries` is 0
+    queries: int = 0  # |D̂s|; 0: calibrated from `epsilon` under `calibration`
+    calibration: str = "strict"  # accounting used to derive |D̂s| from ε: strict | paper
+    delta: float = 1e-5
+    aggregation: str = "laplace"  # laplace (DGD) | gaussian (DGD+)
+    laplace_scale: float = 40.0  # b = 2/ε0
+    gaussian_sigma: float = 40.0
+    latent_noise: bool = True
+    epsilon1: float = 0.01
+    latent_clip: float = 1.0
+    inputs: str = "generator"  # generator | private-holdout (Fig. 7)
+    holdout: int = 10000  # size of the held-out "public" slice for inputs=private-holdout
+    num_synthetic: int = 0  # 0: as many as the private training set (paper)
+    noise_seed: int | None = None  # seed of the privacy noise (default: run seed); secure noise ignores it
+    secure_noise: bool = False
+
+    def validate(self) -> None:
+        if self.queries < 0:
+            raise ConfigError("dgd.queries must be >= 0")
+        if self.queries == 0 and self.epsilon is None:
+            raise ConfigError("give either dgd.queries (|D̂s|) or a target dgd.epsilon (--epsilon)")
+        if self.epsilon is not None and self.epsilon <= 0:
+            raise ConfigError(f"dgd.epsilon must be > 0, got {self.epsilon}")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"dgd.delta must lie in (0, 1), got {self.delta}")
+        if self.aggregation not in ("laplace", "gaussian"):
+            raise ConfigError("dgd.aggregation must be laplace or gaussian")
+        if self.calibration not in ("strict", "paper"):
+            raise ConfigError("dgd.calibration must be strict or paper")
+        if self.inputs not in ("generator", "private-holdout"):
+            raise ConfigError("dgd.inputs must be generator or private-holdout")
+        if min(self.laplace_scale, self.gaussian_sigma, self.epsilon1, self.latent_clip) <= 0:
+            raise ConfigError("dgd noise scales, epsilon1 and latent_clip must be > 0")
+
+
+@dataclass
+class StudentConfig:
+    """Config section `student`: semi-supervised student learning (DGD: 500 iterations, lr 1e-3 -> 0)."""
+
+    model: str = "paper-cnn"
+    steps: int = 500
+    batch_size: int = 128  # labelled samples per step
+    unlabeled_batch_size: int = 128
+    lr: float = 1e-3
+    supervised_weight: float = 1.0
+    tangent_weight: float = 1.0
+    normal_weight: float = 1.0
+    entropy_weight: float = 1.0
+    unsupervised: bool = True  # False: the "supervised part only" ablation
+    tangent: bool = True
+    normal: bool = True
+    perturbation: str = "adversarial"  # adversarial (TNAR) | random (DGD text)
+    tangent_eps: float = 1.0
+    normal_eps: float = 2.0
+    xi: float = 1e-2
+    eval_every: int = 100
+    checkpoint_every: int = 50
+
+    def validate(self) -> None:
+        if min(self.steps, self.batch_size, self.unlabeled_batch_size) < 1 or self.lr <= 0:
+            raise ConfigError("student steps, batch sizes must be >= 1 and lr > 0")
+        if self.perturbation not in ("adversarial", "random"):
+            raise ConfigError("student.perturbation must be adversarial or random")
+
+
+SECTIONS = {"baseline": ClassifierTraining, "teachers": TeacherTraining, "generator": GeneratorTraining,
+            "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig}
+
+
+@dataclass
+class DGDResult:
+    student: nn.Module
+    generator: nn.Module | None
+    summary: dict[str, Any]
+    privacy: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------ the method
+def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting: str = "strict",
+            cache: bool = True, variant: str | None = None) -> DGDResult:
+    prep = prepare_run("dgd", request, SECTIONS)
+    s = prep.sections
+    cfg: DGDConfig = s["dgd"]
+    env, run, data = prep.env, prep.run, prep.data
+    stages = Stages(StageCache(enabled=cache), env, data, run)
+
+    # --- privacy plan first: refuse to start rather than exceed --max-epsilon -------------------------
+    queries = _plan_queries(cfg)
+    vote_event = (LNMaxQueries(scale=cfg.laplace_scale, count=queries) if cfg.aggregation == "laplace"
+                  else GNMaxQueries(sigma=cfg.gaussian_sigma, count=queries))
+    latent_event = LatentLaplace(epsilon1=cfg.epsilon1, dim=s["vae"].latent_dim, clip=cfg.latent_clip)
+    planned = [vote_event] + ([latent_event] if cfg.latent_noise else [])
+    ledger = PrivacyLedger(run.path / "ledger.jsonl", max_epsilon=max_epsilon, accounting=accounting, delta=cfg.delta)
+    ledger.check_can_start(planned)
+
+    # --- discriminative and generative streams (cached stages) -----------------------------------------
+    generator = None
+    stage_refs: dict[str, Any] = {}
+    if cfg.inputs == "generator":
+        baseline, baseline_stage = stages.baseline(s["baseline"])
+        generator, gen_stage = stages.generator(baseline, f"baseline:{baseline_stage.key}", s["generator"])
+        n = cfg.num_synthetic or len(data.train)
+        pool, pool_stage = stages.synthetic(generator, gen_stage, n)
+        teachers, teachers_stage = stages.teachers(s["teachers"])
+        baseline_accuracy = evaluate(baseline, data.test, env)
+        stage_refs.update(baseline=baseline_stage.ref(), generator=gen_stage.ref(), synthetic=pool_stage.ref())
+        pool_key = pool_stage.key
+    else:  # Fig. 7: a held-out slice of D plays the public unlabelled data; teachers learn on the rest
+        private, public = _holdout_split(data, cfg.holdout, env)
+        teachers, teachers_stage = stages.teachers_on(private, s["teachers"])
+        pool, pool_key = public.images, f"holdout:{public.fingerprint()}"
+        baseline_accuracy = None
+    vae, vae_stage = stages.vae(pool, pool_key, s["vae"])
+    stage_refs.update(teachers=teachers_stage.ref(), vae=vae_stage.ref())
+
+    # --- split: queries (labelled by the private aggregation) and the unlabelled rest -------------------
+    perm = torch.randperm(len(pool), generator=env.generator(_SPLIT_STREAM))
+    if queries >= len(pool):
+        raise ConfigError(f"{queries} queries leave no unlabelled samples out of {len(pool)}")
+    query_images, rest_images = pool[perm[:queries]], pool[perm[queries:]]
+    noise_seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
+    labels = ledger.spend("dgd/queries", vote_event, lambda: _aggregate(teachers, query_images, cfg, env, noise_seed))
+    labels = torch.as_tensor(labels).long()
+    codes = _latent_codes(vae, rest_images, cfg, env, ledger, latent_event, noise_seed)
+
+    # --- semi-supervised student ------------------------------------------------------------------------
+    student_cfg: StudentConfig = s["student"]
+    torch.manual_seed(env.generator(_INIT_STREAM).initial_seed())
+    student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
+                           num_classes=data.num_classes, image_size=data.image_size[0])
+    labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
+    student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=run, test=data.test)
+    accuracy = evaluate(student, data.test, env)
+    run.save_weights("student", student)
+    if generator is not None:
+        run.save_weights("generator", generator)
+
+    # --- privacy report and summary ---------------------------------------------------------------------
+    artifacts = dgd_pathways(aggregation=cfg.aggregation, inputs="generator" if cfg.inputs == "generator" else "held-out-private")
+    write_privacy_json(run.path, artifacts, method="dgd")
+    both = ledger.epsilon_both()
+    summary = finish_run(
+        prep, request, method="dgd" if cfg.aggregation == "laplace" else "dgd+", wall_seconds=time.perf_counter() - prep.started,
+        test_accuracy=round(accuracy, 4), baseline_accuracy=None if baseline_accuracy is None else round(baseline_accuracy, 4),
+        epsilon_paper=round(both["paper"].value, 3), epsilon_strict=round(both["strict"].value, 3), delta=cfg.delta,
+        epsilon_covers="the teacher-vote channel only (strict); paper adds ε1 for the latent noise",
+        not_covered=[p.via for p in artifacts["student"] if not p.covered],
+        target_epsilon=cfg.epsilon, queries=queries, aggregation=cfg.aggregation, inputs=cfg.inputs,
+        latent_noise=cfg.latent_noise, variant=variant, max_epsilon=max_epsilon, accounting=accounting,
+        stages=stage_refs, student_training=train_stats)
+    return DGDResult(student=student, generator=generator, summary=summary,
+                     privacy={k: v.to_dict() if hasattr(v, "to_dict") else str(v) for k, v in both.items()})
+
+
+def _plan_queries(cfg: DGDConfig) -> int:
+    if cfg.queries > 0:
+        return cfg.queries
+    template = (LNMaxQueries(scale=cfg.laplace_scale, count=1) if cfg.aggregation == "laplace"
+                else GNMaxQueries(sigma=cfg.gaussian_sigma, count=1))
+    fixed = [LatentLaplace(epsilon1=cfg.epsilon1)] if cfg.latent_noise and cfg.calibration == "paper" else []
+    n = calibration.max_queries(template, target_epsilon=cfg.epsilon, delta=cfg.delta, accounting=cfg.calibration,
+                                fixed=fixed)
+    if n < 1:
+        raise ConfigError(f"ε = {cfg.epsilon} at δ = {cfg.delta} allows no query under the {cfg.calibration} "
+                          "accounting with this noise; raise ε or the noise scale")
+    return n
+
+
+def _holdout_split(data: DataSplits, holdout: int, env: Env) -> tuple[ImageDataset, ImageDataset]:
+    if not 0 < holdout < len(data.train):
+        raise ConfigError(f"dgd.holdout must lie in (0, {len(data.train)}), got {holdout}")
+    perm = torch.randperm(len(data.train), generator=env.generator(_SPLIT_STREAM, 1))
+    return (data.train.subset(perm[holdout:].sort().values, name=f"{data.train.name} (private part)"),
+            data.train.subset(perm[:holdout].sort().values, name=f"{data.train.name} (held-out public slice)"))
+
+
+def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env, seed: int) -> LedgerAnswer:
+    votes = []
+    for start in range(0, len(images), 500):
+        x = env.place_batch(to_float(images[start:start + 500]))
+        votes.append(teachers.votes(x).cpu())
+    votes = torch.cat(votes)
+    gen = mechanisms.make_generator(seed, secure=cfg.secure_noise)
+    if cfg.aggregation == "laplace":
+        labels = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen)
+    else:
+        labels = mechanisms.gnmax(votes, sigma=cfg.gaussian_sigma, generator=gen)
+    return LedgerAnswer(answers=labels, votes=votes)
+
+
+def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,
+                  event: LatentLaplace, seed: int) -> torch.Tensor:
+    """VAE means of the unlabelled samples, clipped, perturbed (if enabled) and mapped back into the box."""
+    means = []
+    with torch.no_grad():
+        for start in range(0, len(images), 1000):
+            mu, _ = vae.encode(env.place_batch(to_float(images[start:start + 1000])))
+            means.append(mu.float().cpu())
+    codes = torch.cat(means)
+    if not cfg.latent_noise:
+        return codes.clamp(-cfg.latent_clip, cfg.latent_clip)
+
+    def perturb():
+        gen = mechanisms.make_generator(seed + 1, secure=cfg.secure_noise)
+        return mechanisms.laplace_latent_perturbation(codes, clip=cfg.latent_clip, epsilon1=cfg.epsilon1, generator=gen)
+
+    noisy = torch.as_tensor(ledger.spend("dgd/latent-codes", event, perturb))
+    return noisy.clamp(-cfg.latent_clip, cfg.latent_clip)  # M(·): back into the decoder's input box
+
+
+# ------------------------------------------------------------------------------------ student learning
+def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module,
+                  cfg: StudentConfig, env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None) -> tuple[nn.Module, dict]:
+    """Semi-supervised student (DGD Eq. 1): CE on the labelled queries + tangent/normal/entropy energy on
+    decoded latent codes. Resumable from `student-checkpoint`."""
+    student = env.place(student).train()
+    optimizer = torch.optim.Adam(student.parameters(), lr=cfg.lr)
+    perturber = ManifoldPerturber(vae, PerturbationConfig(cfg.tangent_eps, cfg.normal_eps, cfg.xi, cfg.perturbation),
+                                  autocast=env.autocast)
+    codes = codes.to(env.device)
+    start, elapsed, history = 0, 0.0, []
+    state = run.load_checkpoint("student-checkpoint") if run is not None else None
+    if state is not None:
+        student.load_state_dict(state["student"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, elapsed, history = state["step"], state["elapsed"], state["history"]
+    t0 = time.perf_counter()
+    use_unlabelled = cfg.unsupervised and len(codes) > 0
+    with progress_bar(cfg.steps, "DGD student", enabled=env.progress, completed=start) as bar:
+        for step in range(start, cfg.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * max(0.0, 1.0 - step / cfg.steps)
+            idx = _batch(len(labelled), cfg.batch_size, env.generator(_LABEL_STREAM, step))
+            x, y = labelled.batch(idx)
+            with env.autocast():
+                loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
+            parts = {"ce": float(loss.detach())}
+            if use_unlabelled:
+                gen = env.generator(_PERTURB_STREAM, step)
+                z = codes[_batch(len(codes), cfg.unlabeled_batch_size, env.generator(_UNLABEL_STREAM, step)).to(env.device)]
+                with torch.no_grad(), env.autocast():
+                    x_hat = env.place_batch(perturber.decode(z).float())
+                    clean = student.features(x_hat).float()
+                # Perturbations first (the power iterations run their own mixed precision; the decoder's
+                # Jacobian stays in fp32), then the energies under autocast.
+                x_par = env.place_batch(perturber.tangent(student, z, x_hat, gen).float()) if cfg.tangent else None
+                x_perp = env.place_batch(perturber.normal(student, z, x_hat, gen).float()) if cfg.normal else None
+                with env.autocast():
+                    if x_par is not None:
+                        tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).sum(1).mean()
+                        loss = loss + cfg.tangent_weight * tangent
+                        parts["tangent"] = float(tangent.detach())
+                    if x_perp is not None:
+                        normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).sum(1).mean()
+                        loss = loss + cfg.normal_weight * normal
+                        parts["normal"] = float(normal.detach())
+                    probs = F.softmax(student(x_hat).float(), dim=1)
+                    neg_entropy = (probs * torch.log(probs + 1e-12)).sum(1).mean()
+                    loss = loss + cfg.entropy_weight * neg_entropy
+                    parts["entropy"] = float(-neg_entropy.detach())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            done = step + 1
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                entry = {"step": done, **parts}
+                if test is not None:
+                    entry["test_accuracy"] = evaluate(student, test, env)
+                history.append(entry)
+                if run is not None:
+                    run.log(stage="student", **entry)
+            if run is not None and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                run.save_checkpoint({"student": student.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
+                                     "elapsed": elapsed + time.perf_counter() - t0, "history": history},
+                                    "student-checkpoint")
+            bar.advance(1, loss=float(loss.detach()), **({"acc": history[-1]["test_accuracy"]}
+                                                         if history and "test_accuracy" in history[-1] else {}))
+    return student.eval(), {"steps": cfg.steps, "wall_seconds": round(elapsed + time.perf_counter() - t0, 1),
+                            "history": history[-3:]}
+
+
+def _batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """A batch of indices: the whole set (shuffled) when it is smaller than the batch."""
+    if n <= size:
+        return torch.randperm(n, generator=generator)
+    return torch.randint(0, n, (size,), generator=generator)
+
+
+# --------------------------------------------------------------------------------------- Python API
+class DGD:
+    """`DGD(dataset="mnist", epsilon=10).fit()` -> DGDResult(student, generator, summary, privacy).
+
+    Keyword arguments map onto the configuration (`queries=1300`, `aggregation="gaussian"`, ...); anything
+    else goes through `overrides=["student.steps=300", ...]`.
+    """
+
+    def __init__(self, dataset: str, *, epsilon: float | None = None, queries: int | None = None,
+                 preset: str = "quick", overrides: list[str] | None = None, run_dir: str | None = None,
+                 max_epsilon: float | None = None, accounting: str = "strict", cache: bool = True, **dgd_options):
+        sets = list(overrides or [])
+        if epsilon is not None:
+            sets.append(f"dgd.epsilon={epsilon}")
+        if queries is not None:
+            sets.append(f"dgd.queries={queries}")
+        sets += [f"dgd.{k}={v}" for k, v in dgd_options.items()]
+        self.request = RunRequest(dataset=dataset, preset=preset, overrides=sets, run_dir=run_dir)
+        self.max_epsilon, self.accounting, self.cache = max_epsilon, accounting, cache
+
+    def fit(self) -> DGDResult:
+        return run_dgd(self.request, max_epsilon=self.max_epsilon, accounting=self.accounting, cache=self.cache)
