@@ -1,0 +1,64 @@
+"""`privdistill dpdfd`: DPDFD model conversion (one teacher, n disjoint teachers, or private data directly)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from privdistill.cli import options as o
+from privdistill.cli.display import show_summary
+
+console = Console()
+
+
+def command(
+    dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None, set_: o.Overrides = None,
+    run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
+    device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
+    no_progress: o.NoProgress = False,
+    epsilon: Annotated[Optional[float], typer.Option("--epsilon", "-e", help="target epsilon (sets the number of steps)")] = None,
+    delta: Annotated[Optional[float], typer.Option("--delta", help="delta (default 1e-5)")] = None,
+    max_epsilon: Annotated[Optional[float], typer.Option("--max-epsilon", help="hard budget (default: the target); refuse to start or stop cleanly beyond it")] = None,
+    accounting: Annotated[Optional[str], typer.Option("--accounting", help="paper (Theorem 3 as printed) or strict: sets T and enforces the budget")] = None,
+    algorithm: Annotated[Optional[int], typer.Option("--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="exactly this many steps (refused if over budget)")] = None,
+    max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="cap on the steps the budget allows")] = None,
+    teacher: Annotated[Optional[Path], typer.Option("--teacher", "-t", help="run directory of a trained classifier (model.safetensors); default: the cached baseline stage")] = None,
+    teacher_module: Annotated[Optional[Path], typer.Option("--teacher-module", help="a torch.save'd nn.Module (unpickled: trusted files only)")] = None,
+    torchvision_model: Annotated[Optional[str], typer.Option("--torchvision", help="torchvision model name (with --weights)")] = None,
+    weights: Annotated[Optional[Path], typer.Option("--weights", help="state_dict file for --torchvision")] = None,
+    variant: Annotated[Optional[str], typer.Option("--variant", help="label for --record (default: derived)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")] = False,
+) -> None:
+    """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
+    from privdistill.methods.common import RunRequest
+    from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
+
+    extra = []
+    for key, value in (("epsilon", epsilon), ("delta", delta), ("max_epsilon", max_epsilon), ("accounting", accounting),
+                       ("algorithm", algorithm), ("steps", steps), ("max_steps", max_steps), ("variant", variant)):
+        if value is not None:
+            extra.append(f"dpdfd.{key}={value}")
+    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
+                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
+                                                   data_root=data_root, no_progress=no_progress),
+                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
+                       module_file=str(teacher_module) if teacher_module else None,
+                       torchvision=torchvision_model, weights=str(weights) if weights else None)
+    summary = run_dpdfd(request, teacher=spec, cache=not no_cache)
+    show_summary({k: v for k, v in summary.items() if k != "history"},
+                 title=f"DPDFD (Alg. {summary['algorithm']}) on {summary['dataset']}")
+    console.print(f"{summary['steps']} steps (planned {summary['planned_steps']}), sigma {summary['sigma']:g}, "
+                  f"C {summary['clip_norm']:g}, B {summary['batch_size']}; target epsilon {summary['target_epsilon']} "
+                  f"({summary['accounting']} accounting); steps the target allows: {summary['steps_allowed']}",
+                  highlight=False)
+    for note in summary.get("plan_notes") or []:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if summary.get("stopped"):
+        console.print(f"[yellow]stopped early:[/] {summary['stopped']}", highlight=False)
+    console.print(f"privacy: {summary['privacy']}", highlight=False)
+    console.print(f"report: privdistill privacy report {summary['run_dir']}", highlight=False)

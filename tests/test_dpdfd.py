@@ -1,0 +1,249 @@
+"""Issue 6: DPDFD (losses, per-sample logit gradients, the mechanism, planning T, end-to-end runs, resume)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.func import grad, vmap
+from typer.testing import CliRunner
+
+from privdistill.cli import get_app
+from privdistill.errors import BudgetExceededError, ConfigError
+from privdistill.methods.common import RunRequest
+from privdistill.methods.dkd import logit_gradients, teacher_loss
+from privdistill.methods.dpdfd import (DPDFDConfig, auto_variant, clip_and_noise, plan_steps, privatise, run_dpdfd,
+                                       student_loss)
+from privdistill.privacy import both
+from privdistill.privacy.events import DPDFDSteps
+from privdistill.privacy.mechanisms import make_generator, normalize_and_noise
+
+# A DPDFD run small enough for a test: small CNNs, a narrow generator, B = 32.
+TINY = ["baseline.model=small-cnn", "baseline.epochs=3", "baseline.batch_size=32", "baseline.lr=0.003",
+        "run.precision=fp32", "run.progress=false", "run.threads=1",
+        "dpdfd.batch_size=32", "dpdfd.student_model=small-cnn", "dpdfd.eval_every=10", "dpdfd.checkpoint_every=4",
+        "dpdfd.ledger_chunk=7", "dpdfd.student_lr=0.003", "dpdfd.max_steps=0",
+        "dpdfd_generator.width=16", "dpdfd_generator.rounds=3", "dpdfd_generator.steps_per_round=10",
+        "dpdfd_generator.batch_size=32", "dpdfd_generator.lr=0.02",
+        "dpdfd_teachers.num_teachers=3", "dpdfd_teachers.model=small-cnn", "dpdfd_teachers.steps=40",
+        "dpdfd_teachers.batch_size=16"]
+
+
+@pytest.fixture
+def cache(tmp_path_factory, monkeypatch):
+    """One stage cache for the whole module: the tiny baseline is trained once."""
+    root = tmp_path_factory.getbasetemp() / "dpdfd-cache"
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(root))
+    return root
+
+
+def run(tiny_npz, path, *extra, record=False, results=None):
+    req = RunRequest(dataset=f"npz:{tiny_npz}", preset="quick", overrides=TINY + list(extra), run_dir=str(path),
+                     record=record, results_dir=str(results or path.parent / "results"))
+    return run_dpdfd(req)
+
+
+# ---------------------------------------------------------------------------------- losses, gradients
+@pytest.mark.parametrize("kind", ["ce", "kl", "dkd"])
+def test_per_sample_logit_gradients_equal_autograd_and_vmap(kind):
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(6, 10, generator=g, requires_grad=True)
+    t = torch.randn(6, 10, generator=g) * 3
+    fast = logit_gradients(s, t, kind=kind, temperature=2.0)
+    (by_sum,) = torch.autograd.grad(teacher_loss(s, t, kind=kind, temperature=2.0).sum(), s)
+    one = lambda si, ti: teacher_loss(si[None], ti[None], kind=kind, temperature=2.0)[0]  # noqa: E731
+    by_vmap = vmap(grad(one))(s.detach(), t)
+    assert torch.allclose(fast, by_sum, atol=1e-6) and torch.allclose(fast, by_vmap, atol=1e-6)
+    # multi-teacher: [n, B, K] against the same student logits
+    tt = torch.randn(3, 6, 10, generator=g)
+    multi = logit_gradients(s, tt, kind=kind, temperature=2.0)
+    assert multi.shape == (3, 6, 10)
+    assert torch.allclose(multi[1], logit_gradients(s, tt[1], kind=kind, temperature=2.0), atol=1e-6)
+
+
+def test_dkd_matches_the_reference_formula():
+    """DKD (Zhao et al. 2022, their dkd_loss with the teacher's argmax as target), written out by hand."""
+    g = torch.Generator().manual_seed(1)
+    s, t = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g) * 2
+    T, a, b = 3.0, 1.0, 8.0
+    target = t.argmax(1)
+    gt = torch.nn.functional.one_hot(target, 4).float()
+    ps, pt = torch.softmax(s / T, 1), torch.softmax(t / T, 1)
+    bs = torch.stack([(ps * gt).sum(1), (ps * (1 - gt)).sum(1)], 1)
+    bt = torch.stack([(pt * gt).sum(1), (pt * (1 - gt)).sum(1)], 1)
+    tckd = (bt * (bt.log() - bs.log())).sum(1) * T**2
+    nt_s = torch.log_softmax(s / T - 1000 * gt, 1)
+    nt_t = torch.softmax(t / T - 1000 * gt, 1)
+    nckd = (nt_t * (torch.log(nt_t.clamp_min(1e-12)) - nt_s)).sum(1) * T**2
+    assert torch.allclose(teacher_loss(s, t, kind="dkd", temperature=T, alpha=a, beta=b), a * tckd + b * nckd, atol=1e-5)
+
+
+def test_l2_student_loss_backpropagates_exactly_gamma_times_the_noisy_gradient():
+    s = torch.randn(8, 10, requires_grad=True)
+    noisy = torch.randn(8, 10) * 1e-3
+    gamma = 0.7
+    loss = student_loss(s, s.detach(), gamma * noisy, "l2")
+    (g,) = torch.autograd.grad(loss, s)
+    assert torch.equal(g, gamma * noisy)
+    naive = 0.5 * (s - (s.detach() - gamma * noisy)).pow(2).sum()  # forming y_s first rounds g~ away
+    assert math.isclose(float(loss.detach()), float(naive.detach()), rel_tol=1e-2)
+    (gce,) = torch.autograd.grad(student_loss(s, s.detach(), gamma * noisy, "ce"), s)
+    expected = torch.softmax(s, 1) - torch.softmax(s - gamma * noisy, 1)
+    assert torch.allclose(gce, expected.detach(), atol=1e-7)
+
+
+def test_mechanism_normalise_matches_privacy_module_and_clip_bounds_norms():
+    grads = torch.randn(16, 10) * torch.logspace(-4, 1, 16)[:, None]
+    cfg = DPDFDConfig()
+    a = privatise(grads, cfg, 1e-3, 100.0, make_generator(3))
+    b = normalize_and_noise(grads, clip_norm=1e-3, sigma=100.0, stability=1e-4, generator=make_generator(3))
+    assert torch.equal(a, b)
+    # clipping: tiny gradients keep their size, big ones are cut to C; with negligible noise we see them
+    out = clip_and_noise(grads, clip_norm=0.1, sigma=1e-9, generator=make_generator(0)) * 16
+    norms = out.norm(dim=1)
+    small = grads.norm(dim=1) < 0.1
+    assert torch.allclose(norms[small], grads.norm(dim=1)[small], rtol=1e-5)
+    assert torch.allclose(norms[~small], torch.full_like(norms[~small], 0.1), rtol=1e-5)
+    multi = privatise(torch.randn(3, 16, 10), DPDFDConfig(operation="clip"), 0.1, 1.0, make_generator(1))
+    assert multi.shape == (16, 10)
+
+
+# --------------------------------------------------------------------------------------- planning T
+def test_plan_reproduces_the_budget_table_and_the_strict_limits():
+    paper = plan_steps(DPDFDConfig(epsilon=1, accounting="paper"))
+    assert (paper.clip_norm, paper.steps) == (1e-3, 596_808)
+    paper10 = plan_steps(DPDFDConfig(epsilon=10, accounting="paper"))
+    assert (paper10.clip_norm, paper10.steps) == (5e-3, 1_392_730)
+    assert plan_steps(DPDFDConfig(epsilon=10, accounting="strict")).steps == 34
+    none = plan_steps(DPDFDConfig(epsilon=1, accounting="strict"))
+    assert none.steps == 0 and "no training possible" in none.notes[0]
+    capped = plan_steps(DPDFDConfig(epsilon=10, accounting="paper", max_steps=500))
+    assert capped.steps == 500 and "capped" in capped.notes[0]
+    assert plan_steps(DPDFDConfig(epsilon=10, algorithm=3, accounting="strict"), dataset_size=60000).steps == 0
+
+
+def test_calibrated_sigma_spends_the_target_in_the_capped_steps():
+    cfg = DPDFDConfig(epsilon=10, accounting="paper", max_steps=3000, calibrate_sigma=True)
+    plan = plan_steps(cfg, num_classes=10)
+    assert plan.steps == 3000 and 1 < plan.sigma < 100
+    eps = both([plan.event], delta=1e-5)
+    assert 9.99 < eps["paper"].value <= 10.0
+    assert both([plan.event.with_count(3050)], delta=1e-5)["paper"].value > 10, "the budget is spent, not exceeded"
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError, match="calibrate_sigma"):
+        DPDFDConfig(calibrate_sigma=True).validate()
+    with pytest.raises(ConfigError, match="epsilon"):
+        DPDFDConfig(epsilon=None).validate()
+    with pytest.raises(ConfigError, match="operation"):
+        DPDFDConfig(operation="cut").validate()
+    assert auto_variant(DPDFDConfig(algorithm=2, accounting="strict")) == "multi-teacher-strict"
+    assert auto_variant(DPDFDConfig(variant="ablation-no-ce")) == "ablation-no-ce"
+
+
+# ------------------------------------------------------------------------------------------ end to end
+def test_run_records_a_chunked_ledger_and_both_epsilons(tiny_npz, tmp_path, cache):
+    s = run(tiny_npz, tmp_path / "a", "dpdfd.epsilon=null", "dpdfd.steps=20", "dpdfd.sigma=2", record=True)
+    assert s["method"] == "dpdfd" and s["steps"] == 20 and s["algorithm"] == 1
+    assert s["baseline_accuracy"] > 0.8 and 0.0 <= s["test_accuracy"] <= 1.0
+    expected = both([DPDFDSteps(clip_norm=5e-3, sigma=2, batch_size=32, steps=20, num_classes=10)], delta=1e-5)
+    assert math.isclose(s["epsilon_paper"], expected["paper"].value, rel_tol=1e-5)
+    assert math.isclose(s["epsilon_strict"], expected["strict"].value, rel_tol=1e-5)
+    lines = [json.loads(x) for x in (tmp_path / "a" / "ledger.jsonl").read_text().splitlines()]
+    spends = [x for x in lines if x["kind"] == "spend"]
+    assert [x["event"]["steps"] for x in spends] == [7, 7, 6], "one record per chunk of 7 steps"
+    assert not (tmp_path / "a" / "ledger_answers").exists(), "the ledger stays small (seeds inline)"
+    privacy = json.loads((tmp_path / "a" / "privacy.json").read_text())
+    assert all(p["covered"] for art in privacy["artifacts"].values() for p in art)
+    assert "post-processing" in s["privacy"]
+    for name in ("student.safetensors", "generator.safetensors", "summary.json"):
+        assert (tmp_path / "a" / name).exists()
+    recorded = json.loads((tmp_path / "results" / "quick" / "dpdfd-npz-tiny.json").read_text())
+    assert recorded["test_accuracy"] == s["test_accuracy"]
+
+
+def test_warm_started_generator_learns_and_is_reported_not_covered(tiny_npz, tmp_path, cache):
+    s = run(tiny_npz, tmp_path / "w", "dpdfd.epsilon=null", "dpdfd.steps=30", "dpdfd.sigma=0.5",
+            "dpdfd.generator_init=teacher")
+    assert s["test_accuracy"] > 0.6, "the student learns the fabricated task through the noisy gradients"
+    privacy = json.loads((tmp_path / "w" / "privacy.json").read_text())
+    assert not all(p["covered"] for p in privacy["artifacts"]["generator"])
+    assert s["privacy"].startswith("NOT DP")
+
+
+def test_direct_training_learns_and_is_not_dp_under_strict(tiny_npz, tmp_path, cache):
+    s = run(tiny_npz, tmp_path / "d", "dpdfd.algorithm=3", "dpdfd.epsilon=null", "dpdfd.steps=40", "dpdfd.sigma=0.5",
+            "dpdfd.batch_size=64")
+    assert s["test_accuracy"] > 0.8 and s["epsilon_strict"] == "inf" and s["variant"] == "direct"
+    privacy = json.loads((tmp_path / "d" / "privacy.json").read_text())
+    assert [p["covered"] for p in privacy["artifacts"]["student"]] == [True, False]
+
+
+def test_multi_teacher_and_budget_refusals(tiny_npz, tmp_path, cache):
+    s = run(tiny_npz, tmp_path / "m", "dpdfd.algorithm=2", "dpdfd.epsilon=null", "dpdfd.steps=8", "dpdfd.sigma=1")
+    assert s["num_teachers"] == 3 and s["variant"] == "multi-teacher" and s["steps"] == 8
+    # refuse to start: the planned steps exceed --max-epsilon
+    with pytest.raises(BudgetExceededError, match="max-epsilon"):
+        run(tiny_npz, tmp_path / "over", "dpdfd.epsilon=null", "dpdfd.steps=10", "dpdfd.sigma=1",
+            "dpdfd.max_epsilon=0.01")
+    # strict accounting at epsilon 1: the budget allows no step; the untrained student is reported
+    s0 = run(tiny_npz, tmp_path / "z", "dpdfd.epsilon=1", "dpdfd.accounting=strict", "dpdfd.batch_size=256")
+    assert s0["steps"] == 0 and s0["epsilon_strict"] == 0 and s0["variant"] == "strict"
+    assert any("no training possible" in n for n in s0["plan_notes"])
+
+
+def _cli(*args):
+    env = {**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"}
+    return [sys.executable, "-m", "privdistill", *args], env
+
+
+@pytest.mark.slow
+def test_sigkilled_run_resumes_to_the_same_result_without_respending(tiny_npz, tmp_path, cache):
+    from safetensors.torch import load_file
+
+    args = ["dpdfd", "--dataset", f"npz:{tiny_npz}", "--seed", "4", "--steps", "60", "--set", "dpdfd.epsilon=null",
+            "--set", "dpdfd.sigma=2"] + [a for kv in TINY for a in ("--set", kv)]
+    cmd, env = _cli(*args, "--run-dir", str(tmp_path / "full"))
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    cmd, env = _cli(*args, "--run-dir", str(tmp_path / "killed"))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "killed" / "dpdfd-checkpoint.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        try:
+            if ckpt.exists() and torch.load(ckpt, weights_only=False)["step"] >= 12:
+                break
+        except Exception:  # noqa: BLE001 - being replaced while we read it
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(ckpt, weights_only=False)["step"]
+    assert 12 <= killed_at < 60 and not (tmp_path / "killed" / "summary.json").exists()
+    cmd, env = _cli(*args, "--run-dir", str(tmp_path / "killed"), "--resume")
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    for name in ("student", "generator"):
+        a = load_file(tmp_path / "full" / f"{name}.safetensors")
+        b = load_file(tmp_path / "killed" / f"{name}.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), f"resumed {name} differs from the uninterrupted run"
+    full = json.loads((tmp_path / "full" / "summary.json").read_text())
+    resumed = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert resumed["test_accuracy"] == full["test_accuracy"]
+    assert resumed["epsilon_paper"] == full["epsilon_paper"] and resumed["epsilon_strict"] == full["epsilon_strict"]
+    keys = lambda p: [json.loads(x).get("key") for x in (p / "ledger.jsonl").read_text().splitlines()]  # noqa: E731
+    assert [k for k in keys(tmp_path / "killed") if k] == [k for k in keys(tmp_path / "full") if k], \
+        "the resumed run reused the recorded chunks: same spends, none twice"
+
+
+def test_cli_help_and_one_line_errors(tiny_npz, tmp_path, cache):
+    result = CliRunner().invoke(get_app(), ["dpdfd", "--help"])
+    assert result.exit_code == 0 and "--accounting" in result.output and "--teacher" in result.output
+    cmd, env = _cli("dpdfd", "--dataset", f"npz:{tiny_npz}", "--set", "dpdfd.operation=cut", "--run-dir", str(tmp_path / "x"))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "operation must be normalize or clip" in proc.stderr and "Traceback" not in proc.stderr
