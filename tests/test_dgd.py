@@ -1,0 +1,96 @@
+"""DGD: manifold perturbations, privacy plan and ledger, end to end on fabricated data."""
+
+import json
+
+import pytest
+import torch
+
+from privdistill.engine.manifold import (ManifoldPerturber, PerturbationConfig, decoder_tangent_basis,
+                                         project_normal)
+from privdistill.errors import BudgetExceededError, ConfigError
+from privdistill.methods.common import RunRequest
+from privdistill.methods.dgd import DGD, DGDConfig, _plan_queries, run_dgd
+from privdistill.models import create_model
+
+TINY = ["baseline.model=small-cnn", "baseline.epochs=2", "baseline.batch_size=32",
+        "teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=20", "teachers.batch_size=16",
+        "teachers.lr=0.003", "generator.rounds=2", "generator.steps_per_round=4", "generator.batch_size=32",
+        "generator.width=32", "vae.steps=20", "vae.batch_size=32", "student.model=small-cnn", "student.steps=12",
+        "student.batch_size=16", "student.unlabeled_batch_size=16", "student.eval_every=6",
+        "student.checkpoint_every=4", "run.precision=fp32", "run.progress=false"]
+
+
+def test_normal_perturbations_are_orthogonal_to_the_decoder_tangent_space():
+    torch.manual_seed(0)
+    vae = create_model("conv-vae", in_channels=1, image_size=28, latent_dim=8).eval()
+    z = torch.randn(3, 8)
+    basis = decoder_tangent_basis(vae, z)
+    assert basis.shape == (3, 784, 8)
+    assert torch.allclose(basis.transpose(1, 2) @ basis, torch.eye(8).expand(3, 8, 8), atol=1e-4), "orthonormal"
+    # The basis spans the decoder's Jacobian: a small latent move is (to first order) inside the span.
+    eta = torch.randn(3, 8) * 1e-3
+    move = (vae.decode(z + eta) - vae.decode(z)).flatten(1)
+    inside = (basis @ (basis.transpose(1, 2) @ move.unsqueeze(2))).squeeze(2)
+    assert (move - inside).norm() < 0.05 * move.norm()
+    d = project_normal(torch.randn(3, 1, 28, 28), basis)
+    assert (basis.transpose(1, 2) @ d.flatten(1).unsqueeze(2)).abs().max() < 1e-4, "normal ⟂ tangent"
+
+
+@pytest.mark.parametrize("mode", ["adversarial", "random"])
+def test_perturbations_have_the_requested_size(mode):
+    torch.manual_seed(1)
+    vae = create_model("conv-vae", in_channels=1, image_size=28, latent_dim=8).eval()
+    student = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    perturber = ManifoldPerturber(vae, PerturbationConfig(tangent_eps=0.5, normal_eps=1.5, mode=mode))
+    z = torch.randn(4, 8)
+    x_hat = vae.decode(z).detach()
+    gen = torch.Generator().manual_seed(0)
+    x_perp = perturber.normal(student, z, x_hat, gen)
+    assert torch.allclose((x_perp - x_hat).flatten(1).norm(dim=1), torch.full((4,), 1.5), atol=1e-4)
+    x_par = perturber.tangent(student, z, x_hat, gen)
+    assert x_par.shape == x_hat.shape and not torch.allclose(x_par, x_hat)
+    assert all(p.grad is None for p in student.parameters()), "probing must not touch the student's gradients"
+
+
+def test_query_count_from_a_target_epsilon():
+    # Strict (dp-accounting RDP of Laplace noisy argmax, b = 40): 1300 queries cost 9.34, 27 cost 0.98.
+    assert 1300 <= _plan_queries(DGDConfig(epsilon=10.0)) < 1500
+    assert 27 <= _plan_queries(DGDConfig(epsilon=1.0)) < 30
+    assert _plan_queries(DGDConfig(epsilon=10.0, calibration="paper")) < 1300, "the printed formula is looser"
+    assert _plan_queries(DGDConfig(queries=750, epsilon=1.0)) == 750
+    with pytest.raises(ConfigError, match="allows no query"):
+        _plan_queries(DGDConfig(epsilon=0.01))
+    with pytest.raises(ConfigError, match="either dgd.queries"):
+        DGDConfig().validate()
+
+
+def test_dgd_refuses_to_start_beyond_max_epsilon(tiny_npz, tmp_path):
+    request = RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=2000"], run_dir=str(tmp_path / "r"))
+    with pytest.raises(BudgetExceededError):
+        run_dgd(request, max_epsilon=5.0, accounting="strict")
+    assert not any((tmp_path / "r").glob("student*")), "nothing was trained"
+
+
+@pytest.mark.slow
+def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
+    run_dir = tmp_path / "run"
+    result = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY, run_dir=str(run_dir)).fit()
+    s = result.summary
+    assert s["queries"] == 40 and s["method"] == "dgd"
+    # 40 LNMax queries with b = 40 (ε0 = 0.05 each): strict via RDP, paper via advanced composition + ε1.
+    assert 0.5 < s["epsilon_strict"] < 2.0 and s["epsilon_paper"] > s["epsilon_strict"]
+    assert any("generator" in p for p in s["not_covered"])
+    privacy = json.loads((run_dir / "privacy.json").read_text())
+    assert "student" in privacy["artifacts"] and "generator" in privacy["artifacts"]
+    ledger = [json.loads(l) for l in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    spends = [r for r in ledger if r.get("kind") == "spend"]
+    assert [r["key"] for r in spends] == ["dgd/queries", "dgd/latent-codes"]
+
+    # Resuming the finished run spends nothing more and reproduces the student exactly.
+    again = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=40"], run_dir=str(run_dir),
+                               resume=True))
+    ledger2 = [json.loads(l) for l in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert len([r for r in ledger2 if r.get("kind") == "spend"]) == 2, "no budget spent twice"
+    assert again.summary["epsilon_strict"] == s["epsilon_strict"]
+    for a, b in zip(result.student.state_dict().values(), again.student.state_dict().values()):
+        assert torch.equal(a, b)
