@@ -22,7 +22,7 @@ def tiny(tiny_npz):
 
 
 def teacher_cfg(**kw):
-    base = dict(num_teachers=4, model="small-cnn", steps=25, batch_size=16, lr=3e-3)
+    base = dict(num_teachers=4, model="small-cnn", steps=25, batch_size=16, lr=3e-3, trainer="vectorized")
     base.update(kw)
     return TeacherTraining(**base)
 
@@ -64,6 +64,11 @@ def test_ensemble_save_load_roundtrip(tiny, tmp_path):
     back = TeacherEnsemble.load(tmp_path / "t.safetensors")
     x = tiny.test.batch(torch.arange(5))[0]
     assert torch.equal(ens.logits(x), back.logits(x))
+
+
+def test_auto_trainer_is_the_loop_on_a_cpu(tiny):
+    _, stats = train_teachers(tiny.train, teacher_cfg(trainer="auto", steps=2), Env.cpu())
+    assert stats["trainer"] == "loop"
 
 
 def test_teacher_bad_input(tiny):
