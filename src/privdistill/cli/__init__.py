@@ -25,7 +25,7 @@ def _mount_subcommands() -> None:
     if _MOUNTED:
         return
     _MOUNTED = True
-    from privdistill.cli import data, dgd, evaluate, models, stages, train
+    from privdistill.cli import bench, data, dgd, evaluate, models, stages, train
 
     app.add_typer(data.app, name="data")
     app.add_typer(train.app, name="train")
@@ -33,6 +33,7 @@ def _mount_subcommands() -> None:
     app.add_typer(stages.generator_app, name="generator")
     app.add_typer(stages.cache_app, name="cache")
     app.command("dgd")(dgd.command)
+    app.add_typer(bench.app, name="bench")
     app.command("eval")(evaluate.eval_command)
     app.command("models")(models.models_command)
     from privdistill.cli import privacy as privacy_cli

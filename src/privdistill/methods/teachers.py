@@ -37,5 +37,6 @@ def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None 
                       test_accuracy=round(accuracy["ensemble_accuracy"], 4), epsilon_paper=None, epsilon_strict=None,
                       delta=None, privacy="evaluation only: the ensemble is not released and no query was answered",
                       num_teachers=cfg.num_teachers, trainer=info.get("trainer", cfg.trainer), teachers_stage=stage_ref,
+                      variant=f"n{cfg.num_teachers}",
                       training_seconds=info.get("wall_seconds"), teachers_per_minute=info.get("teachers_per_minute"),
                       **{k: round(v, 4) if isinstance(v, float) else v for k, v in accuracy.items()})
