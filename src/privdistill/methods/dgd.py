@@ -157,7 +157,7 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
     stage_refs: dict[str, Any] = {}
     if cfg.inputs == "generator":
         baseline, baseline_stage = stages.baseline(s["baseline"])
-        generator, gen_stage = stages.generator(baseline, f"baseline:{baseline_stage.key}", s["generator"])
+        generator, gen_stage = stages.generator(baseline, file_digest(baseline_stage.path / "model.safetensors"), s["generator"])
         n = cfg.num_synthetic or len(data.train)
         pool, pool_stage = stages.synthetic(generator, gen_stage, n)
         teachers, teachers_stage = stages.teachers(s["teachers"])
