@@ -38,3 +38,13 @@ def teachers(dataset: Annotated[str, typer.Option("--dataset", "-d")] = "mnist",
         table.add_row(row["trainer"], str(row["wall_seconds"]), str(row["samples_per_second"]),
                       str(row["teachers_per_minute_at_full_schedule"]), f"{row['projected_full_schedule_minutes']} min")
     console.print(table)
+
+
+@app.command("report")
+def report(results_dir: Annotated[Path, typer.Option("--results", help="results directory")] = Path("results"),
+           doc: Annotated[Path, typer.Option("--doc", help="markdown file to update")] = Path("docs/results.md")) -> None:
+    """Regenerate the tables of docs/results.md from results/<preset>/*.json."""
+    from privdistill.bench.report import regenerate
+
+    names = regenerate(results_dir, doc)
+    console.print(f"updated {len(names)} tables in {doc}")
