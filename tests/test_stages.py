@@ -83,6 +83,25 @@ def test_teacher_bad_input(tiny):
         TeacherTraining(num_teachers=0).validate()
 
 
+def test_partitions_missing_classes_warn(tiny):
+    from privdistill.engine.ensemble import EnsembleWarning
+
+    with pytest.warns(EnsembleWarning, match="lack some class"):
+        train_teachers(tiny.train, teacher_cfg(num_teachers=30, batch_size=8, steps=1), Env.cpu())
+
+
+def test_ensemble_from_modules_checks_architectures(tiny):
+    a = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    b = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    ens = TeacherEnsemble.from_modules([a, b])
+    x = tiny.test.batch(torch.arange(3))[0]
+    with torch.no_grad():
+        assert torch.allclose(ens.logits(x)[1], b(x), atol=1e-5)
+    wide = create_model("paper-cnn", in_channels=1, num_classes=10, image_size=28)
+    with pytest.raises(ModelError, match="teacher 2 has a different architecture"):
+        TeacherEnsemble.from_modules([a, b, wide])
+
+
 def test_killed_teacher_training_resumes_from_finished_chunks(tiny, tmp_path):
     env = Env.cpu(seed=2)
     cfg = teacher_cfg(chunk_size=2)

@@ -14,6 +14,7 @@ import copy
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,6 +30,10 @@ from privdistill.engine.context import Env
 from privdistill.engine.progress import progress_bar
 from privdistill.errors import ConfigError, DataError, ModelError
 from privdistill.models import create_model
+
+class EnsembleWarning(UserWarning):
+    """A teacher ensemble that trains, but worse than it could (e.g. partitions missing classes)."""
+
 
 _TEACHER_INIT_STREAM = 11
 _TEACHER_EPOCH_STREAM = 12
@@ -117,6 +122,22 @@ class TeacherEnsemble(nn.Module):
         preds = self.predictions(x, chunk=chunk)
         k = num_classes or int(self.base[0].classifier.out_features)
         return F.one_hot(preds, k).sum(0)
+
+    @classmethod
+    def from_modules(cls, models: list[nn.Module]) -> "TeacherEnsemble":
+        """Stack separately trained teachers (e.g. a user's own). They must share one architecture."""
+        if not models:
+            raise ModelError("an ensemble needs at least one teacher")
+        reference = {k: (tuple(v.shape), v.dtype) for k, v in models[0].state_dict().items()}
+        for i, model in enumerate(models[1:], start=1):
+            shapes = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+            if shapes != reference:
+                differing = sorted(set(shapes) ^ set(reference)) or sorted(k for k in shapes if shapes[k] != reference[k])
+                raise ModelError(f"teacher {i} has a different architecture from teacher 0 "
+                                 f"(differs in {', '.join(differing[:4])}{' ...' if len(differing) > 4 else ''}); "
+                                 "an ensemble's teachers must share one architecture")
+        params, buffers = stack_module_state(models)
+        return cls(models[0], {k: v.detach() for k, v in params.items()}, {k: v.detach() for k, v in buffers.items()})
 
     def member(self, i: int) -> nn.Module:
         """Teacher i as an ordinary module (for inspection, audits and the reference loop)."""
@@ -243,6 +264,11 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
         cfg = replace(cfg, trainer="vectorized" if env.device.type == "cuda" else "loop")
     parts = parts if parts is not None else make_partitions(train, cfg)
     lacking = missing_classes(train.labels, parts, train.num_classes)
+    if lacking:
+        first = next(iter(lacking.items()))
+        warnings.warn(f"{len(lacking)} of {cfg.num_teachers} partitions lack some class (partition {first[0]} has no "
+                      f"example of class(es) {first[1]}): those teachers can never vote for it. Use fewer teachers "
+                      "or teachers.stratified=true.", EnsembleWarning, stacklevel=2)
     sizes = torch.tensor([len(p) for p in parts])
     padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
     for i, p in enumerate(parts):
