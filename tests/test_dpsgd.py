@@ -1,0 +1,75 @@
+"""DP-SGD baseline: calibration to the target ε (Opacus's tolerance), the strict replace-one ε, resume."""
+
+import warnings
+
+import pytest
+import torch
+
+from privdistill.errors import ConfigError
+from privdistill.methods.common import RunRequest
+from privdistill.methods.dpsgd import epsilons, run_dpsgd, steps_per_epoch, strict_noise_multiplier
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+TINY = ["dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "dpsgd.lr=0.1", "run.progress=false", "run.precision=fp32"]
+
+
+def _run(tiny_npz, tmp_path, name, extra=(), resume=False):
+    return run_dpsgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + list(extra), run_dir=str(tmp_path / name),
+                                resume=resume))
+
+
+def test_epsilon_matches_the_target_within_opacus_tolerance(tiny_npz, tmp_path):
+    s = _run(tiny_npz, tmp_path, "rdp", ["dpsgd.epsilon=4"])
+    a = s["dpsgd_accounting"]
+    # make_private_with_epsilon's binary search stops within epsilon_tolerance = 0.01 below the target
+    assert 4 - 0.011 <= s["epsilon_paper"] <= 4 + 1e-9
+    assert s["epsilon_paper"] == pytest.approx(a["epsilon_opacus_rdp"], abs=1e-4)
+    assert a["epsilon_opacus_prv"] < a["epsilon_opacus_rdp"], "PRV is tighter than RDP's conversion"
+    assert a["steps"] == 2 * steps_per_epoch(300, 100)
+    # replace-one (strict) costs more than add/remove at the same noise (tight PLD vs PRV, both numerical)
+    assert s["epsilon_strict"] > a["epsilon_opacus_prv"]
+    assert s["target_epsilon"] == 4 and s["delta"] == 1e-5 and s["method"] == "dpsgd"
+    assert s["not_covered"] == [], "every pathway goes through the noisy gradients"
+
+
+def test_strict_calibration_meets_the_replace_one_target():
+    q, steps = 0.05, 40
+    sigma = strict_noise_multiplier(target_epsilon=2.0, delta=1e-5, sample_rate=q, steps=steps, tolerance=0.05)
+    eps = epsilons(sigma, q, steps, 1e-5)
+    assert 2.0 - 0.051 <= eps["replace_one"] <= 2.0
+    assert eps["rdp"] < eps["replace_one"] * 1.5 and eps["prv"] < eps["replace_one"]
+    # more noise never costs more
+    assert epsilons(sigma * 1.2, q, steps, 1e-5)["replace_one"] < eps["replace_one"]
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tiny_npz, tmp_path, monkeypatch):
+    whole = _run(tiny_npz, tmp_path, "whole")
+    import privdistill.methods.dpsgd as dpsgd
+
+    real, calls = dpsgd.evaluate, {"n": 0}
+
+    def crash_in_second_epoch(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("simulated crash after the first epoch's checkpoint")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dpsgd, "evaluate", crash_in_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tiny_npz, tmp_path, "crashed")
+    monkeypatch.setattr(dpsgd, "evaluate", real)
+    resumed = _run(tiny_npz, tmp_path, "crashed", resume=True)
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(tmp_path / "whole" / "model.safetensors")), load_file(str(tmp_path / "crashed" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["epsilon_paper"] == whole["epsilon_paper"]
+    assert resumed["dpsgd_accounting"]["steps"] == whole["dpsgd_accounting"]["steps"], "accountant state restored"
+
+
+def test_batchnorm_models_are_refused(tiny_npz, tmp_path):
+    with pytest.raises(ConfigError, match="not DP-SGD compatible"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _run(tiny_npz, tmp_path, "bn", ["dpsgd.model=paper-cnn-bn"])
