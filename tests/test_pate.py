@@ -1,0 +1,87 @@
+"""PATE baselines: query plan, the three aggregators through the ledger (data-dependent beside data-independent),
+resume reuses the recorded answers, VAT."""
+
+import pytest
+import torch
+
+from privdistill.errors import ConfigError
+from privdistill.methods.common import RunRequest
+from privdistill.methods.pate import PATEConfig, holdout_split, plan_queries, public_indices, run_pate, vat_loss
+from privdistill.models import create_model
+from privdistill.privacy.ledger import PrivacyLedger
+
+TINY = ["teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=10", "teachers.batch_size=16",
+        "teachers.lr=0.003", "pate.holdout=80", "pate_student.model=small-cnn", "pate_student.steps=8",
+        "pate_student.batch_size=16", "pate_student.unlabeled_batch_size=16", "pate_student.eval_every=6",
+        "pate_student.checkpoint_every=4", "run.precision=fp32", "run.progress=false",
+        # noise scaled to 5 teachers: few queries fit ε = 10 with these, the point is the bookkeeping
+        "pate.sigma=2", "pate.threshold=3", "pate.sigma1=1", "pate.sigma2=2", "pate.laplace_scale=2"]
+
+
+def test_query_plan_from_epsilon_and_the_public_slice():
+    n, notes = plan_queries(PATEConfig(aggregation="gnmax", epsilon=1.0), available=10000)
+    assert 45 <= n <= 50 and not notes  # GNMax σ = 40: 48 queries at ε = 1 (strict, δ = 1e-5)
+    n, notes = plan_queries(PATEConfig(aggregation="gnmax", epsilon=10.0), available=1000)
+    assert n == 1000 and "all of them are queried" in notes[0]
+    # Confident-GNMax is planned as if every query were answered: never more queries than GNMax at equal σ2
+    conf, _ = plan_queries(PATEConfig(aggregation="confident-gnmax", epsilon=1.0), available=10000)
+    assert conf <= 48
+    with pytest.raises(ConfigError, match="allows no"):
+        plan_queries(PATEConfig(aggregation="gnmax", epsilon=0.01, sigma=1.0), available=10)
+
+
+def test_the_public_slice_is_dgds_holdout_and_disjoint_from_the_private_part(tiny_npz):
+    from privdistill.data import load_data
+    from privdistill.engine import Env
+    from privdistill.methods.dgd import _holdout_split
+
+    data = load_data(f"npz:{tiny_npz}")
+    env = Env.cpu(seed=3)
+    private, public = holdout_split(data, 80, env)
+    dgd_private, dgd_public = _holdout_split(data, 80, env)
+    assert torch.equal(public.images, dgd_public.images) and len(private) == len(data.train) - 80
+    idx = public_indices(len(data.train), 80, seed=3)
+    assert torch.equal(data.train.images[idx], public.images)
+
+
+@pytest.mark.parametrize("aggregation", ["gnmax", "confident-gnmax", "lnmax"])
+def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path, aggregation):
+    run_dir = tmp_path / aggregation
+    s = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + [f"pate.aggregation={aggregation}",
+                                                                         "pate.epsilon=10"], run_dir=str(run_dir)))
+    assert s["method"] == "pate" and s["aggregation"] == aggregation
+    assert s["variant"] == (None if aggregation == "gnmax" else aggregation)
+    assert s["epsilon_strict"] <= 10.0 + 1e-9, "planned within the target (data-independent)"
+    assert s["epsilon_data_dependent"] is not None and s["epsilon_data_dependent"] <= s["epsilon_strict"] + 1e-9
+    ledger = PrivacyLedger(run_dir)
+    assert ledger.keys() == ["pate/queries"] and ledger.vote_stats()[0] is not None, "votes recorded for the bound"
+    event = ledger.events()[0]
+    assert event.count == s["queries"]
+    if aggregation == "confident-gnmax":
+        assert event.answered == s["answered"] <= s["queries"]
+    assert s["not_covered"], "the held-out slice's own records are not protected: said so"
+    assert (run_dir / "student.safetensors").is_file() and (run_dir / "privacy.json").is_file()
+
+
+def test_resume_reuses_the_recorded_answers(tiny_npz, tmp_path):
+    overrides = TINY + ["pate.aggregation=confident-gnmax", "pate.epsilon=10"]
+    run_dir = tmp_path / "run"
+    first = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(run_dir)))
+    (run_dir / "summary.json").unlink()
+    again = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(run_dir), resume=True))
+    assert len(PrivacyLedger(run_dir)) == 1, "nothing spent twice"
+    assert again["answered"] == first["answered"] and again["epsilon_strict"] == first["epsilon_strict"]
+    assert again["test_accuracy"] == first["test_accuracy"]
+
+
+def test_vat_loss_is_zero_without_perturbation_and_positive_with():
+    torch.manual_seed(0)
+    model = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    x = torch.rand(8, 1, 28, 28) * 2 - 1
+    logits = model(x)
+    g = torch.Generator().manual_seed(0)
+    assert float(vat_loss(model, x, logits.detach(), eps=0.0, xi=1e-6, generator=g).detach()) == pytest.approx(0.0, abs=1e-6)
+    loss = vat_loss(model, x, logits, eps=3.0, xi=1e-6, generator=torch.Generator().manual_seed(0))
+    assert float(loss.detach()) > 0
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
