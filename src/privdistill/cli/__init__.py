@@ -45,6 +45,12 @@ def _mount_subcommands() -> None:
     from privdistill.cli import dpdfd as dpdfd_cli
 
     app.command("dpdfd")(dpdfd_cli.command)
+    from privdistill.cli import audit as audit_cli, baselines as baselines_cli
+
+    app.command("dpsgd")(baselines_cli.dpsgd_command)
+    app.command("pate")(baselines_cli.pate_command)
+    app.command("audit")(audit_cli.audit_command)
+    app.command("report")(bench.run_report_command)
 
 
 def get_app() -> typer.Typer:

@@ -1,4 +1,5 @@
-"""`privdistill bench ...`: timing benchmarks and the reproduction matrix."""
+"""`privdistill bench ...`: the reproduction matrix (`bench` alone, or `bench run`), its status, the
+results tables (`bench report`) and timing benchmarks (`bench teachers`); `privdistill report RUN_DIR`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,102 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+app = typer.Typer(help="The reproduction matrix (run with no sub-command), its report, timing benchmarks.",
+                  invoke_without_command=True)
 console = Console()
+
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="preset whose matrix to run (bench/matrix/<preset>.yaml)")]
+MatrixOpt = Annotated[Optional[str], typer.Option("--matrix", "-m", help="a matrix YAML file instead of the preset's")]
+DatasetsOpt = Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="only these datasets (repeatable)")]
+OnlyOpt = Annotated[Optional[list[str]], typer.Option("--only", help="only cells whose name contains this (repeatable)")]
+ResultsOpt = Annotated[Path, typer.Option("--results", help="results directory")]
+DocOpt = Annotated[Path, typer.Option("--doc", help="markdown file whose tables are regenerated")]
+FiguresOpt = Annotated[Path, typer.Option("--figures", help="directory for the figures")]
+
+
+def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, doc: Path, figures: Path,
+                dry_run: bool, no_audit: bool, no_report: bool, lock: str, no_lock: bool, stop_on_failure: bool) -> None:
+    import time
+
+    from privdistill.bench.matrix import load_matrix, run_matrix
+
+    m = load_matrix(matrix or preset, results_dir=results, datasets=datasets, only=only)
+    console.print(f"matrix {m.source}: {len(m.cells)} cells at preset {m.preset}", highlight=False)
+    started = time.perf_counter()
+    out = run_matrix(m, lock=None if no_lock else lock, audits=not no_audit, dry_run=dry_run,
+                     keep_going=not stop_on_failure, say=lambda line: console.print(line, highlight=False))
+    table = Table(title=f"bench {m.preset}: {out['wall_seconds'] / 60:.1f} min")
+    table.add_column("cell")
+    table.add_column("status")
+    for name, status in out["statuses"].items():
+        table.add_row(name, status)
+    console.print(table)
+    if not dry_run and not no_report:
+        _report(results, doc, figures)
+    console.print(f"bench wall time {(time.perf_counter() - started) / 60:.1f} min", highlight=False)
+    if any(s.startswith("failed") for s in out["statuses"].values()):
+        raise typer.Exit(1)
+
+
+def _report(results: Path, doc: Path, figures: Path | None) -> None:
+    from privdistill.bench.report import regenerate
+
+    names = regenerate(results, doc)
+    console.print(f"updated {len(names)} tables in {doc}", highlight=False)
+    if figures is not None:
+        from privdistill.bench.plots import make_figures
+
+        files = make_figures(results, figures)
+        console.print(f"wrote {len(files)} figures to {figures}", highlight=False)
+
+
+@app.callback()
+def bench(ctx: typer.Context, preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None,
+          only: OnlyOpt = None, results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
+          figures: FiguresOpt = Path("docs/figures"),
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would run; run nothing")] = False,
+          no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the audits")] = False,
+          no_report: Annotated[bool, typer.Option("--no-report", help="do not rewrite the tables and figures")] = False,
+          lock: Annotated[str, typer.Option("--lock", help="CPU lock file taken around every cell")] = "/tmp/privdistill-cpu.lock",
+          no_lock: Annotated[bool, typer.Option("--no-lock", help="run cells without the CPU lock")] = False,
+          stop_on_failure: Annotated[bool, typer.Option("--stop-on-failure", help="stop at the first failed cell")] = False) -> None:
+    """Run the reproduction matrix at a preset (resumable: recorded cells are skipped), audit every released
+    model, regenerate docs/results.md and docs/figures/. `privdistill bench --preset quick`."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _run_matrix(preset, matrix, dataset, only, results, doc, figures, dry_run, no_audit, no_report, lock, no_lock,
+                stop_on_failure)
+
+
+@app.command("run")
+def run(preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None, only: OnlyOpt = None,
+        results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
+        figures: FiguresOpt = Path("docs/figures"),
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would run; run nothing")] = False,
+        no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the audits")] = False,
+        no_report: Annotated[bool, typer.Option("--no-report", help="do not rewrite the tables and figures")] = False,
+        lock: Annotated[str, typer.Option("--lock", help="CPU lock file taken around every cell")] = "/tmp/privdistill-cpu.lock",
+        no_lock: Annotated[bool, typer.Option("--no-lock", help="run cells without the CPU lock")] = False,
+        stop_on_failure: Annotated[bool, typer.Option("--stop-on-failure")] = False) -> None:
+    """The same as `privdistill bench` without a sub-command."""
+    _run_matrix(preset, matrix, dataset, only, results, doc, figures, dry_run, no_audit, no_report, lock, no_lock,
+                stop_on_failure)
+
+
+@app.command("status")
+def status(preset: PresetOpt = "quick", matrix: MatrixOpt = None, results: ResultsOpt = Path("results")) -> None:
+    """Each cell of the matrix: recorded, finished, resumable or new; audited or not."""
+    from privdistill.bench.matrix import cell_state, load_json, load_matrix
+
+    m = load_matrix(matrix or preset, results_dir=results)
+    table = Table(title=f"{m.source}")
+    for col in ("cell", "state", "accuracy", "MIA AUC", "owner", "command"):
+        table.add_column(col)
+    for c in m.cells:
+        r = load_json(c.result) or {}
+        table.add_row(c.name, cell_state(c), str(r.get("test_accuracy", "-")), str(r.get("mia_auc", "-")), c.owner,
+                      "privdistill " + " ".join(c.args))
+    console.print(table)
 
 
 @app.command("teachers")
@@ -42,9 +137,18 @@ def teachers(dataset: Annotated[str, typer.Option("--dataset", "-d")] = "mnist",
 
 @app.command("report")
 def report(results_dir: Annotated[Path, typer.Option("--results", help="results directory")] = Path("results"),
-           doc: Annotated[Path, typer.Option("--doc", help="markdown file to update")] = Path("docs/results.md")) -> None:
-    """Regenerate the tables of docs/results.md from results/<preset>/*.json."""
-    from privdistill.bench.report import regenerate
+           doc: Annotated[Path, typer.Option("--doc", help="markdown file to update")] = Path("docs/results.md"),
+           figures: Annotated[Optional[Path], typer.Option("--figures", help="also write the figures to this directory (e.g. docs/figures)")] = None) -> None:
+    """Regenerate the tables of docs/results.md from results/<preset>/*.json (and the figures with --figures)."""
+    _report(results_dir, doc, figures)
 
-    names = regenerate(results_dir, doc)
-    console.print(f"updated {len(names)} tables in {doc}")
+
+def run_report_command(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    format: Annotated[str, typer.Option("--format", "-f", help="md or html")] = "md",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="where to write (default RUN_DIR/report.<format>)")] = None,
+) -> None:
+    """A short report of one run: summary, privacy report, audits and figures (markdown or self-contained HTML)."""
+    from privdistill.bench.run_report import render
+
+    console.print(f"wrote {render(run_dir, fmt=format, output=output)}", highlight=False)

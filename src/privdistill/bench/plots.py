@@ -1,0 +1,206 @@
+"""Figures of the reproduction benchmark (matplotlib, Agg), written to docs/figures/:
+
+    accuracy-vs-epsilon-<preset>.png   test accuracy against target ε per method, one panel per dataset
+                                       (from results/<preset>/*.json; the non-private baseline as a line)
+    privacy-vs-queries.png             ε against the number of answered queries (DGD Fig. 8, bottom right):
+                                       DGD's printed formula vs the strict RDP bound for LNMax (b = 40), and
+                                       GNMax (σ = 40); from the accountants alone, no training
+    mia-roc-<preset>-<dataset>.png     LiRA ROC curves (log-log) of every audited model of a dataset
+    inversion-<preset>-<dataset>.png   the audited models' model-inversion grids side by side
+    samples-<preset>-<dataset>.png     the synthetic-sample grids (samples.png) of the generator runs
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from privdistill.bench.report import load_results
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(r: dict) -> str:
+    return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
+
+
+def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
+    rows = [r for r in results if r.get("test_accuracy") is not None and r.get("target_epsilon") is not None]
+    baselines = {r["dataset"]: r["test_accuracy"] for r in results if r.get("method") == "baseline"}
+    datasets = sorted({r["dataset"] for r in rows} | set(baselines))
+    if not rows or not datasets:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            if r["dataset"] == ds:
+                series.setdefault(_label(r), []).append((float(r["target_epsilon"]), 100 * float(r["test_accuracy"])))
+        for name, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
+        if ds in baselines:
+            ax.axhline(100 * baselines[ds], color="k", ls="--", lw=1, label="non-private baseline")
+        ax.set(xscale="log", xlabel="target ε (δ = 1e-5; see the tables for what each ε covers)",
+               ylabel="test accuracy %", title=ds)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def privacy_vs_queries(path: str | Path, *, max_queries: int = 1500, delta: float = 1e-5,
+                       laplace_scale: float = 40.0, sigma: float = 40.0) -> Path:
+    """DGD Fig. 8 (bottom right): privacy cost against the number of queries, from the accountants."""
+    from privdistill.privacy.accounting import epsilon
+    from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
+
+    qs = np.unique(np.r_[1, np.linspace(10, max_queries, 40).astype(int), 27, 1300])
+    curves = {
+        f"DGD paper formula (LNMax b={laplace_scale:g}, + ε1 = 0.01)":
+            [epsilon([LNMaxQueries(scale=laplace_scale, count=int(q)), LatentLaplace(epsilon1=0.01)], delta=delta,
+                     accounting="paper", breakdown=False).value for q in qs],
+        f"strict RDP, LNMax b={laplace_scale:g}":
+            [epsilon(LNMaxQueries(scale=laplace_scale, count=int(q)), delta=delta, breakdown=False).value for q in qs],
+        f"strict RDP, GNMax σ={sigma:g}":
+            [epsilon(GNMaxQueries(sigma=sigma, count=int(q)), delta=delta, breakdown=False).value for q in qs],
+        f"PATE 2018 conversion, GNMax σ={sigma:g}":
+            [epsilon(GNMaxQueries(sigma=sigma, count=int(q)), delta=delta, accounting="paper", breakdown=False).value
+             for q in qs],
+    }
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, eps in curves.items():
+        ax.plot(qs, eps, label=name)
+    for q, e in ((27, 1.0), (1300, 10.0)):
+        ax.plot([q], [e], "k*", ms=9)
+    ax.annotate("DGD Table I: ε=1 at 27, ε=10 at 1300 queries", (1300, 10), textcoords="offset points",
+                xytext=(-230, 20), fontsize=7)
+    ax.set(xlabel="number of answered queries", ylabel=f"ε (δ = {delta:g})",
+           title="Privacy cost vs queries (DGD Fig. 8, bottom right)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _audited(results: list[dict], dataset: str) -> list[tuple[dict, Path]]:
+    out = []
+    for r in results:
+        run = Path(r.get("run_dir") or "")
+        if r.get("dataset") == dataset and r.get("audit") and run.is_dir():
+            out.append((r, run))
+    out.sort(key=lambda t: (t[0]["method"], -(t[0].get("target_epsilon") or 0), t[0].get("variant") or ""))
+    return out
+
+
+def mia_roc(results: list[dict], dataset: str, path: str | Path, attack: str = "lira_online") -> Path | None:
+    from privdistill.audits.metrics import roc_curve
+
+    runs = [(r, run) for r, run in _audited(results, dataset) if (run / "audit" / "mia_scores.npz").is_file()]
+    if not runs:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for r, run in runs:
+        z = np.load(run / "audit" / "mia_scores.npz")
+        if attack not in z:
+            continue
+        fpr, tpr = roc_curve(z[attack], z["is_member"])
+        eps = r.get("target_epsilon")
+        label = f"{_label(r)}{'' if eps is None else f' ε={eps:g}'} (AUC {r.get('mia_auc', float('nan')):.3f})"
+        ax.plot(np.maximum(fpr, 1e-4), np.maximum(tpr, 1e-4), label=label, lw=1)
+    ax.plot([1e-4, 1], [1e-4, 1], "k:", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1), xlabel="false positive rate",
+           ylabel="true positive rate", title=f"LiRA ({attack.replace('_', ' ')}) on {dataset}")
+    ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _compose(images: list[tuple[str, Path]], path: str | Path, title: str) -> Path | None:
+    if not images:
+        return None
+    plt = _plt()
+    cols = min(4, len(images))
+    rows = math.ceil(len(images) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.0 * rows + 0.6), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (label, img) in zip(axes.flat, images):
+        ax.imshow(plt.imread(str(img)), cmap="gray")
+        ax.set_title(label, fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def inversion_grids(results: list[dict], dataset: str, path: str | Path) -> Path | None:
+    images = []
+    for r, run in _audited(results, dataset):
+        grid = run / "audit" / "inversion.png"
+        if grid.is_file():
+            eps = r.get("target_epsilon")
+            images.append((f"{_label(r)}{'' if eps is None else f' ε={eps:g}'}", grid))
+    return _compose(images, path, f"Model inversion on {dataset} (columns: classes 0-9; rows: restarts)")
+
+
+def sample_grids(results: list[dict], dataset: str, path: str | Path) -> Path | None:
+    images, seen = [], set()
+    for r in results:
+        if r.get("dataset") != dataset:
+            continue
+        candidates = [Path(r.get("run_dir") or "") / "samples.png"]
+        for ref in (r.get("stages") or {}).values():
+            if isinstance(ref, dict) and ref.get("path"):
+                candidates.append(Path(ref["path"]) / "samples.png")
+        for c in candidates:
+            if c.is_file() and c.resolve() not in seen:
+                seen.add(c.resolve())
+                images.append((f"{_label(r)} ({c.parent.name})", c))
+    return _compose(images, path, f"Synthetic samples on {dataset} (one row per class, as labelled by the teacher)")
+
+
+def make_figures(results_dir: str | Path = "results", out_dir: str | Path = "docs/figures",
+                 presets: list[str] | None = None) -> list[Path]:
+    """Every figure above, for every preset with results; returns the files written."""
+    out_dir = Path(out_dir)
+    written = [privacy_vs_queries(out_dir / "privacy-vs-queries.png")]
+    root = Path(results_dir)
+    if presets is None:
+        presets = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    for preset in presets:
+        results = load_results(root, preset)
+        written.append(accuracy_vs_epsilon(results, out_dir / f"accuracy-vs-epsilon-{preset}.png"))
+        for ds in sorted({r["dataset"] for r in results if r.get("dataset")}):
+            written.append(mia_roc(results, ds, out_dir / f"mia-roc-{preset}-{ds}.png"))
+            written.append(inversion_grids(results, ds, out_dir / f"inversion-{preset}-{ds}.png"))
+            written.append(sample_grids(results, ds, out_dir / f"samples-{preset}-{ds}.png"))
+    return [p for p in written if p is not None]
+

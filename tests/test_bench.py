@@ -1,0 +1,233 @@
+"""The reproduction matrix: expansion, skip/resume logic with fake cells, audits queued, the packaged matrices'
+names agree with what --record writes, tables, figures, run reports, and `privdistill bench` without a
+sub-command."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from privdistill.bench.matrix import load_matrix, run_matrix
+from privdistill.errors import ConfigError
+
+MATRIX = {
+    "preset": "quick",
+    "datasets": ["mnist", "fashion-mnist"],
+    "cells": [
+        {"name": "baseline-{dataset}", "args": ["train", "baseline", "-d", "{dataset}"]},
+        {"name": "dgd-{dataset}-eps{epsilon}", "args": ["dgd", "-d", "{dataset}", "--epsilon", "{epsilon}",
+                                                         "--queries", "{queries}", "--preset", "{preset}"],
+         "grid": [{"epsilon": 10, "queries": 1300}, {"epsilon": 1, "queries": 27}]},
+        {"name": "placeholder-{dataset}", "args": ["nothing"], "disabled": True},
+        {"name": "pate-mnist-eps{epsilon}", "args": ["pate"], "datasets": ["mnist"], "grid": [{"epsilon": 0.5}],
+         "audit": False},
+    ],
+}
+
+
+def _matrix(tmp_path, doc=MATRIX, **kw):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_matrix(str(path), results_dir=tmp_path / "results", runs_dir=tmp_path / "runs", **kw)
+
+
+def test_expansion_names_and_arguments(tmp_path):
+    m = _matrix(tmp_path)
+    names = [c.name for c in m.cells]
+    assert names == ["baseline-mnist", "baseline-fashion-mnist", "dgd-mnist-eps10", "dgd-mnist-eps1",
+                     "dgd-fashion-mnist-eps10", "dgd-fashion-mnist-eps1", "pate-mnist-eps0.5"]
+    dgd = m.cells[3]
+    assert dgd.args == ["dgd", "-d", "mnist", "--epsilon", "1", "--queries", "27", "--preset", "quick"]
+    assert dgd.result == tmp_path / "results" / "quick" / "dgd-mnist-eps1.json"
+    assert dgd.command(["privdistill"], resume=True)[-5:] == ["--record", "--no-progress", "--run-dir",
+                                                             str(tmp_path / "runs" / "dgd-mnist-eps1"), "--resume"]
+    assert [c.name for c in _matrix(tmp_path, datasets=["fashion-mnist"], only=["dgd"]).cells] == [
+        "dgd-fashion-mnist-eps10", "dgd-fashion-mnist-eps1"]
+    bad = {"preset": "quick", "cells": [{"name": "x-{nope}", "args": []}]}
+    with pytest.raises(ConfigError, match="nope"):
+        _matrix(tmp_path, bad)
+    dup = {"preset": "quick", "cells": [{"name": "same", "args": []}, {"name": "same", "args": []}]}
+    with pytest.raises(ConfigError, match="two cells"):
+        _matrix(tmp_path, dup)
+
+
+class FakeRunner:
+    """Pretends to be the method CLIs: writes the run's summary and the recorded result (or fails)."""
+
+    def __init__(self, results=None, fail=()):
+        self.calls, self.fail, self.results = [], set(fail), results
+
+    def __call__(self, cmd, log, fds):
+        self.calls.append(cmd)
+        assert fds, "the CPU and cell locks are handed to the child"
+        if cmd[1] == "audit":
+            result = Path(cmd[cmd.index("--result-name") + 1])
+            run_dir = Path(cmd[2])
+            s = json.loads((run_dir / "summary.json").read_text())
+            s.update(mia_auc=0.5, mia_tpr_at_1pct_fpr=0.01, audit={"inversion": {"grid": "x.png"}})
+            (run_dir / "summary.json").write_text(json.dumps(s))
+            (self.results / "quick" / f"{result}.json").write_text(json.dumps(s))
+            return 0
+        run_dir = Path(cmd[cmd.index("--run-dir") + 1])
+        if run_dir.name in self.fail:
+            (run_dir).mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text("config: {}\n")  # started, then crashed
+            return 3
+        run_dir.mkdir(parents=True, exist_ok=True)
+        summary = {"method": run_dir.name.split("-")[0], "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9,
+                   "run_dir": str(run_dir)}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        out = self.results / "quick" / f"{run_dir.name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary))
+        return 0
+
+
+def test_skips_recorded_cells_resumes_partial_ones_and_audits(tmp_path):
+    m = _matrix(tmp_path)
+    # one cell recorded before the bench (its run dir elsewhere), one finished but not recorded
+    (tmp_path / "results" / "quick").mkdir(parents=True)
+    done_run = tmp_path / "elsewhere"
+    done_run.mkdir()
+    (done_run / "summary.json").write_text(json.dumps({"method": "baseline", "run_dir": str(done_run)}))
+    (tmp_path / "results" / "quick" / "baseline-mnist.json").write_text(json.dumps({"method": "baseline",
+                                                                                     "run_dir": str(done_run)}))
+    finished = tmp_path / "runs" / "dgd-mnist-eps10"
+    finished.mkdir(parents=True)
+    (finished / "config.yaml").write_text("config: {}\n")
+    (finished / "summary.json").write_text(json.dumps({"method": "dgd", "dataset": "mnist", "preset": "quick",
+                                                       "target_epsilon": 10.0, "run_dir": str(finished)}))
+    runner = FakeRunner(tmp_path / "results", fail={"dgd-fashion-mnist-eps1"})
+    lock = tmp_path / "cpu.lock"
+    out = run_matrix(m, lock=lock, runner=runner, privdistill=["privdistill"], say=lambda s: None)
+    st = out["statuses"]
+    assert st["baseline-mnist"] == "skipped (recorded)"
+    assert st["dgd-mnist-eps10"] == "recorded from its finished run"
+    assert (tmp_path / "results" / "quick" / "dgd-mnist-eps10.json").is_file()
+    assert st["dgd-fashion-mnist-eps1"].startswith("failed")
+    ran = [c for c in runner.calls if c[1] != "audit"]
+    assert len(ran) == 5  # baseline-fashion-mnist, dgd-mnist-eps1, dgd-fashion-mnist-eps10 and -eps1 (fails), pate
+    audited = {c[c.index("--result-name") + 1] for c in runner.calls if c[1] == "audit"}
+    assert "baseline-mnist" in audited and "pate-mnist-eps0.5" not in audited, "audit: false is respected"
+    assert [c for c in runner.calls if c[1] == "audit" and c[c.index("--result-name") + 1] == "baseline-mnist"][0][2] \
+        == str(done_run), "audits the run directory the result came from"
+    # second pass: only the failed cell runs again, resumed; nothing is audited twice
+    runner2 = FakeRunner(tmp_path / "results")
+    out = run_matrix(m, lock=lock, runner=runner2, privdistill=["privdistill"], say=lambda s: None)
+    assert [c[-1] for c in runner2.calls if c[1] != "audit"] == ["--resume"]
+    assert all(c[c.index("--result-name") + 1] == "dgd-fashion-mnist-eps1" for c in runner2.calls if c[1] == "audit")
+    assert (tmp_path / "runs" / "bench.jsonl").is_file()
+
+
+def test_a_cell_running_in_another_process_is_skipped(tmp_path):
+    from privdistill.bench.matrix import file_lock
+
+    m = _matrix(tmp_path, only=["pate"])
+    cell = m.cells[0]
+    cell.run_dir.parent.mkdir(parents=True)
+    with file_lock(cell.run_dir.parent / f".{cell.name}.lock"):
+        out = run_matrix(m, lock=None, runner=FakeRunner(tmp_path / "results"), privdistill=["privdistill"], say=lambda s: None)
+    assert out["statuses"][cell.name] == "skipped: running in another process"
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+def test_packaged_matrices_name_cells_as_record_does(preset):
+    """Each cell's name must be the file its command's --record writes, or the bench would rerun it forever."""
+    from privdistill.data import dataset_slug
+    from privdistill.methods.pate import PATEConfig, _variant
+
+    m = load_matrix(preset)
+    assert m.preset == preset and m.cells
+    for c in m.cells:
+        v = c.values
+        method = {"train": "baseline"}.get(c.args[0], c.args[0])
+        expected = f"{method}-{dataset_slug(v['dataset'])}"
+        if "epsilon" in v:
+            expected += f"-eps{float(v['epsilon']):g}"
+        if method == "pate":
+            variant = _variant(PATEConfig(aggregation=c.args[c.args.index("--aggregation") + 1], epsilon=1.0))
+            expected += f"-{variant}" if variant else ""
+        if "--variant" in c.args:
+            expected += "-" + c.args[c.args.index("--variant") + 1]
+        assert c.name == expected, c.args
+        assert "--preset" in c.args and c.args[c.args.index("--preset") + 1] == preset
+
+
+def _fake_results(root: Path, run_root: Path) -> None:
+    q = root / "quick"
+    q.mkdir(parents=True)
+    run = run_root / "dpsgd"
+    (run / "audit").mkdir(parents=True)
+    import numpy as np
+
+    np.savez(run / "audit" / "mia_scores.npz", is_member=np.r_[np.ones(5, bool), np.zeros(5, bool)],
+             lira_online=np.arange(10.0))
+    rows = [
+        {"method": "baseline", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.99, "model": "paper-cnn",
+         "mia_auc": 0.6, "mia_tpr_at_1pct_fpr": 0.05, "audit": {"mia": {"attacks": {
+             "lira-online": {"auc": 0.6, "tpr_at_1pct_fpr": 0.05, "auc_ci95": [0.58, 0.62]}}}}},
+        {"method": "dpsgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.95, "target_epsilon": 1.0,
+         "epsilon_paper": 0.999, "epsilon_strict": 1.1, "delta": 1e-5, "not_covered": [], "run_dir": str(run),
+         "dpsgd_accounting": {"noise_multiplier": 1.1, "steps": 700, "epsilon_opacus_rdp": 0.999,
+                              "epsilon_opacus_prv": 0.7}, "mia_auc": 0.51, "mia_tpr_at_1pct_fpr": 0.01,
+         "audit": {"mia": {"attacks": {"lira-online": {"auc": 0.51, "tpr_at_1pct_fpr": 0.01}}}}},
+        {"method": "pate", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9, "target_epsilon": 10.0,
+         "epsilon_paper": 10.5, "epsilon_strict": 9.9, "epsilon_data_dependent": 3.2, "delta": 1e-5,
+         "aggregation": "confident-gnmax", "queries": 2700, "answered": 1900, "label_accuracy": 0.98,
+         "variant": "confident-gnmax", "not_covered": ["x"]},
+    ]
+    for r in rows:
+        name = f"{r['method']}-{r['dataset']}" + (f"-eps{r['target_epsilon']:g}" if "target_epsilon" in r else "")
+        (q / f"{name}.json").write_text(json.dumps(r))
+
+
+def test_tables_and_figures_from_results(tmp_path):
+    from privdistill.bench.plots import make_figures
+    from privdistill.bench.report import regenerate
+
+    _fake_results(tmp_path / "results", tmp_path / "runs")
+    doc = tmp_path / "results.md"
+    doc.write_text("# R\n\n<!-- bench-quick -->\n")
+    blocks = regenerate(tmp_path / "results", doc)
+    text = doc.read_text()
+    assert {"dpsgd-quick", "pate-quick", "audits-quick", "bench-quick"} <= set(blocks)
+    assert "| mnist | dpsgd | 1 | 95.00 | 92.47 | 0.999 | 1.1 | yes | 0.510 | 0.010 |" in text
+    assert "| mnist | confident-gnmax | 10 | 90.00 | 2700 | 1900 | 98.00 | 10.5 | 9.9 | 3.2 |" in text
+    assert "0.600 [0.580, 0.620]" in text
+    files = {p.name for p in make_figures(tmp_path / "results", tmp_path / "fig")}
+    assert {"privacy-vs-queries.png", "accuracy-vs-epsilon-quick.png", "mia-roc-quick-mnist.png"} <= files
+
+
+def test_run_report_markdown_and_html(tmp_path):
+    from privdistill.bench.run_report import render
+    from privdistill.engine.run import RunDir
+    from privdistill.privacy.report import write_privacy_json
+    from privdistill.methods.dpsgd import dpsgd_pathways
+
+    run = RunDir.open(tmp_path / "run", config={"method": "dpsgd"}, command="privdistill dpsgd")
+    run.log(stage="dpsgd", epoch=1, test_accuracy=0.9)
+    run.log(stage="dpsgd", epoch=2, test_accuracy=0.95)
+    write_privacy_json(run.path, dpsgd_pathways(), method="dpsgd", extra={"dpsgd_accounting": {"epsilon_opacus_rdp": 1.0}})
+    run.write_summary(method="dpsgd", dataset="mnist", preset="quick", test_accuracy=0.95, epsilon_paper=1.0,
+                      epsilon_strict=1.1, delta=1e-5, audit={"mia": {"attacks": {"loss": {
+                          "auc": 0.5, "tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.0, "balanced_accuracy": 0.51}}}})
+    md = render(run.path, fmt="md").read_text()
+    assert "epsilon_opacus_rdp" in md and "[covered    ]" in md and "| loss | 0.500 |" in md
+    assert "![Training curve](report-curve.png)" in md
+    html = render(run.path, fmt="html").read_text()
+    assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
+
+
+def test_bench_without_a_subcommand_runs_the_matrix(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from privdistill.cli import get_app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(MATRIX))
+    r = CliRunner().invoke(get_app(), ["bench", "--matrix", "m.yaml", "--dry-run", "--no-lock", "--only", "pate"])
+    assert r.exit_code == 0, r.output
+    assert "would run: pate --record --no-progress" in " ".join(r.output.split())
+    r = CliRunner().invoke(get_app(), ["bench", "teachers", "--help"])
+    assert r.exit_code == 0 and "vectorised" in r.output
