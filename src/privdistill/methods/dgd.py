@@ -15,7 +15,10 @@ Readings of what the paper leaves open (each configurable):
 - Perturbations follow TNAR (adversarial, one power iteration) by default; `student.perturbation=random`
   follows the DGD text ("random perturbation noise"). Distances are squared L2 on backbone features with the
   clean features held fixed (as in VAT/TNAR); the entropy term is the mean negative entropy of φs(x̂).
-- Eq. 1 adds the energies unweighted; the weights (default 1) are exposed for ablations.
+- Eq. 1 adds the energies unweighted and Eq. 6 sums squared feature differences over the backbone width
+  (6272 for the paper CNN), which would make the regulariser hundreds of times larger than the CE term. We
+  average over feature dimensions (a per-feature mean squared distance); Eq. 6's sum is recovered with
+  `student.tangent_weight = student.normal_weight = d`. The weights (default 1) are exposed for ablations.
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
 - Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
   generator's data (teachers are trained on the rest); compare with PATE.
@@ -306,11 +309,11 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
                 x_perp = env.place_batch(perturber.normal(student, z, x_hat, gen).float()) if cfg.normal else None
                 with env.autocast():
                     if x_par is not None:
-                        tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).sum(1).mean()
+                        tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).mean()
                         loss = loss + cfg.tangent_weight * tangent
                         parts["tangent"] = float(tangent.detach())
                     if x_perp is not None:
-                        normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).sum(1).mean()
+                        normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
                         loss = loss + cfg.normal_weight * normal
                         parts["normal"] = float(normal.detach())
                     probs = F.softmax(student(x_hat).float(), dim=1)
