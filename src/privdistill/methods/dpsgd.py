@@ -65,7 +65,7 @@ class DPSGDConfig:
     batch_size: int = 256  # expected batch size (Poisson sampling)
     max_grad_norm: float = 1.0  # C
     optimizer: str = "sgd"  # sgd | adam
-    lr: float = 0.5
+    lr: float = 0.1
     momentum: float = 0.9
     lr_schedule: str = "constant"  # constant | linear | cosine (public schedule: no privacy cost)
     augment: str = "none"  # none | shift | flip-shift (per-example preprocessing: no privacy cost)
