@@ -33,7 +33,7 @@ def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, 
     console.print(f"matrix {m.source}: {len(m.cells)} cells at preset {m.preset}", highlight=False)
     started = time.perf_counter()
     out = run_matrix(m, lock=None if no_lock else lock, audits=not no_audit, dry_run=dry_run,
-                     keep_going=not stop_on_failure, say=lambda line: console.print(line, highlight=False))
+                     keep_going=not stop_on_failure, say=lambda line: console.print(line, highlight=False, markup=False))
     table = Table(title=f"bench {m.preset}: {out['wall_seconds'] / 60:.1f} min")
     table.add_column("cell")
     table.add_column("status")
