@@ -1,6 +1,6 @@
 """Model inversion (Fredrikson et al. 2015; the papers' DGD Fig. 9 / DPDFD Fig. 5): for each class, gradient
-ascent on the INPUT of a released classifier to maximise its confidence in that class, from a blank (mid-grey
-plus a little noise) start, with a total-variation and an L2 prior. What comes out is what the model
+ascent on the INPUT of a released classifier to maximise its confidence in that class, from a blank start
+(black, the background of MNIST-like images, plus a little noise), with a total-variation and an L2 prior. What comes out is what the model
 "believes" a class looks like; a model that memorised its training images tends to give recognisable
 digits / garments, a well-regularised or private one noise-like patterns.
 
@@ -37,13 +37,16 @@ class InversionConfig:
     restarts: int = 4  # images per class (rows of the grid)
     tv_weight: float = 0.05
     l2_weight: float = 0.01
-    start_noise: float = 0.1  # std of the noise around the blank start (in tanh space)
+    start: str = "blank"  # blank: black (the background of MNIST-like data) | grey | noise (uniform in [-1, 1])
+    start_noise: float = 0.1  # std of the noise added to the start (in tanh space)
 
     def validate(self) -> None:
         if self.steps < 1 or self.restarts < 1 or self.lr <= 0:
             raise ConfigError("inversion.steps and restarts must be >= 1, lr > 0")
         if self.tv_weight < 0 or self.l2_weight < 0 or self.start_noise < 0:
             raise ConfigError("inversion weights and start_noise must be >= 0")
+        if self.start not in ("blank", "grey", "noise"):
+            raise ConfigError("inversion.start must be blank, grey or noise")
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +65,12 @@ def invert(model: nn.Module, *, num_classes: int, shape: tuple[int, int, int], c
     device = next(model.parameters()).device
     n = cfg.restarts * num_classes
     target = torch.arange(num_classes).repeat(cfg.restarts).to(device)
-    w = (cfg.start_noise * torch.randn(n, *shape, generator=env.generator(_START_STREAM))).to(device).requires_grad_(True)
+    g = env.generator(_START_STREAM)
+    if cfg.start == "noise":
+        base = torch.atanh(torch.rand(n, *shape, generator=g).mul(1.8).sub(0.9))
+    else:
+        base = torch.full((n, *shape), float(torch.atanh(torch.tensor(-0.9))) if cfg.start == "blank" else 0.0)
+    w = (base + cfg.start_noise * torch.randn(n, *shape, generator=g)).to(device).requires_grad_(True)
     optimizer = torch.optim.Adam([w], lr=cfg.lr)
     for _ in range(cfg.steps):
         x = torch.tanh(w)

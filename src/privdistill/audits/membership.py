@@ -64,7 +64,7 @@ class AuditConfig:
     nonmembers: int = 2000
     holdout: int = 10000  # size of the public slice (as pate.holdout / dgd.holdout) that members avoid
     split_seed: int = 0  # seed of the split AND of the public slice it avoids (the runs' default seed)
-    shadows: int = 16
+    shadows: int = 16  # 0: no LiRA (loss attack only)
     fix_variance: bool = True  # global σ_in / σ_out (LiRA with few shadows)
     bootstrap: int = 200  # bootstrap resamples for the 95 % intervals (0: none)
     mia: bool = True
@@ -75,8 +75,9 @@ class AuditConfig:
             raise ConfigError("audit.members and audit.nonmembers must be >= 1")
         if self.holdout < 0:
             raise ConfigError("audit.holdout must be >= 0")
-        if self.shadows < 2 or self.shadows % 2:
-            raise ConfigError("audit.shadows must be an even number >= 2 (each example IN for half of them)")
+        if self.shadows < 0 or self.shadows % 2:
+            raise ConfigError("audit.shadows must be 0 (loss attack only) or an even number (each example is IN "
+                              "for half of them)")
         if self.bootstrap < 0:
             raise ConfigError("audit.bootstrap must be >= 0")
 
