@@ -281,4 +281,33 @@ def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/resu
         blocks[f"audits-{preset}"] = audit_table(results)
         blocks[f"bench-{preset}"] = bench_table(results)
     update_results_doc(doc, blocks)
+    regenerate_benchmarks(results_dir, Path(doc).parent / "benchmarks.md")
     return sorted(blocks)
+
+
+def teacher_speed_table(bench_json: str | Path) -> str:
+    """The `privdistill bench teachers` result as a table (docs/benchmarks.md)."""
+    r = json.loads(Path(bench_json).read_text())
+    intro = (f"{r['num_teachers']} {r['model']} teachers on {r['dataset']}, {r['steps_measured']} steps of batch "
+             f"{r['batch_size']} each, on {r['device']}; projected to the paper's {r['full_steps']}-step schedule.\n\n")
+    return intro + table(r["rows"], [
+        ("trainer", lambda x: x["trainer"]), ("wall s", lambda x: str(x["wall_seconds"])),
+        ("samples/s", lambda x: str(x["samples_per_second"])),
+        ("teacher-steps/s", lambda x: str(x["teacher_steps_per_second"])),
+        ("teachers/min at the full schedule", lambda x: str(x["teachers_per_minute_at_full_schedule"])),
+        ("full schedule, projected", lambda x: f"{x['projected_full_schedule_minutes'] / 60:.1f} h"),
+    ])
+
+
+def regenerate_benchmarks(results_dir: str | Path = "results", doc: str | Path = "docs/benchmarks.md") -> None:
+    blocks = {}
+    for path in sorted(Path(results_dir).glob("*/bench/teachers-*.json")):
+        blocks[f"teachers-bench-{path.parts[-3]}-{path.stem}"] = teacher_speed_table(path)
+    if blocks:
+        text = Path(doc).read_text() if Path(doc).exists() else "# Benchmarks\n"
+        marker = "<!-- teachers-bench -->"
+        for name, content in blocks.items():
+            if f"<!-- {name}:start -->" not in text and marker in text:
+                text = text.replace(marker, f"<!-- {name} -->\n\n{marker}")
+            text = update_block(text, name, content)
+        Path(doc).write_text(text)
