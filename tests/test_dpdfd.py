@@ -27,7 +27,7 @@ from privdistill.privacy.mechanisms import make_generator, normalize_and_noise
 TINY = ["baseline.model=small-cnn", "baseline.epochs=3", "baseline.batch_size=32", "baseline.lr=0.003",
         "run.precision=fp32", "run.progress=false", "run.threads=1",
         "dpdfd.batch_size=32", "dpdfd.student_model=small-cnn", "dpdfd.eval_every=10", "dpdfd.checkpoint_every=4",
-        "dpdfd.ledger_chunk=7", "dpdfd.student_lr=0.003", "dpdfd.max_steps=0",
+        "dpdfd.ledger_chunk=7", "dpdfd.student_lr=0.003", "dpdfd.max_steps=0", "dpdfd.calibrate_sigma=false",
         "dpdfd_generator.width=16", "dpdfd_generator.rounds=3", "dpdfd_generator.steps_per_round=10",
         "dpdfd_generator.batch_size=32", "dpdfd_generator.lr=0.02",
         "dpdfd_teachers.num_teachers=3", "dpdfd_teachers.model=small-cnn", "dpdfd_teachers.steps=40",

@@ -550,17 +550,23 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: Plan, env: Env, ledger: PrivacyLedger
 
 def _datafree_step(cfg: DPDFDConfig, plan: Plan, env: Env, student: nn.Module, opt_s, generator: nn.Module, opt_g,
                    teacher, step: int, chunk_seed: int) -> dict[str, float]:
-    """One iteration of Alg. 1 (module teacher) or Alg. 2 (TeacherEnsemble)."""
+    """One iteration of Alg. 1 (module teacher) or Alg. 2 (TeacherEnsemble).
+
+    Lines 11-14 of Alg. 1, literally: L_S is computed with the student before its update and L_G with the
+    updated student; the generator descends d(L_S + L_G)/d(theta_g), each term through its own forward pass.
+    The synthetic batch x is a leaf for both student passes, and the two input gradients are summed and
+    back-propagated through the generator once."""
     z = torch.randn(cfg.batch_size, generator_latent(generator), generator=env.generator(_Z_STREAM, step)).to(env.device)
+    train_generator = bool(cfg.generator_every) and (step + 1) % cfg.generator_every == 0
     generator.train()
-    with env.autocast():
+    with env.autocast(), torch.set_grad_enabled(train_generator):
         x = generator(z)
-    xd = x.detach()
+    x_s = x.detach().requires_grad_(train_generator)
     with torch.no_grad(), env.autocast():
-        t_logits = teacher.logits(xd) if isinstance(teacher, TeacherEnsemble) else teacher(xd)
+        t_logits = teacher.logits(x_s.detach()) if isinstance(teacher, TeacherEnsemble) else teacher(x_s.detach())
     t_logits = t_logits.float()
     with env.autocast():
-        s_logits = student(xd)
+        s_logits = student(x_s)
     s_logits = s_logits.float()
     grads = logit_gradients(s_logits, t_logits, kind=cfg.teacher_loss, temperature=cfg.temperature,
                             alpha=cfg.dkd_alpha, beta=cfg.dkd_beta)  # [B, K] or [n, B, K]
@@ -569,26 +575,27 @@ def _datafree_step(cfg: DPDFDConfig, plan: Plan, env: Env, student: nn.Module, o
     step_out = (cfg.gamma * noisy.to(s_logits.dtype)).expand_as(anchor)  # gamma * g~ ([K] broadcasts: batch_sum)
     ls = student_loss(s_logits, anchor, step_out, cfg.student_loss)  # y_s = s - gamma * g~
     opt_s.zero_grad(set_to_none=True)
-    ls.backward()
+    ls.backward()  # student weights, and dL_S/dx for the generator
     opt_s.step()
     parts = {"student_loss": float(ls.detach())}
-    if cfg.generator_every and (step + 1) % cfg.generator_every == 0:
+    if train_generator:
         params = list(student.parameters())
         for p in params:
             p.requires_grad_(False)
         try:
+            x_g = x.detach().requires_grad_(True)
             with env.autocast():
-                s2, f2 = logits_and_features(student, x)
+                s2, f2 = logits_and_features(student, x_g)  # the updated student, fixed: the discriminator
             lg, lg_parts = generator_loss(s2, f2, cfg)
-            loss = student_loss(s2.float(), anchor, step_out, cfg.student_loss) + lg
-            opt_g.zero_grad(set_to_none=True)
-            loss.backward()
-            opt_g.step()
+            (grad_x,) = torch.autograd.grad(lg, x_g)
         finally:
             for p in params:
                 p.requires_grad_(True)
+        opt_g.zero_grad(set_to_none=True)
+        x.backward((grad_x + x_s.grad).to(x.dtype))
+        opt_g.step()
         parts.update(lg_parts)
-        parts["generator_loss"] = float(loss.detach())
+        parts["generator_loss"] = float(lg.detach()) + parts["student_loss"]
     return parts
 
 
