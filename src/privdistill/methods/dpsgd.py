@@ -219,6 +219,9 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
         dp_loader.batch_sampler.generator = sample_gen  # the generator re-seeded at every epoch below
         dp_optimizer.generator = noise_gen
 
+    # the schedule's base rates, read before a checkpoint's (already decayed) rates are loaded
+    base_lrs = [g["lr"] for g in dp_optimizer.param_groups]
+
     # --- resume from the last finished epoch --------------------------------------------------------
     start_epoch, elapsed, history = 0, 0.0, []
     state = run.load_checkpoint("dpsgd-checkpoint")
@@ -231,7 +234,6 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
             raise ConfigError("the checkpoint's noise multiplier differs from this run's: cannot resume")
 
     t0 = time.perf_counter()
-    base_lrs = [g["lr"] for g in dp_optimizer.param_groups]
     model.train()
     with progress_bar(total, "DP-SGD", enabled=env.progress, completed=start_epoch * per_epoch) as bar:
         for epoch in range(start_epoch, cfg.epochs):
