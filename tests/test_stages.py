@@ -66,6 +66,19 @@ def test_ensemble_save_load_roundtrip(tiny, tmp_path):
     assert torch.equal(ens.logits(x), back.logits(x))
 
 
+def test_looped_and_vmapped_ensemble_inference_agree_also_under_bf16(tiny):
+    ens, _ = train_teachers(tiny.train, teacher_cfg(steps=10), Env.cpu(seed=2))
+    x = tiny.test.batch(torch.arange(40))[0]
+    vmapped = ens.logits(x, vectorized=True)
+    assert torch.allclose(ens.logits(x, vectorized=False), vmapped, atol=1e-5)
+    assert torch.allclose(ens.logits(x.contiguous(memory_format=torch.channels_last)), vmapped, atol=1e-5)
+    # regression: autocast caches casts of grad-requiring weights, which kept teacher 0 for every teacher
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = ens.logits(x, vectorized=False)
+    assert torch.allclose(half, vmapped, atol=0.1 * float(vmapped.abs().max()))
+    assert not torch.allclose(half[0], half[1], atol=1e-3), "every teacher answers with its own weights"
+
+
 def test_auto_trainer_is_the_loop_on_a_cpu(tiny):
     _, stats = train_teachers(tiny.train, teacher_cfg(trainer="auto", steps=2), Env.cpu())
     assert stats["trainer"] == "loop"

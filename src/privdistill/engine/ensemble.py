@@ -96,20 +96,51 @@ class TeacherEnsemble(nn.Module):
         return params, buffers
 
     @torch.no_grad()
-    def logits(self, x: torch.Tensor, *, chunk: int = 50) -> torch.Tensor:
-        """[n, B, K] logits of every teacher on the same batch x [B, C, H, W]."""
+    def logits(self, x: torch.Tensor, *, chunk: int = 50, vectorized: bool | None = None) -> torch.Tensor:
+        """[n, B, K] logits of every teacher on the same batch x [B, C, H, W].
+
+        vmap on CUDA; on the CPU a plain loop over teachers, which oneDNN runs 3-5x faster than vmap's batched
+        convolutions (measured: 250 paper CNNs on 500 images, 111 s vmap vs 40 s loop with channels-last
+        inputs, 23 s under bf16 autocast). Callers choose the precision with their autocast context."""
         params, buffers = self.stacked()
         base = self.base[0]
 
         def one(p, b, inputs):
             return functional_call(base, (p, b), (inputs,))
 
+        if vectorized is None:
+            vectorized = x.device.type != "cpu"
+        if not vectorized:
+            # one real module, each teacher's weights copied in: measured 2x faster on oneDNN than
+            # functional_call on the stacked views
+            layout = torch.channels_last if x.ndim == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+                else torch.contiguous_format
+            module = self._scratch_module(x.device, layout)
+            out = []
+            for i in range(self.num_teachers):
+                module.load_state_dict({**{k: v[i] for k, v in params.items()},
+                                        **{k: v[i] for k, v in buffers.items()}})
+                out.append(module(x).float())
+            return torch.stack(out)
         out = []
         for start in range(0, self.num_teachers, chunk):
             p = {k: v[start:start + chunk] for k, v in params.items()}
             b = {k: v[start:start + chunk] for k, v in buffers.items()}
             out.append(vmap(one, in_dims=(0, 0, None))(p, b, x).float())
         return torch.cat(out)
+
+    def _scratch_module(self, device: torch.device, layout: torch.memory_format) -> nn.Module:
+        key = (str(device), str(layout))
+        cached = getattr(self, "_scratch", None)
+        if cached is None or cached[0] != key:
+            module = create_model(self.registry_name, **self.registry_kwargs) if self.registry_name \
+                else copy.deepcopy(self.base[0]).to_empty(device="cpu")
+            # no grad: autocast caches its casts of grad-requiring leaves, which would keep teacher 0's weights
+            module = module.to(device).eval().requires_grad_(False)
+            if layout == torch.channels_last:
+                module = module.to(memory_format=torch.channels_last)
+            self._scratch = (key, module)
+        return self._scratch[1]
 
     @torch.no_grad()
     def predictions(self, x: torch.Tensor, *, chunk: int = 50) -> torch.Tensor:
@@ -371,7 +402,8 @@ def ensemble_accuracy(ensemble: TeacherEnsemble, data: ImageDataset, env: Env, *
     gen = torch.Generator().manual_seed(seed)
     for start in range(0, len(data), batch_size):
         x, y = data.batch(torch.arange(start, min(start + batch_size, len(data))), env.device)
-        preds = ensemble.predictions(env.place_batch(x) if x.ndim == 4 else x).cpu()
+        with env.autocast():
+            preds = ensemble.predictions(env.place_batch(x) if x.ndim == 4 else x).cpu()
         y = y.cpu()
         member_correct += float((preds == y[None]).float().sum()) / ensemble.num_teachers
         counts = F.one_hot(preds, data.num_classes).sum(0).float()

@@ -8,6 +8,7 @@ of upstream stages, so any run needing the same stage reuses it (see `engine.cac
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from torch import nn
 
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import DataSplits
+from privdistill.engine.atomic import atomic_write_json
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, generate, train_generator
@@ -26,6 +28,9 @@ from privdistill.engine.vae import VAETraining, train_vae
 from privdistill.models import create_model
 
 # Bump a stage's version when what it computes changes: old cache entries are then never reused.
+# Laplace scale of the noisy-vote accuracy every teacher stage reports (DGD's 2/ε0; evaluation only).
+TEACHER_EVAL_LAPLACE_SCALE = 40.0
+
 VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1"}
 
 
@@ -81,11 +86,22 @@ class Stages:
     def teachers(self, cfg: TeacherTraining) -> tuple[TeacherEnsemble, Stage]:
         """n teachers on disjoint partitions of the private training set."""
         def build(run: RunDir) -> dict:
-            ensemble, stats = train_teachers(self.data.train, cfg, self.env, checkpoint_dir=run.path)
-            ensemble.save(run.path / "teachers.safetensors")
-            for leftover in run.path.glob("teachers-*.pt"):
-                leftover.unlink()
-            return {**stats, **ensemble_accuracy(ensemble.to(self.env.device), self.data.test, self.env)}
+            saved = run.path / "teachers.safetensors"
+            stats_file = run.path / "training.json"
+            if saved.is_file():  # trained before an interruption during evaluation: not trained twice
+                ensemble = TeacherEnsemble.load(saved, self.env.device)
+                stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {
+                    "num_teachers": ensemble.num_teachers, "wall_seconds": None, "teachers_per_minute": None,
+                    "note": "weights kept from an interrupted build; its training time was not recorded"}
+            else:
+                ensemble, stats = train_teachers(self.data.train, cfg, self.env, checkpoint_dir=run.path)
+                ensemble.save(saved)
+                atomic_write_json(stats_file, stats)
+                for leftover in run.path.glob("teachers-*.pt"):
+                    leftover.unlink()
+            # plurality and Laplace noisy vote (DGD's b = 2/ε0 = 40) in one pass over the test set
+            return {**stats, **ensemble_accuracy(ensemble.to(self.env.device), self.data.test, self.env,
+                                                 laplace_scale=TEACHER_EVAL_LAPLACE_SCALE, seed=self.env.seed)}
 
         stage = self._get("teachers", self._material(cfg), build)
         return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
