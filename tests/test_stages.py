@@ -208,3 +208,29 @@ def test_stages_share_the_baseline_between_runs(tiny, tmp_path):
     disabled = Stages(StageCache(tmp_path / "cache", enabled=False), env, tiny, run1)
     _, s4 = disabled.baseline(cfg)
     assert str(s4.path).startswith(str(run1.path)), "with the cache off, stages live inside the run"
+
+
+def test_teacher_stage_interrupted_during_evaluation_is_not_retrained(tiny, tmp_path, monkeypatch):
+    import privdistill.engine.stages as stages_module
+
+    env = Env.cpu(seed=3)
+    cache = StageCache(tmp_path / "cache")
+    cfg = teacher_cfg(steps=3)
+    run = RunDir.open(tmp_path / "r", config={})
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while evaluating the ensemble")
+
+    monkeypatch.setattr(stages_module, "ensemble_accuracy", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Stages(cache, env, tiny, run).teachers(cfg)
+    monkeypatch.undo()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the finished teachers were trained again")
+
+    monkeypatch.setattr(stages_module, "train_teachers", no_training)
+    ensemble, stage = Stages(cache, env, tiny, run).teachers(cfg)
+    info = stage.info()
+    assert ensemble.num_teachers == 4 and info["num_teachers"] == 4 and info["wall_seconds"] > 0
+    assert 0 <= info["noisy_ensemble_accuracy"] <= 1 and info["laplace_scale"] == 40.0
