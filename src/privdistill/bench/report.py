@@ -142,7 +142,7 @@ def teachers_table(results: list[dict]) -> str:
         ("Laplace b=40 vote %", lambda r: _pct(r.get("noisy_ensemble_accuracy"))),
         ("mean single teacher %", lambda r: _pct(r.get("mean_teacher_accuracy"))),
         ("training minutes", lambda r: _minutes(r.get("training_seconds"))),
-        ("teachers/min", lambda r: str(r.get("teachers_per_minute", "-"))),
+        ("teachers/min", lambda r: "-" if r.get("teachers_per_minute") is None else str(r["teachers_per_minute"])),
         ("command", _cmd), ("result file", lambda r: f"[{Path(r['_file']).name}](../{r['_file']})"),
     ])
 
