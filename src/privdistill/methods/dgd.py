@@ -14,7 +14,10 @@ Readings of what the paper leaves open (each configurable):
   random decodings of corners of the latent box; `dgd.latent_noise=false` is the ablation without it.
 - Perturbations follow TNAR (adversarial, one power iteration) by default; `student.perturbation=random`
   follows the DGD text ("random perturbation noise"). Distances are squared L2 on backbone features with the
-  clean features held fixed (as in VAT/TNAR); the entropy term is the mean negative entropy of φs(x̂).
+  clean features held fixed (as in VAT/TNAR). The entropy term is MINIMISED (mean entropy of φs(x̂)), as
+  the text says ("more determinate predictions") and TNAR does; Eq. 6 prints +Σ φs log φs, whose
+  minimisation would instead maximise the entropy (a sign slip: with it the quick MNIST student stalled at
+  ~65 %, predictions near uniform on the unlabelled triples).
 - Eq. 1 adds the energies unweighted and Eq. 6 sums squared feature differences over the backbone width
   (6272 for the paper CNN), which would make the regulariser hundreds of times larger than the CE term. We
   average over feature dimensions (a per-feature mean squared distance); Eq. 6's sum is recovered with
@@ -316,10 +319,12 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
                         normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
                         loss = loss + cfg.normal_weight * normal
                         parts["normal"] = float(normal.detach())
-                    probs = F.softmax(student(x_hat).float(), dim=1)
-                    neg_entropy = (probs * torch.log(probs + 1e-12)).sum(1).mean()
-                    loss = loss + cfg.entropy_weight * neg_entropy
-                    parts["entropy"] = float(-neg_entropy.detach())
+                    # entropy MINIMISATION (TNAR/VAT; the text: "more determinate predictions"). Eq. 6 prints
+                    # +Σ φ log φ, i.e. minus the entropy, which minimised would push predictions to uniform.
+                    log_probs = F.log_softmax(student(x_hat).float(), dim=1)
+                    entropy = -(log_probs.exp() * log_probs).sum(1).mean()
+                    loss = loss + cfg.entropy_weight * entropy
+                    parts["entropy"] = float(entropy.detach())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
