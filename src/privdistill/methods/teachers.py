@@ -11,11 +11,11 @@ from typing import Any
 
 from privdistill.engine.cache import StageCache
 from privdistill.engine.ensemble import TeacherTraining, ensemble_accuracy
-from privdistill.engine.stages import Stages
+from privdistill.engine.stages import TEACHER_EVAL_LAPLACE_SCALE, Stages
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
 
 
-def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None = 40.0, cache: bool = True,
+def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None = TEACHER_EVAL_LAPLACE_SCALE, cache: bool = True,
                             ray_address: str | None = None) -> dict[str, Any]:
     """Train (or reuse) the ensemble; with `ray_address` ("local", "auto" or "ray://...") train it as Ray tasks."""
     prep = prepare_run("teachers", request, {"teachers": TeacherTraining})
@@ -33,8 +33,8 @@ def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None 
         ensemble, stage = stages.teachers(cfg)
         info, stage_ref = stage.info(), stage.ref()
     keys = ("ensemble_accuracy", "mean_teacher_accuracy", "noisy_ensemble_accuracy", "laplace_scale")
-    if not ray_address and info.get("laplace_scale") == laplace_scale and info.get("seed", prep.env.seed) == prep.env.seed \
-            and all(k in info for k in keys):
+    # the stage key includes the seed, so its recorded noisy vote used this run's seed
+    if not ray_address and info.get("laplace_scale") == laplace_scale and all(k in info for k in keys):
         accuracy = {k: info[k] for k in keys}  # measured when the stage was built: one pass over the test set
     else:
         accuracy = ensemble_accuracy(ensemble, prep.data.test, prep.env, laplace_scale=laplace_scale,
