@@ -186,8 +186,8 @@ def shadow_stage(data: DataSplits, split: AuditSplit, cfg: AuditConfig, shadow_c
                 torch.manual_seed(seed)
                 model = create_model(shadow_cfg.model, kind="classifier", in_channels=data.channels,
                                      num_classes=data.num_classes, image_size=data.image_size[0])
-                result = train_classifier(model, train, cfg=shadow_cfg, env=shadow_env, run=run,
-                                          checkpoint=f"shadow-{i}-checkpoint", description=f"shadow {i + 1}/{cfg.shadows}")
+                train_classifier(model, train, cfg=shadow_cfg, env=shadow_env, run=run,
+                                 checkpoint=f"shadow-{i}-checkpoint", description=f"shadow {i + 1}/{cfg.shadows}")
                 model = model.float().to(env.device).to(memory_format=torch.contiguous_format)
                 out = model_outputs(model, audit_images, audit_labels, score_env.device)
                 from privdistill.engine.trainer import evaluate

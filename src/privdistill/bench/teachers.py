@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch

@@ -149,7 +149,6 @@ def estimate(
 ) -> None:
     """Epsilon of a mechanism under both accountings, side by side, and what each covers."""
     from privdistill.privacy._checks import check_delta
-    from privdistill.privacy.accounting import both
     from privdistill.privacy.report import privacy_report
 
     check_delta(delta)

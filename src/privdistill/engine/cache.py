@@ -84,7 +84,7 @@ class StageCache:
             if (final / MARKER).is_file():  # built by another process while we waited
                 return Stage(name, key, final, reused=True)
             partial = self.root / f"{name}-{key}.partial"
-            stage = self._build_in(partial, name, key, version, material, build, reused=False)
+            self._build_in(partial, name, key, version, material, build, reused=False)
             if final.exists():
                 shutil.rmtree(final)  # an incomplete directory without a marker: never reused
             os.replace(partial, final)

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from privdistill.config import ClassifierTraining, RunOptions, resolve_sections, to_plain
 from privdistill.data import ImageDataset, load_data

@@ -44,9 +44,9 @@ from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
-from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig, feature_distance
-from privdistill.engine.progress import progress_bar
+from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
 from privdistill.engine.stages import Stages, file_digest
+from privdistill.engine.student_loop import StudentLoop, sample_batch
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
@@ -278,79 +278,45 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
                   cfg: StudentConfig, env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None) -> tuple[nn.Module, dict]:
     """Semi-supervised student (DGD Eq. 1): CE on the labelled queries + tangent/normal/entropy energy on
     decoded latent codes. Resumable from `student-checkpoint`."""
-    student = env.place(student).train()
-    optimizer = torch.optim.Adam(student.parameters(), lr=cfg.lr)
+    loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, env=env, title="DGD student", log_stage="student",
+                       eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, run=run, test=test)
+    student = loop.student
     perturber = ManifoldPerturber(vae, PerturbationConfig(cfg.tangent_eps, cfg.normal_eps, cfg.xi, cfg.perturbation),
                                   autocast=env.autocast)
     codes = codes.to(env.device)
-    start, elapsed, history = 0, 0.0, []
-    state = run.load_checkpoint("student-checkpoint") if run is not None else None
-    if state is not None:
-        student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed, history = state["step"], state["elapsed"], state["history"]
-    t0 = time.perf_counter()
     use_unlabelled = cfg.unsupervised and len(codes) > 0
-    with progress_bar(cfg.steps, "DGD student", enabled=env.progress, completed=start) as bar:
-        for step in range(start, cfg.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * max(0.0, 1.0 - step / cfg.steps)
-            idx = _batch(len(labelled), cfg.batch_size, env.generator(_LABEL_STREAM, step))
-            x, y = labelled.batch(idx)
+    for step in loop:
+        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(_LABEL_STREAM, step)))
+        with env.autocast():
+            loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
+        parts = {"ce": float(loss.detach())}
+        if use_unlabelled:
+            gen = env.generator(_PERTURB_STREAM, step)
+            z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size, env.generator(_UNLABEL_STREAM, step)).to(env.device)]
+            with torch.no_grad(), env.autocast():
+                x_hat = env.place_batch(perturber.decode(z).float())
+                clean = student.features(x_hat).float()
+            # Perturbations first (the power iterations run their own mixed precision; the decoder's
+            # Jacobian stays in fp32), then the energies under autocast.
+            x_par = env.place_batch(perturber.tangent(student, z, x_hat, gen).float()) if cfg.tangent else None
+            x_perp = env.place_batch(perturber.normal(student, z, x_hat, gen).float()) if cfg.normal else None
             with env.autocast():
-                loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
-            parts = {"ce": float(loss.detach())}
-            if use_unlabelled:
-                gen = env.generator(_PERTURB_STREAM, step)
-                z = codes[_batch(len(codes), cfg.unlabeled_batch_size, env.generator(_UNLABEL_STREAM, step)).to(env.device)]
-                with torch.no_grad(), env.autocast():
-                    x_hat = env.place_batch(perturber.decode(z).float())
-                    clean = student.features(x_hat).float()
-                # Perturbations first (the power iterations run their own mixed precision; the decoder's
-                # Jacobian stays in fp32), then the energies under autocast.
-                x_par = env.place_batch(perturber.tangent(student, z, x_hat, gen).float()) if cfg.tangent else None
-                x_perp = env.place_batch(perturber.normal(student, z, x_hat, gen).float()) if cfg.normal else None
-                with env.autocast():
-                    if x_par is not None:
-                        tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).mean()
-                        loss = loss + cfg.tangent_weight * tangent
-                        parts["tangent"] = float(tangent.detach())
-                    if x_perp is not None:
-                        normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
-                        loss = loss + cfg.normal_weight * normal
-                        parts["normal"] = float(normal.detach())
-                    # entropy MINIMISATION (TNAR/VAT; the text: "more determinate predictions"). Eq. 6 prints
-                    # +Σ φ log φ, i.e. minus the entropy, which minimised would push predictions to uniform.
-                    log_probs = F.log_softmax(student(x_hat).float(), dim=1)
-                    entropy = -(log_probs.exp() * log_probs).sum(1).mean()
-                    loss = loss + cfg.entropy_weight * entropy
-                    parts["entropy"] = float(entropy.detach())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            done = step + 1
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                entry = {"step": done, **parts}
-                if test is not None:
-                    entry["test_accuracy"] = evaluate(student, test, env)
-                history.append(entry)
-                if run is not None:
-                    run.log(stage="student", **entry)
-            if run is not None and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                run.save_checkpoint({"student": student.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
-                                     "elapsed": elapsed + time.perf_counter() - t0, "history": history},
-                                    "student-checkpoint")
-            bar.advance(1, loss=float(loss.detach()), **({"acc": history[-1]["test_accuracy"]}
-                                                         if history and "test_accuracy" in history[-1] else {}))
-    return student.eval(), {"steps": cfg.steps, "wall_seconds": round(elapsed + time.perf_counter() - t0, 1),
-                            "history": history[-3:]}
-
-
-def _batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
-    """A batch of indices: the whole set (shuffled) when it is smaller than the batch."""
-    if n <= size:
-        return torch.randperm(n, generator=generator)
-    return torch.randint(0, n, (size,), generator=generator)
+                if x_par is not None:
+                    tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).mean()
+                    loss = loss + cfg.tangent_weight * tangent
+                    parts["tangent"] = float(tangent.detach())
+                if x_perp is not None:
+                    normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
+                    loss = loss + cfg.normal_weight * normal
+                    parts["normal"] = float(normal.detach())
+                # entropy MINIMISATION (TNAR/VAT; the text: "more determinate predictions"). Eq. 6 prints
+                # +Σ φ log φ, i.e. minus the entropy, which minimised would push predictions to uniform.
+                log_probs = F.log_softmax(student(x_hat).float(), dim=1)
+                entropy = -(log_probs.exp() * log_probs).sum(1).mean()
+                loss = loss + cfg.entropy_weight * entropy
+                parts["entropy"] = float(entropy.detach())
+        loop.update(loss, parts)
+    return loop.finish()
 
 
 # --------------------------------------------------------------------------------------- Python API

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import ClassifierTraining
-from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.data.dataset import ImageDataset
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, build_generator, logits_and_features

@@ -32,14 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float
 from privdistill.engine import RunDir, evaluate
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
-from privdistill.engine.progress import progress_bar
 from privdistill.engine.stages import Stages
+from privdistill.engine.student_loop import StudentLoop, sample_batch
 from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
 from privdistill.models import create_model
@@ -291,59 +290,29 @@ def vat_loss(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, *, eps: fl
         return _kl(clean, model(x + r_adv).float())
 
 
-def _batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
-    if n <= size:
-        return torch.randperm(n, generator=generator)
-    return torch.randint(0, n, (size,), generator=generator)
-
-
 def train_student(student: nn.Module, labelled: ImageDataset, unlabelled: torch.Tensor, cfg: PATEStudentConfig,
                   env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None) -> tuple[nn.Module, dict]:
     """CE on `labelled` + VAT + entropy minimisation on `unlabelled` (uint8 images); resumable from
     `student-checkpoint` (every random draw derives from (seed, step))."""
-    student = env.place(student).train()
-    optimizer = torch.optim.Adam(student.parameters(), lr=cfg.lr)
-    start, elapsed, history = 0, 0.0, []
-    state = run.load_checkpoint("student-checkpoint") if run is not None else None
-    if state is not None:
-        student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed, history = state["step"], state["elapsed"], state["history"]
-    t0 = time.perf_counter()
-    with progress_bar(cfg.steps, "PATE student", enabled=env.progress, completed=start) as bar:
-        for step in range(start, cfg.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * max(0.0, 1.0 - step / cfg.steps)
-            x, y = labelled.batch(_batch(len(labelled), cfg.batch_size, env.generator(_LABEL_STREAM, step)))
+    loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, env=env, title="PATE student", log_stage="pate-student",
+                       eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, run=run, test=test,
+                       round_parts=True)
+    student = loop.student
+    for step in loop:
+        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(_LABEL_STREAM, step)))
+        with env.autocast():
+            loss = F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
+        parts = {"ce": float(loss.detach())}
+        if cfg.semi_supervised:
+            idx = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(_UNLABEL_STREAM, step))
+            xu = env.place_batch(to_float(unlabelled[idx]))
             with env.autocast():
-                loss = F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
-            parts = {"ce": float(loss.detach())}
-            if cfg.semi_supervised:
-                idx = _batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(_UNLABEL_STREAM, step))
-                xu = env.place_batch(to_float(unlabelled[idx]))
-                with env.autocast():
-                    logits_u = student(xu).float()
-                vat = vat_loss(student, xu, logits_u, eps=cfg.vat_eps, xi=cfg.vat_xi,
-                               generator=env.generator(_VAT_STREAM, step), autocast=env.autocast)
-                probs = F.softmax(logits_u, dim=1)
-                entropy = -(probs * F.log_softmax(logits_u, dim=1)).sum(1).mean()
-                loss = loss + cfg.vat_weight * vat + cfg.entropy_weight * entropy
-                parts.update(vat=float(vat.detach()), entropy=float(entropy.detach()))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            done = step + 1
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                entry = {"step": done, **{k: round(v, 4) for k, v in parts.items()}}
-                if test is not None:
-                    entry["test_accuracy"] = evaluate(student, test, env)
-                history.append(entry)
-                if run is not None:
-                    run.log(stage="pate-student", **entry)
-            if run is not None and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                run.save_checkpoint({"student": student.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
-                                     "elapsed": elapsed + time.perf_counter() - t0, "history": history},
-                                    "student-checkpoint")
-            bar.advance(1, loss=float(loss.detach()))
-    return student.eval(), {"steps": cfg.steps, "labelled": len(labelled), "unlabelled": len(unlabelled),
-                            "wall_seconds": round(elapsed + time.perf_counter() - t0, 1), "history": history[-3:]}
+                logits_u = student(xu).float()
+            vat = vat_loss(student, xu, logits_u, eps=cfg.vat_eps, xi=cfg.vat_xi,
+                           generator=env.generator(_VAT_STREAM, step), autocast=env.autocast)
+            probs = F.softmax(logits_u, dim=1)
+            entropy = -(probs * F.log_softmax(logits_u, dim=1)).sum(1).mean()
+            loss = loss + cfg.vat_weight * vat + cfg.entropy_weight * entropy
+            parts.update(vat=float(vat.detach()), entropy=float(entropy.detach()))
+        loop.update(loss, parts)
+    return loop.finish(labelled=len(labelled), unlabelled=len(unlabelled))
