@@ -12,7 +12,7 @@ import torch
 from privdistill.config import ClassifierTraining
 from privdistill.data import load_data
 from privdistill.engine import Env, RunDir, evaluate, train_classifier
-from privdistill.engine.atomic import atomic_write_bytes
+from privdistill.atomic import atomic_write_bytes
 from privdistill.engine.augment import random_flip, random_shift
 from privdistill.engine.run import SUMMARY_KEYS
 from privdistill.errors import RunError
@@ -51,7 +51,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     class Boom(Exception):
         pass
 
-    from privdistill.engine.atomic import atomic_write
+    from privdistill.atomic import atomic_write
 
     def half_write(f):
         f.write(b"new but incomplete")

@@ -29,6 +29,16 @@ def _plt():
     return plt
 
 
+def _save(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and close a figure."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+    return path
+
+
 def _label(r: dict) -> str:
     return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
 
@@ -55,12 +65,7 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
                ylabel="test accuracy %", title=ds)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def privacy_vs_queries(path: str | Path, *, max_queries: int = 1500, delta: float = 1e-5,
@@ -94,12 +99,7 @@ def privacy_vs_queries(path: str | Path, *, max_queries: int = 1500, delta: floa
            title="Privacy cost vs queries (DGD Fig. 8, bottom right)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _audited(results: list[dict], dataset: str) -> list[tuple[dict, Path]]:
@@ -132,12 +132,7 @@ def mia_roc(results: list[dict], dataset: str, path: str | Path, attack: str = "
     ax.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1), xlabel="false positive rate",
            ylabel="true positive rate", title=f"LiRA ({attack.replace('_', ' ')}) on {dataset}")
     ax.legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _compose(images: list[tuple[str, Path]], path: str | Path, title: str) -> Path | None:
@@ -153,12 +148,7 @@ def _compose(images: list[tuple[str, Path]], path: str | Path, title: str) -> Pa
         ax.imshow(plt.imread(str(img)), cmap="gray")
         ax.set_title(label, fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=130)
 
 
 def inversion_grids(results: list[dict], dataset: str, path: str | Path) -> Path | None:

@@ -10,7 +10,7 @@ import torch
 from privdistill.config import RunOptions
 from privdistill.data import load_data
 from privdistill.engine import Env
-from privdistill.engine.atomic import atomic_write_json
+from privdistill.atomic import atomic_write_json
 from privdistill.engine.ensemble import TeacherTraining, train_teachers
 
 

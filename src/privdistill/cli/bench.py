@@ -21,6 +21,12 @@ OnlyOpt = Annotated[Optional[list[str]], typer.Option("--only", help="only cells
 ResultsOpt = Annotated[Path, typer.Option("--results", help="results directory")]
 DocOpt = Annotated[Path, typer.Option("--doc", help="markdown file whose tables are regenerated")]
 FiguresOpt = Annotated[Path, typer.Option("--figures", help="directory for the figures")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="list what would run; run nothing")]
+NoAuditOpt = Annotated[bool, typer.Option("--no-audit", help="skip the audits")]
+NoReportOpt = Annotated[bool, typer.Option("--no-report", help="do not rewrite the tables and figures")]
+LockOpt = Annotated[str, typer.Option("--lock", help="CPU lock file taken around every cell")]
+NoLockOpt = Annotated[bool, typer.Option("--no-lock", help="run cells without the CPU lock")]
+StopOpt = Annotated[bool, typer.Option("--stop-on-failure", help="stop at the first failed cell")]
 
 
 def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, doc: Path, figures: Path,
@@ -62,13 +68,9 @@ def _report(results: Path, doc: Path, figures: Path | None) -> None:
 @app.callback()
 def bench(ctx: typer.Context, preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None,
           only: OnlyOpt = None, results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
-          figures: FiguresOpt = Path("docs/figures"),
-          dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would run; run nothing")] = False,
-          no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the audits")] = False,
-          no_report: Annotated[bool, typer.Option("--no-report", help="do not rewrite the tables and figures")] = False,
-          lock: Annotated[str, typer.Option("--lock", help="CPU lock file taken around every cell")] = "/tmp/privdistill-cpu.lock",
-          no_lock: Annotated[bool, typer.Option("--no-lock", help="run cells without the CPU lock")] = False,
-          stop_on_failure: Annotated[bool, typer.Option("--stop-on-failure", help="stop at the first failed cell")] = False) -> None:
+          figures: FiguresOpt = Path("docs/figures"), dry_run: DryRunOpt = False, no_audit: NoAuditOpt = False,
+          no_report: NoReportOpt = False, lock: LockOpt = "/tmp/privdistill-cpu.lock", no_lock: NoLockOpt = False,
+          stop_on_failure: StopOpt = False) -> None:
     """Run the reproduction matrix at a preset (resumable: recorded cells are skipped), audit every released
     model, regenerate docs/results.md and docs/figures/. `privdistill bench --preset quick`."""
     if ctx.invoked_subcommand is not None:
@@ -80,13 +82,9 @@ def bench(ctx: typer.Context, preset: PresetOpt = "quick", matrix: MatrixOpt = N
 @app.command("run")
 def run(preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None, only: OnlyOpt = None,
         results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
-        figures: FiguresOpt = Path("docs/figures"),
-        dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would run; run nothing")] = False,
-        no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the audits")] = False,
-        no_report: Annotated[bool, typer.Option("--no-report", help="do not rewrite the tables and figures")] = False,
-        lock: Annotated[str, typer.Option("--lock", help="CPU lock file taken around every cell")] = "/tmp/privdistill-cpu.lock",
-        no_lock: Annotated[bool, typer.Option("--no-lock", help="run cells without the CPU lock")] = False,
-        stop_on_failure: Annotated[bool, typer.Option("--stop-on-failure")] = False) -> None:
+        figures: FiguresOpt = Path("docs/figures"), dry_run: DryRunOpt = False, no_audit: NoAuditOpt = False,
+        no_report: NoReportOpt = False, lock: LockOpt = "/tmp/privdistill-cpu.lock", no_lock: NoLockOpt = False,
+        stop_on_failure: StopOpt = False) -> None:
     """The same as `privdistill bench` without a sub-command."""
     _run_matrix(preset, matrix, dataset, only, results, doc, figures, dry_run, no_audit, no_report, lock, no_lock,
                 stop_on_failure)

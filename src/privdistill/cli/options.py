@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,6 +21,14 @@ Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda
 Precision = Annotated[Optional[str], typer.Option("--precision", help="auto, fp32, bf16, fp16 (run.precision)")]
 DataRoot = Annotated[Optional[Path], typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
+
+
+
+class SRRSetting(str, Enum):
+    """SRR's two settings: data-free (Table I) and label-DP on real inputs (Table II)."""
+
+    data_free = "data-free"
+    label_dp = "label-dp"
 
 
 def run_overrides(overrides: list[str] | None, *, seed=None, device=None, precision=None, data_root=None,

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import typer
 
+from privdistill.cli import options as o
 from privdistill.errors import PrivacyError
 
 app = typer.Typer(help="Estimate epsilon under both accountings (paper and strict); privacy reports of runs.",
@@ -35,11 +36,6 @@ class Mechanism(str, Enum):
 class Granularity(str, Enum):
     per_sample = "per_sample"
     batch_sum = "batch_sum"
-
-
-class SRRSetting(str, Enum):
-    data_free = "data-free"
-    label_dp = "label-dp"
 
 
 def _need(value: Any, flag: str, mechanism: str) -> Any:
@@ -92,7 +88,7 @@ def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilo
     return main, events
 
 
-def _pathways_for(mechanism: Mechanism, algorithm: int, srr_setting: SRRSetting):
+def _pathways_for(mechanism: Mechanism, algorithm: int, srr_setting: o.SRRSetting):
     from privdistill.privacy import report
 
     if mechanism is Mechanism.lnmax:
@@ -141,7 +137,7 @@ def estimate(
     dataset_size: Optional[int] = typer.Option(None, "--dataset-size", "-N", help="DPDFD Alg. 3: private set size"),
     num_classes: Optional[int] = typer.Option(None, "--num-classes", "-K", help="classes (SRR/RR; DPDFD Lemma 1 note)"),
     epsilon_per_label: Optional[float] = typer.Option(None, "--epsilon-per-label", help="SRR / RR epsilon per label"),
-    srr_setting: SRRSetting = typer.Option(SRRSetting.data_free, "--srr-setting", help="data-free | label-dp"),
+    srr_setting: o.SRRSetting = typer.Option(o.SRRSetting.data_free, "--srr-setting", help="data-free | label-dp"),
     latent_epsilon: Optional[float] = typer.Option(None, "--latent-epsilon", help="DGD epsilon1 of the latent-code noise"),
     delta: float = typer.Option(1e-5, "--delta", "-d", help="target delta"),
     target_epsilon: Optional[float] = typer.Option(None, "--target-epsilon", help="calibrate: most queries/steps and least noise for this epsilon"),

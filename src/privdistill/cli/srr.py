@@ -14,11 +14,6 @@ from privdistill.cli.display import show_summary
 console = Console()
 
 
-class Setting(str, Enum):
-    data_free = "data-free"
-    label_dp = "label-dp"
-
-
 class Mechanism(str, Enum):
     srr = "srr"
     rr = "rr"
@@ -39,7 +34,7 @@ def srr_command(
     delta: Annotated[Optional[float], typer.Option("--delta", help="delta of the strict (epsilon, delta) (srr.delta)")] = None,
     max_epsilon: Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to start (or stop) above this epsilon under --accounting")] = None,
     accounting: Annotated[Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")] = Accounting.paper,
-    setting: Annotated[Optional[Setting], typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)")] = None,
+    setting: Annotated[Optional[o.SRRSetting], typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)")] = None,
     mechanism: Annotated[Optional[Mechanism], typer.Option("--mechanism", "-m", help="srr, rr (plain randomized response) or rr-prior (RRWithPrior)")] = None,
     stages: Annotated[Optional[int], typer.Option("--stages", "-T", help="number of stages T (srr.stages)")] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", "-N", help="labels drawn in all (srr.num_samples; 0 = |D|)")] = None,

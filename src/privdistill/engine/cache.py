@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from privdistill.engine.atomic import atomic_write_json
+from privdistill.atomic import atomic_write_json
 from privdistill.engine.run import RunDir
 
 ENV_CACHE = "PRIVDISTILL_CACHE"

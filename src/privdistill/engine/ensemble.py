@@ -25,7 +25,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
-from privdistill.engine.atomic import atomic_write_bytes
+from privdistill.atomic import atomic_write_bytes
 from privdistill.engine.context import Env
 from privdistill.engine.progress import progress_bar
 from privdistill.errors import ConfigError, DataError, ModelError
@@ -327,7 +327,7 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                              per_epoch=_steps_per_epoch(sizes, cfg.batch_size))
             params = {k: v.detach().cpu() for k, v in params.items()}
             if saved is not None:
-                from privdistill.engine.atomic import atomic_torch_save
+                from privdistill.atomic import atomic_torch_save
 
                 atomic_torch_save(saved, params)
             chunks.append(params)

@@ -24,7 +24,7 @@ import torch
 import yaml
 from torch import nn
 
-from privdistill.engine.atomic import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from privdistill.atomic import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
 from privdistill.errors import RunError
 
 SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accuracy", "epsilon_paper",

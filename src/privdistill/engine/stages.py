@@ -17,7 +17,7 @@ from torch import nn
 
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import DataSplits
-from privdistill.engine.atomic import atomic_write_json
+from privdistill.atomic import atomic_write_json
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, generate, train_generator

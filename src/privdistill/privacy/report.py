@@ -19,7 +19,7 @@ from privdistill.errors import RunError
 from privdistill.privacy._checks import check_choice, check_delta
 from privdistill.privacy.accounting import both, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events
-from privdistill.privacy._io import atomic_write_bytes
+from privdistill.atomic import atomic_write_bytes
 from privdistill.privacy.ledger import LEDGER_NAME, read_ledger_events
 
 PRIVACY_JSON = "privacy.json"
