@@ -176,7 +176,16 @@ def _fake_results(root: Path, run_root: Path) -> None:
          "epsilon_paper": 10.5, "epsilon_strict": 9.9, "epsilon_data_dependent": 3.2, "delta": 1e-5,
          "aggregation": "confident-gnmax", "queries": 2700, "answered": 1900, "label_accuracy": 0.98,
          "variant": "confident-gnmax", "not_covered": ["x"]},
+        # SRR's "stages" is a stage COUNT, DGD's a dict of stage references (the sample grid lives in one)
+        {"method": "srr", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.97, "target_epsilon": 1.0,
+         "stages": 20},
+        {"method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9, "target_epsilon": 10.0,
+         "stages": {"generator": {"stage": "generator", "path": str(run_root / "generator-stage")}}},
     ]
+    (run_root / "generator-stage").mkdir(parents=True)
+    import matplotlib.pyplot as plt
+
+    plt.imsave(run_root / "generator-stage" / "samples.png", np.zeros((8, 8)))
     for r in rows:
         name = f"{r['method']}-{r['dataset']}" + (f"-eps{r['target_epsilon']:g}" if "target_epsilon" in r else "")
         (q / f"{name}.json").write_text(json.dumps(r))
@@ -196,7 +205,8 @@ def test_tables_and_figures_from_results(tmp_path):
     assert "| mnist | confident-gnmax | 10 | 90.00 | 2700 | 1900 | 98.00 | 10.5 | 9.9 | 3.2 |" in text
     assert "0.600 [0.580, 0.620]" in text
     files = {p.name for p in make_figures(tmp_path / "results", tmp_path / "fig")}
-    assert {"privacy-vs-queries.png", "accuracy-vs-epsilon-quick.png", "mia-roc-quick-mnist.png"} <= files
+    assert {"privacy-vs-queries.png", "accuracy-vs-epsilon-quick.png", "mia-roc-quick-mnist.png",
+            "samples-quick-mnist.png"} <= files
 
 
 def test_run_report_markdown_and_html(tmp_path):

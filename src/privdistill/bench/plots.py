@@ -167,7 +167,9 @@ def sample_grids(results: list[dict], dataset: str, path: str | Path) -> Path | 
         if r.get("dataset") != dataset:
             continue
         candidates = [Path(r.get("run_dir") or "") / "samples.png"]
-        for ref in (r.get("stages") or {}).values():
+        refs = r.get("stages")  # stage references: a dict (DGD), a list (DPDFD); SRR's is a stage COUNT
+        refs = refs.values() if isinstance(refs, dict) else refs if isinstance(refs, list) else []
+        for ref in refs:
             if isinstance(ref, dict) and ref.get("path"):
                 candidates.append(Path(ref["path"]) / "samples.png")
         for c in candidates:
