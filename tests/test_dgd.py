@@ -80,6 +80,8 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     # 40 LNMax queries with b = 40 (ε0 = 0.05 each): strict via RDP, paper via advanced composition + ε1.
     assert 0.5 < s["epsilon_strict"] < 2.0 and s["epsilon_paper"] > s["epsilon_strict"]
     assert any("generator" in p for p in s["not_covered"])
+    agree = s["query_agreement_with_baseline"]  # evaluation-only diagnostic of the label channel
+    assert 0.0 <= agree["noisy_label"] <= 1.0 and 0.0 <= agree["plurality"] <= 1.0
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert "student" in privacy["artifacts"] and "generator" in privacy["artifacts"]
     ledger = [json.loads(l) for l in (run_dir / "ledger.jsonl").read_text().splitlines()]
@@ -92,5 +94,7 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     ledger2 = [json.loads(l) for l in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert len([r for r in ledger2 if r.get("kind") == "spend"]) == 2, "no budget spent twice"
     assert again.summary["epsilon_strict"] == s["epsilon_strict"]
+    # the recorded answers carry no fresh votes: the resumed summary keeps the label agreement only
+    assert again.summary["query_agreement_with_baseline"]["noisy_label"] == agree["noisy_label"]
     for a, b in zip(result.student.state_dict().values(), again.student.state_dict().values()):
         assert torch.equal(a, b)

@@ -39,7 +39,7 @@ from torch import nn
 
 from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float
-from privdistill.engine import RunDir, evaluate
+from privdistill.engine import RunDir, evaluate, predict_logits
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
@@ -184,8 +184,19 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
         raise ConfigError(f"{queries} queries leave no unlabelled samples out of {len(pool)}")
     query_images, rest_images = pool[perm[:queries]], pool[perm[queries:]]
     noise_seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
-    labels = ledger.spend("dgd/queries", vote_event, lambda: _aggregate(teachers, query_images, cfg, env, noise_seed))
-    labels = torch.as_tensor(labels).long()
+    fresh: dict[str, Any] = {}
+
+    def answer_queries() -> LedgerAnswer:
+        fresh["answer"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
+        return fresh["answer"]
+
+    labels = torch.as_tensor(ledger.spend("dgd/queries", vote_event, answer_queries)).long()
+    diagnostics = {}
+    if cfg.inputs == "generator":  # evaluation only: reads the non-private baseline, never released
+        agree = _agreement_with_baseline(baseline, query_images, labels, fresh.get("answer"), env)
+        diagnostics = {"query_agreement_with_baseline": agree,
+                       "query_agreement_note": "evaluation only: compares the teachers' labels on the queried "
+                       "synthetic samples with the non-private baseline's; not covered by any epsilon"}
     codes = _latent_codes(vae, rest_images, cfg, env, ledger, latent_event, noise_seed)
 
     # --- semi-supervised student ------------------------------------------------------------------------
@@ -212,7 +223,7 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
         not_covered=[p.via for p in artifacts["student"] if not p.covered],
         target_epsilon=cfg.epsilon, queries=queries, aggregation=cfg.aggregation, inputs=cfg.inputs,
         latent_noise=cfg.latent_noise, variant=variant, max_epsilon=max_epsilon, accounting=accounting,
-        stages=stage_refs, student_training=train_stats)
+        stages=stage_refs, student_training=train_stats, **diagnostics)
     return DGDResult(student=student, generator=generator, summary=summary,
                      privacy={k: v.to_dict() if hasattr(v, "to_dict") else str(v) for k, v in both.items()})
 
@@ -251,6 +262,18 @@ def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, 
     else:
         labels = mechanisms.gnmax(votes, sigma=cfg.gaussian_sigma, generator=gen)
     return LedgerAnswer(answers=labels, votes=votes)
+
+
+def _agreement_with_baseline(baseline: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                             answer: LedgerAnswer | None, env: Env) -> dict[str, float]:
+    """How often the released (noisy) labels, and the plurality vote when this run drew it, equal the label
+    the generator's own discriminator gives the same synthetic sample."""
+    reference = predict_logits(baseline, images, env).argmax(1)
+    out = {"noisy_label": round(float((labels == reference).float().mean()), 4)}
+    if answer is not None and answer.votes is not None:
+        plurality = torch.as_tensor(answer.votes).argmax(1)
+        out["plurality"] = round(float((plurality == reference).float().mean()), 4)
+    return out
 
 
 def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,
