@@ -178,7 +178,8 @@ def _fake_results(root: Path, run_root: Path) -> None:
          "variant": "confident-gnmax", "not_covered": ["x"]},
         # SRR's "stages" is a stage COUNT, DGD's a dict of stage references (the sample grid lives in one)
         {"method": "srr", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.97, "target_epsilon": 1.0,
-         "stages": 20},
+         "stages": 20, "setting": "data-free", "mechanism": "srr", "label_accuracy_vs_teacher": 0.345,
+         "mean_candidate_set_size": 6.5},
         {"method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9, "target_epsilon": 10.0,
          "stages": {"generator": {"stage": "generator", "path": str(run_root / "generator-stage")}}},
     ]
@@ -204,6 +205,7 @@ def test_tables_and_figures_from_results(tmp_path):
     assert "| mnist | dpsgd | 1 | 95.00 | 92.47 | 0.999 | 1.1 | yes | 0.510 | 0.010 |" in text
     assert "| mnist | confident-gnmax | 10 | 90.00 | 2700 | 1900 | 98.00 | 10.5 | 9.9 | 3.2 |" in text
     assert "0.600 [0.580, 0.620]" in text
+    assert "| 97.62 | - | - | - | - | data-free | srr | 20 | 34.50 | 6.50 |" in text  # SRR's own columns
     files = {p.name for p in make_figures(tmp_path / "results", tmp_path / "fig")}
     assert {"privacy-vs-queries.png", "accuracy-vs-epsilon-quick.png", "mia-roc-quick-mnist.png",
             "samples-quick-mnist.png"} <= files

@@ -66,6 +66,25 @@ def table(rows: Iterable[dict], columns: list[tuple[str, Callable[[dict], str]]]
     return head + "".join("| " + " | ".join(f(r) for _, f in columns) + " |\n" for r in rows)
 
 
+def _fmt(value, spec: str = "g") -> str:
+    return "-" if value is None or isinstance(value, (dict, list)) else format(value, spec)
+
+
+# Per-method columns beside the common ones: what explains each number (evaluation-only statistics included).
+METHOD_COLUMNS = {
+    "dgd": [("queries", lambda r: _fmt(r.get("queries"))),
+            ("query labels = baseline's % (eval only)",
+             lambda r: _pct((r.get("query_agreement_with_baseline") or {}).get("noisy_label")))],
+    "dpdfd": [("steps", lambda r: _fmt(r.get("steps"))), ("σ", lambda r: _fmt(r.get("sigma"), ".3g")),
+              ("C", lambda r: _fmt(r.get("clip_norm")))],
+    "srr": [("setting", lambda r: r.get("setting") or "-"), ("mechanism", lambda r: r.get("mechanism") or "-"),
+            ("stages T", lambda r: _fmt(r.get("stages") if isinstance(r.get("stages"), int) else None)),
+            ("correct labels % (eval only)",
+             lambda r: _pct(r.get("label_accuracy_vs_teacher", r.get("label_accuracy_vs_truth")))),
+            ("mean candidate set", lambda r: _fmt(r.get("mean_candidate_set_size"), ".2f"))],
+}
+
+
 def method_table(results: list[dict], methods: tuple[str, ...]) -> str:
     rows = [r for r in results if r.get("method") in methods]
     rows.sort(key=lambda r: (r.get("method"), r.get("dataset"), -(r.get("target_epsilon") or 0), r.get("variant") or ""))
@@ -86,6 +105,7 @@ def method_table(results: list[dict], methods: tuple[str, ...]) -> str:
         ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
         ("δ", lambda r: "-" if r.get("delta") is None else f"{r['delta']:g}"),
         ("minutes", lambda r: _minutes(r.get("wall_seconds"))),
+        *METHOD_COLUMNS.get(methods[0], []),
         ("result file", lambda r: f"[{Path(r['_file']).name}](../{r['_file']})"),
     ])
 
