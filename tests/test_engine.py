@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from privdistill.atomic import atomic_write_bytes
 from privdistill.config import ClassifierTraining
 from privdistill.data import load_data
 from privdistill.engine import Env, RunDir, evaluate, train_classifier
-from privdistill.atomic import atomic_write_bytes
 from privdistill.engine.augment import random_flip, random_shift
 from privdistill.engine.run import SUMMARY_KEYS
 from privdistill.errors import RunError

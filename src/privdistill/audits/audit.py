@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from privdistill.atomic import atomic_write_json
 from privdistill.audits.inversion import InversionConfig, inversion_audit
 from privdistill.audits.membership import AuditConfig, audit_split, load_shadows, membership_audit, shadow_stage
 from privdistill.config import ClassifierTraining, RunOptions, resolve_sections
-from privdistill.atomic import atomic_write_json
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir, record_result

@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privdistill.atomic import atomic_torch_save
 from privdistill.audits.metrics import attack_metrics
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float
-from privdistill.atomic import atomic_torch_save
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir

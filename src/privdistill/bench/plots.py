@@ -168,8 +168,9 @@ def sample_grids(results: list[dict], dataset: str, path: str | Path) -> Path | 
             continue
         candidates = [Path(r.get("run_dir") or "") / "samples.png"]
         refs = r.get("stages")  # stage references: a dict (DGD), a list (DPDFD); SRR's is a stage COUNT
-        refs = refs.values() if isinstance(refs, dict) else refs if isinstance(refs, list) else []
-        for ref in refs:
+        if isinstance(refs, dict):
+            refs = list(refs.values())
+        for ref in refs if isinstance(refs, list) else []:
             if isinstance(ref, dict) and ref.get("path"):
                 candidates.append(Path(ref["path"]) / "samples.png")
         for c in candidates:

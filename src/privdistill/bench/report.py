@@ -67,7 +67,7 @@ def table(rows: Iterable[dict], columns: list[tuple[str, Callable[[dict], str]]]
 
 
 def _fmt(value, spec: str = "g") -> str:
-    return "-" if value is None or isinstance(value, (dict, list)) else format(value, spec)
+    return "-" if value is None else format(value, spec)
 
 
 # Per-method columns beside the common ones: what explains each number (evaluation-only statistics included).

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
+from privdistill.atomic import atomic_write_json
 from privdistill.config import RunOptions
 from privdistill.data import load_data
 from privdistill.engine import Env
-from privdistill.atomic import atomic_write_json
 from privdistill.engine.ensemble import TeacherTraining, train_teachers
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from enum import Enum
-
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -21,7 +20,6 @@ Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda
 Precision = Annotated[Optional[str], typer.Option("--precision", help="auto, fp32, bf16, fp16 (run.precision)")]
 DataRoot = Annotated[Optional[Path], typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
-
 
 
 class SRRSetting(str, Enum):

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import DataSplits
-from privdistill.atomic import atomic_write_json
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, generate, train_generator
@@ -27,10 +27,10 @@ from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.engine.vae import VAETraining, train_vae
 from privdistill.models import create_model
 
-# Bump a stage's version when what it computes changes: old cache entries are then never reused.
 # Laplace scale of the noisy-vote accuracy every teacher stage reports (DGD's 2/ε0; evaluation only).
 TEACHER_EVAL_LAPLACE_SCALE = 40.0
 
+# Bump a stage's version when what it computes changes: old cache entries are then never reused.
 VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1"}
 
 

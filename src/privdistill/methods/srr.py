@@ -61,9 +61,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privdistill.atomic import atomic_torch_save
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import ImageDataset, to_float, to_uint8
-from privdistill.atomic import atomic_torch_save
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env

@@ -15,8 +15,8 @@ from privdistill.engine.stages import TEACHER_EVAL_LAPLACE_SCALE, Stages
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
 
 
-def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None = TEACHER_EVAL_LAPLACE_SCALE, cache: bool = True,
-                            ray_address: str | None = None) -> dict[str, Any]:
+def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None = TEACHER_EVAL_LAPLACE_SCALE,
+                            cache: bool = True, ray_address: str | None = None) -> dict[str, Any]:
     """Train (or reuse) the ensemble; with `ray_address` ("local", "auto" or "ray://...") train it as Ray tasks."""
     prep = prepare_run("teachers", request, {"teachers": TeacherTraining})
     cfg: TeacherTraining = prep.sections["teachers"]

@@ -39,9 +39,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from privdistill.atomic import atomic_write_bytes, fsync_dir
 from privdistill.errors import BudgetExceededError, PrivacyError, RunError
 from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
-from privdistill.atomic import atomic_write_bytes, fsync_dir
 from privdistill.privacy.accounting import REPLACE_ONE, EpsilonResult, VoteStats, both, epsilon, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events, event_from_dict
 

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from privdistill.atomic import atomic_write_bytes
 from privdistill.errors import RunError
 from privdistill.privacy._checks import check_choice, check_delta
 from privdistill.privacy.accounting import both, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events
-from privdistill.atomic import atomic_write_bytes
 from privdistill.privacy.ledger import LEDGER_NAME, read_ledger_events
 
 PRIVACY_JSON = "privacy.json"
