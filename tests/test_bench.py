@@ -44,6 +44,16 @@ def test_expansion_names_and_arguments(tmp_path):
                                                              str(tmp_path / "runs" / "dgd-mnist-eps1"), "--resume"]
     assert [c.name for c in _matrix(tmp_path, datasets=["fashion-mnist"], only=["dgd"]).cells] == [
         "dgd-fashion-mnist-eps10", "dgd-fashion-mnist-eps1"]
+    # a substring matches every cell containing it; =NAME exactly one
+    assert [c.name for c in _matrix(tmp_path, only=["dgd-mnist-eps1"]).cells] == ["dgd-mnist-eps10", "dgd-mnist-eps1"]
+    assert [c.name for c in _matrix(tmp_path, only=["=dgd-mnist-eps1"]).cells] == ["dgd-mnist-eps1"]
+    # another preset's matrix may borrow this one's cells
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(MATRIX))
+    borrowed = tmp_path / "other.yaml"
+    borrowed.write_text(yaml.safe_dump({"preset": "paper", "datasets": ["mnist"], "cells_from": str(tmp_path / "m.yaml")}))
+    other = load_matrix(str(borrowed), results_dir=tmp_path / "results")
+    assert [c.name for c in other.cells][:3] == ["baseline-mnist", "dgd-mnist-eps10", "dgd-mnist-eps1"]
+    assert other.cells[1].args[-1] == "paper" and other.cells[1].result.parent.name == "paper"
     bad = {"preset": "quick", "cells": [{"name": "x-{nope}", "args": []}]}
     with pytest.raises(ConfigError, match="nope"):
         _matrix(tmp_path, bad)

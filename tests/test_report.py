@@ -1,6 +1,6 @@
 import json
 
-from privdistill.bench.report import regenerate, update_block
+from privdistill.bench.report import method_table, regenerate, update_block
 
 
 def test_blocks_are_replaced_in_place_and_prose_kept(tmp_path):
@@ -21,3 +21,11 @@ def test_blocks_are_replaced_in_place_and_prose_kept(tmp_path):
 
 def test_update_block_appends_when_no_marker():
     assert update_block("# T\n", "x", "body").endswith("<!-- x:start -->\nbody\n<!-- x:end -->\n")
+
+
+def test_variants_are_compared_with_the_papers_variant_numbers():
+    rows = [{"method": "dpdfd", "dataset": "mnist", "target_epsilon": 10.0, "test_accuracy": 0.9, "variant": v,
+             "_file": f"results/quick/dpdfd-mnist-eps10-{v}.json"} for v in ("no-ie", "some-sweep")]
+    text = method_table(rows, ("dpdfd",))
+    assert "| dpdfd (no-ie) | mnist | 10 | 90.00 | 54.63 |" in text  # DPDFD Table 5
+    assert "| dpdfd (some-sweep) | mnist | 10 | 90.00 | - |" in text  # no printed number: none shown

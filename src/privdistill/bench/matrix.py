@@ -11,6 +11,8 @@ A matrix is a YAML file (`bench/matrix/<preset>.yaml`, or any path) of declarati
         audit: true                            # membership inference + inversion of its released model
         owner: lead                            # who maintains the entry (informational)
 
+or `cells_from: quick` instead of `cells` (the paper matrix: the same cells at another preset).
+
 Running a cell: `privdistill <args> --record --no-progress --run-dir <runs_dir>/<name>` (plus `--resume`
 when that run directory holds an unfinished run), under the shared CPU lock, its output in
 `<runs_dir>/<name>.log`. A cell whose result file exists is skipped; a cell whose run finished but was
@@ -89,15 +91,21 @@ def _fmt(value: Any) -> str:
 
 def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_dir: str | Path | None = None,
                 datasets: list[str] | None = None, only: list[str] | None = None) -> Matrix:
-    """Expand a matrix file into cells (`datasets` / `only` filter by dataset and by name substring)."""
+    """Expand a matrix file into cells (`datasets` / `only` filter by dataset and by name: a substring, or
+    `=NAME` for exactly that cell)."""
     path = matrix_path(name_or_path)
     doc = yaml.safe_load(path.read_text()) or {}
     preset = str(doc.get("preset", "quick"))
     runs = Path(runs_dir or doc.get("runs_dir") or f"runs/bench-{preset}")
     default_datasets = list(doc.get("datasets") or [])
+    entries = doc.get("cells") or []
+    if doc.get("cells_from"):  # the paper matrix runs the quick matrix's cells at its own preset
+        if entries:
+            raise ConfigError(f"{path}: give either cells or cells_from, not both")
+        entries = (yaml.safe_load(matrix_path(str(doc["cells_from"])).read_text()) or {}).get("cells") or []
     cells: list[Cell] = []
     seen: set[str] = set()
-    for i, entry in enumerate(doc.get("cells") or []):
+    for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "name" not in entry or "args" not in entry:
             raise ConfigError(f"{path}: cell {i} needs a name and args")
         if entry.get("disabled"):
@@ -114,7 +122,7 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
             except KeyError as err:
                 raise ConfigError(f"{path}: cell {entry['name']!r} uses {err} which is neither 'dataset', 'preset' "
                                   "nor a grid key") from None
-            if only and not any(o in name for o in only):
+            if only and not any(name == o[1:] if o.startswith("=") else o in name for o in only):
                 continue
             if name in seen:
                 raise ConfigError(f"{path}: two cells are named {name!r}")

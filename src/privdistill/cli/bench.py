@@ -17,7 +17,7 @@ console = Console()
 PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="preset whose matrix to run (bench/matrix/<preset>.yaml)")]
 MatrixOpt = Annotated[Optional[str], typer.Option("--matrix", "-m", help="a matrix YAML file instead of the preset's")]
 DatasetsOpt = Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="only these datasets (repeatable)")]
-OnlyOpt = Annotated[Optional[list[str]], typer.Option("--only", help="only cells whose name contains this (repeatable)")]
+OnlyOpt = Annotated[Optional[list[str]], typer.Option("--only", help="only cells whose name contains this, or =NAME for exactly that cell (repeatable)")]
 ResultsOpt = Annotated[Path, typer.Option("--results", help="results directory")]
 DocOpt = Annotated[Path, typer.Option("--doc", help="markdown file whose tables are regenerated")]
 FiguresOpt = Annotated[Path, typer.Option("--figures", help="directory for the figures")]
