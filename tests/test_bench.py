@@ -152,6 +152,8 @@ def test_packaged_matrices_name_cells_as_record_does(preset):
     for c in m.cells:
         v = c.values
         method = {"train": "baseline"}.get(c.args[0], c.args[0])
+        if method == "dgd" and "gaussian" in c.args:
+            method = "dgd+"  # DGD+ = DGD with Gaussian votes
         expected = f"{method}-{dataset_slug(v['dataset'])}"
         if "epsilon" in v:
             expected += f"-eps{float(v['epsilon']):g}"
