@@ -2,6 +2,7 @@
 
     accuracy-vs-epsilon-<preset>.png   test accuracy against target ε per method, one panel per dataset
                                        (from results/<preset>/*.json; the non-private baseline as a line)
+    dgd-accuracy-vs-queries-<preset>.png  DGD Fig. 3: accuracy against the number of labelled queries
     privacy-vs-queries.png             ε against the number of answered queries (DGD Fig. 8, bottom right):
                                        DGD's printed formula vs the strict RDP bound for LNMax (b = 40), and
                                        GNMax (σ = 40); from the accountants alone, no training
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,10 @@ def _label(r: dict) -> str:
 
 def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     rows = [r for r in results if r.get("test_accuracy") is not None and r.get("target_epsilon") is not None]
+    # the Table I cells, plus variants that form a curve (e.g. DPDFD direct at three ε); one-point ablations
+    # would only clutter the legend (they are in the tables)
+    points = Counter((_label(r), r["dataset"]) for r in rows)
+    rows = [r for r in rows if not r.get("variant") or points[(_label(r), r["dataset"])] > 1]
     baselines = {r["dataset"]: r["test_accuracy"] for r in results if r.get("method") == "baseline"}
     datasets = sorted({r["dataset"] for r in rows} | set(baselines))
     if not rows or not datasets:
@@ -65,6 +71,28 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
                ylabel="test accuracy %", title=ds)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def dgd_accuracy_vs_queries(results: list[dict], path: str | Path) -> Path | None:
+    """DGD Fig. 3: student accuracy against the number of labelled queries (generator inputs, no ablation)."""
+    rows = [r for r in results if r.get("method") == "dgd" and r.get("queries") and r.get("test_accuracy") is not None
+            and (not r.get("variant") or str(r["variant"]).startswith("q"))]
+    if len(rows) < 2:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for ds in sorted({r["dataset"] for r in rows}):
+        pts = sorted((int(r["queries"]), 100 * float(r["test_accuracy"]), r.get("epsilon_strict")) for r in rows
+                     if r["dataset"] == ds)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=ds)
+        for q, acc, eps in pts:
+            if eps is not None:
+                ax.annotate(f"ε {eps:.3g}", (q, acc), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set(xscale="log", xlabel="labelled queries |D̂s| (ε: strict, vote channel only)", ylabel="test accuracy %",
+           title="DGD: accuracy vs queries (Fig. 3)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -191,6 +219,7 @@ def make_figures(results_dir: str | Path = "results", out_dir: str | Path = "doc
     for preset in presets:
         results = load_results(root, preset)
         written.append(accuracy_vs_epsilon(results, out_dir / f"accuracy-vs-epsilon-{preset}.png"))
+        written.append(dgd_accuracy_vs_queries(results, out_dir / f"dgd-accuracy-vs-queries-{preset}.png"))
         for ds in sorted({r["dataset"] for r in results if r.get("dataset")}):
             written.append(mia_roc(results, ds, out_dir / f"mia-roc-{preset}-{ds}.png"))
             written.append(inversion_grids(results, ds, out_dir / f"inversion-{preset}-{ds}.png"))
