@@ -247,3 +247,21 @@ def test_cli_help_and_one_line_errors(tiny_npz, tmp_path, cache):
     cmd, env = _cli("dpdfd", "--dataset", f"npz:{tiny_npz}", "--set", "dpdfd.operation=cut", "--run-dir", str(tmp_path / "x"))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "operation must be normalize or clip" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_python_api_distils_an_in_memory_teacher(tiny_npz, tmp_path, cache):
+    from privdistill.methods import DPDFD
+    from privdistill.models import create_model
+
+    torch.manual_seed(0)
+    teacher = create_model("small-cnn").train()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    api = DPDFD(teacher=teacher, steps=6, sigma=1, overrides=TINY + ["dpdfd.epsilon=null"], run_dir=str(tmp_path / "api"))
+    with pytest.raises(ConfigError, match="needs the private dataset"):
+        api.fit()
+    released = api.fit(f"npz:{tiny_npz}")
+    assert released.summary["steps"] == 6 and released.summary["teacher"] == "in-memory PaperCNN"
+    assert released.student(torch.zeros(2, 1, 28, 28)).shape == (2, 10) and released.generator is not None
+    assert all(p["covered"] for art in released.privacy["artifacts"].values() for p in art)
+    # the caller's model is left as it was (not moved, not switched to eval mode, weights untouched)
+    assert teacher.training and all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())

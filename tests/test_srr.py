@@ -231,3 +231,12 @@ def test_cli_refuses_over_budget_with_a_clear_error(tiny_npz, tmp_path, cache):
     out = subprocess.run(args, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"})
     assert out.returncode == 2 and "max-epsilon" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_python_api_returns_the_released_models_and_report(tiny_npz, tmp_path, cache):
+    from privdistill.methods import SRR
+
+    released = SRR(epsilon=1, overrides=TINY, run_dir=str(tmp_path / "api")).fit(f"npz:{tiny_npz}")
+    assert released.summary["epsilon_paper"] == 1 and released.summary["setting"] == "data-free"
+    assert released.student(torch.zeros(2, 1, 28, 28)).shape == (2, 10) and released.generator is not None
+    assert {"student", "generator"} <= set(released.privacy["artifacts"])

@@ -50,6 +50,52 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter())
 
 
+@dataclass
+class Released:
+    """What a method's Python API returns: the released student (and generator, where the method releases
+    one), the run's summary (accuracy, ε under both accountings, what ε covers) and its privacy report."""
+
+    student: Any  # nn.Module
+    generator: Any | None
+    summary: dict[str, Any]
+    privacy: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_run(cls, summary: dict[str, Any]) -> "Released":
+        """Load what a finished run released, from its directory (the weights it wrote, privacy.json)."""
+        import json
+
+        run = RunDir.existing(summary["run_dir"])
+        report = run.path / "privacy.json"
+        return cls(student=run.load_weights("student"),
+                   generator=run.load_weights("generator") if run.has_weights("generator") else None,
+                   summary=summary, privacy=json.loads(report.read_text()) if report.is_file() else {})
+
+
+class MethodAPI:
+    """Shared shape of the methods' Python API: options in the constructor, the private data in `fit`.
+
+    `dataset` is a name (mnist, fashion-mnist, cifar10, svhn) or a source string (`npz:PATH`, `folder:DIR`);
+    `overrides` are `section.key=value` strings as on the command line (`--set`)."""
+
+    section = ""  # the configuration section the keyword options go to
+
+    def __init__(self, dataset: str | None = None, *, preset: str = "quick", overrides: list[str] | None = None,
+                 run_dir: str | None = None, record: bool = False, **options: Any):
+        self.dataset, self.preset, self.run_dir, self.record = dataset, preset, run_dir, record
+        self.overrides = list(overrides or []) + [f"{self.section}.{k}={v}" for k, v in options.items()
+                                                  if v is not None]
+
+    def request(self, dataset: str | None) -> RunRequest:
+        from privdistill.errors import ConfigError
+
+        dataset = dataset or self.dataset
+        if not dataset:
+            raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist') or fit('npz:PATH')")
+        return RunRequest(dataset=dataset, preset=self.preset, overrides=self.overrides, run_dir=self.run_dir,
+                          record=self.record)
+
+
 def finish_run(prep: Prepared, request: RunRequest, *, method: str, wall_seconds: float, **fields: Any) -> dict[str, Any]:
     summary = prep.run.write_summary(method=method, dataset=prep.dataset, preset=request.preset,
                                      wall_seconds=round(wall_seconds, 1), device=prep.env.describe(), **fields)

@@ -30,7 +30,7 @@ Readings of what the paper leaves open (each configurable):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,7 +49,7 @@ from privdistill.engine.stages import Stages, file_digest
 from privdistill.engine.student_loop import StudentLoop, sample_batch
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
-from privdistill.methods.common import RunRequest, finish_run, prepare_run
+from privdistill.methods.common import MethodAPI, Released, RunRequest, finish_run, prepare_run
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
@@ -132,12 +132,8 @@ SECTIONS = {"baseline": ClassifierTraining, "teachers": TeacherTraining, "genera
             "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig}
 
 
-@dataclass
-class DGDResult:
-    student: nn.Module
-    generator: nn.Module | None
-    summary: dict[str, Any]
-    privacy: dict[str, Any] = field(default_factory=dict)
+# what run_dgd returns: the student and generator as trained, the summary, ε under both accountings
+DGDResult = Released
 
 
 # ------------------------------------------------------------------------------------------ the method
@@ -343,24 +339,22 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
 
 
 # --------------------------------------------------------------------------------------- Python API
-class DGD:
-    """`DGD(dataset="mnist", epsilon=10).fit()` -> DGDResult(student, generator, summary, privacy).
+class DGD(MethodAPI):
+    """`DGD(epsilon=10, queries=1300).fit("mnist")` -> Released(student, generator, summary, privacy).
 
-    Keyword arguments map onto the configuration (`queries=1300`, `aggregation="gaussian"`, ...); anything
-    else goes through `overrides=["student.steps=300", ...]`.
+    Keywords go to the `dgd` section (`queries=1300`, `aggregation="gaussian"`, `inputs="private-holdout"`,
+    ...); anything else through `overrides=["student.steps=300", ...]`. ``max_epsilon`` under ``accounting``
+    refuses a run whose planned queries would spend more.
     """
 
-    def __init__(self, dataset: str, *, epsilon: float | None = None, queries: int | None = None,
-                 preset: str = "quick", overrides: list[str] | None = None, run_dir: str | None = None,
-                 max_epsilon: float | None = None, accounting: str = "strict", cache: bool = True, **dgd_options):
-        sets = list(overrides or [])
-        if epsilon is not None:
-            sets.append(f"dgd.epsilon={epsilon}")
-        if queries is not None:
-            sets.append(f"dgd.queries={queries}")
-        sets += [f"dgd.{k}={v}" for k, v in dgd_options.items()]
-        self.request = RunRequest(dataset=dataset, preset=preset, overrides=sets, run_dir=run_dir)
-        self.max_epsilon, self.accounting, self.cache = max_epsilon, accounting, cache
+    section = "dgd"
 
-    def fit(self) -> DGDResult:
-        return run_dgd(self.request, max_epsilon=self.max_epsilon, accounting=self.accounting, cache=self.cache)
+    def __init__(self, dataset: str | None = None, *, epsilon: float | None = None, queries: int | None = None,
+                 max_epsilon: float | None = None, accounting: str = "strict", cache: bool = True,
+                 variant: str | None = None, **options: Any):
+        super().__init__(dataset, epsilon=epsilon, queries=queries, **options)
+        self.max_epsilon, self.accounting, self.cache, self.variant = max_epsilon, accounting, cache, variant
+
+    def fit(self, dataset: str | None = None) -> Released:
+        return run_dgd(self.request(dataset), max_epsilon=self.max_epsilon, accounting=self.accounting,
+                       cache=self.cache, variant=self.variant)

@@ -40,6 +40,7 @@ Readings and choices (see docs/privacy.md for the privacy side):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import secrets
@@ -63,7 +64,7 @@ from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages, file_digest
 from privdistill.engine.trainer import evaluate
 from privdistill.errors import BudgetExceededError, ConfigError, ModelError, PrivacyError, RunError
-from privdistill.methods.common import RunRequest, finish_run, prepare_run
+from privdistill.methods.common import MethodAPI, Released, RunRequest, finish_run, prepare_run
 from privdistill.methods.dkd import TEACHER_LOSSES, logit_gradients
 from privdistill.models import create_model
 from privdistill.privacy import calibration
@@ -313,8 +314,14 @@ class TeacherSpec:
     module_file: Optional[str] = None  # a torch.save'd nn.Module (unpickled: trusted files only)
     torchvision: Optional[str] = None  # a torchvision model name, with `weights` (a state_dict file)
     weights: Optional[str] = None
+    module: Optional[nn.Module] = None  # an in-memory model (Python API)
+
+    def given(self) -> bool:
+        return any((self.run_dir, self.module_file, self.torchvision, self.module is not None))
 
     def describe(self) -> str:
+        if self.module is not None:
+            return f"in-memory {type(self.module).__name__}"
         if self.run_dir:
             return f"run {self.run_dir}"
         if self.module_file:
@@ -338,13 +345,27 @@ def _first_conv_channels(model: nn.Module) -> int | None:
     return conv.in_channels if conv is not None else None
 
 
+def _state_digest(model: nn.Module) -> str:
+    """A key for an in-memory teacher (the generator stage it shares is cached under it): its weights' hash."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes: int,
                  device: torch.device) -> tuple[nn.Module, str]:
     """A user-given teacher and a key identifying it (for the generator stage)."""
-    given = [x for x in (spec.run_dir, spec.module_file, spec.torchvision) if x]
+    given = [x for x in (spec.run_dir, spec.module_file, spec.torchvision, spec.module) if x is not None]
     if len(given) > 1:
         raise ConfigError("give one teacher: --teacher RUN_DIR, --teacher-module FILE or --torchvision NAME")
-    if spec.run_dir:
+    if spec.module is not None:
+        if not isinstance(spec.module, nn.Module):
+            raise ModelError(f"teacher must be a torch nn.Module, got {type(spec.module).__name__}")
+        model = copy.deepcopy(spec.module)  # moved to the device and set to eval below: leave the caller's alone
+        key = _state_digest(model)
+    elif spec.run_dir:
         run = RunDir.existing(spec.run_dir)
         name = next((w for w in ("model", "student") if run.has_weights(w)), None)
         if name is None:
@@ -677,7 +698,7 @@ def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache:
     teacher_desc = None
     num_teachers = 1
     if cfg.algorithm == 1:
-        if any((teacher.run_dir, teacher.module_file, teacher.torchvision)):
+        if teacher.given():
             teacher_model, teacher_key = load_teacher(teacher, dataset=prep.dataset, channels=channels,
                                                       num_classes=k, device=env.device)
             baseline_accuracy = evaluate(teacher_model, data.test, env)
@@ -772,3 +793,30 @@ def _save_samples(result: DPDFDResult, run: RunDir, env: Env, num_classes: int) 
         save_grid(images, labels, run.path / "samples.png", num_classes=num_classes)
     except ImportError:  # torchvision missing: no grid
         pass
+
+
+# ======================================================================================== Python API
+class DPDFD(MethodAPI):
+    """`DPDFD(epsilon=10, teacher=model).fit("mnist")` -> Released(student, generator, summary, privacy).
+
+    ``teacher``: an nn.Module, a run directory (str or Path, e.g. from `train baseline`) or a TeacherSpec;
+    None: the cached baseline stage trained on ``dataset``. Other keywords go to the `dpdfd` section
+    (`accounting="strict"`, `algorithm=2`, `max_steps=500`, ...); the dataset supplies the test set and the
+    image shape (Alg. 1 and 2 never read its training images; Alg. 3 does).
+    """
+
+    section = "dpdfd"
+
+    def __init__(self, dataset: str | None = None, *, teacher: nn.Module | str | Path | TeacherSpec | None = None,
+                 epsilon: float | None = None, cache: bool = True, **options: Any):
+        super().__init__(dataset, epsilon=epsilon, **options)
+        if teacher is None or isinstance(teacher, TeacherSpec):
+            self.teacher = teacher or TeacherSpec()
+        elif isinstance(teacher, nn.Module):
+            self.teacher = TeacherSpec(module=teacher)
+        else:
+            self.teacher = TeacherSpec(run_dir=str(teacher))
+        self.cache = cache
+
+    def fit(self, dataset: str | None = None) -> Released:
+        return Released.from_run(run_dpdfd(self.request(dataset), teacher=self.teacher, cache=self.cache))

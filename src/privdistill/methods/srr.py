@@ -72,7 +72,7 @@ from privdistill.engine.progress import progress_bar
 from privdistill.engine.stages import Stages
 from privdistill.engine.trainer import evaluate, make_schedule, predict_logits, train_classifier
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
-from privdistill.methods.common import RunRequest, finish_run, prepare_run
+from privdistill.methods.common import MethodAPI, Released, RunRequest, finish_run, prepare_run
 from privdistill.models import create_model
 
 SETTINGS = ("data-free", "label-dp")
@@ -588,3 +588,25 @@ def _privacy_note(cfg: SRRConfig, total: int) -> str:
                 f"epsilon {cfg.epsilon:g}; the private inputs are used as they are (not protected)")
     return (f"{total} labels by {cfg.mechanism} at epsilon {cfg.epsilon:g} each from one non-private teacher; "
             "the teacher and the generator (trained against it) are not covered by any epsilon")
+
+
+# ======================================================================================== Python API
+class SRR(MethodAPI):
+    """`SRR(epsilon=1).fit("mnist")` -> Released(student, generator, summary, privacy).
+
+    Keywords go to the `srr` section (`setting="label-dp"`, `mechanism="rr"`, `stages=40`, ...); anything
+    else through `overrides=["srr_student.lr=0.01", ...]`. ``max_epsilon`` under ``accounting`` ("paper": per
+    label, or "strict") refuses a run whose planned labels would spend more.
+    """
+
+    section = "srr"
+
+    def __init__(self, dataset: str | None = None, *, epsilon: float | None = None, max_epsilon: float | None = None,
+                 accounting: str = "paper", cache: bool = True, variant: str | None = None, **options: Any):
+        super().__init__(dataset, epsilon=epsilon, **options)
+        self.max_epsilon, self.accounting, self.cache, self.variant = max_epsilon, accounting, cache, variant
+
+    def fit(self, dataset: str | None = None) -> Released:
+        summary = train_srr(self.request(dataset), max_epsilon=self.max_epsilon, accounting=self.accounting,
+                            cache=self.cache, variant=self.variant)
+        return Released.from_run(summary)

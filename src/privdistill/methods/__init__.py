@@ -1,0 +1,19 @@
+"""The methods, each a thin composition of engine stages, with one Python API shape:
+
+    from privdistill.methods import DGD, DPDFD, SRR
+    released = DGD(epsilon=10, queries=1300).fit("mnist")      # or DPDFD(teacher=model, epsilon=10), SRR(epsilon=1)
+    released.student, released.generator, released.summary["epsilon_strict"], released.privacy
+
+Loaded on first use (PEP 562), so importing one module of this package does not import every method.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "Released": "common", "RunRequest": "common"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'privdistill.methods' has no attribute {name!r}")
+    return getattr(import_module(f"privdistill.methods.{_EXPORTS[name]}"), name)
