@@ -228,8 +228,8 @@ def test_tables_and_figures_from_results(tmp_path):
 def test_run_report_markdown_and_html(tmp_path):
     from privdistill.bench.run_report import render
     from privdistill.engine.run import RunDir
-    from privdistill.privacy.report import write_privacy_json
     from privdistill.methods.dpsgd import dpsgd_pathways
+    from privdistill.privacy.report import write_privacy_json
 
     run = RunDir.open(tmp_path / "run", config={"method": "dpsgd"}, command="privdistill dpsgd")
     run.log(stage="dpsgd", epoch=1, test_accuracy=0.9)

@@ -10,7 +10,7 @@ Loaded on first use (PEP 562), so importing one module of this package does not 
 from importlib import import_module
 
 _EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "Released": "common", "RunRequest": "common"}
-__all__ = sorted(_EXPORTS)
+__all__ = ["DGD", "DPDFD", "Released", "RunRequest", "SRR"]
 
 
 def __getattr__(name: str):
