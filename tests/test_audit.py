@@ -137,3 +137,20 @@ def test_audit_run_end_to_end_records_the_numbers(tiny_npz, tmp_path, monkeypatc
     again = audit_run("runs/base", overrides=audit + ["audit.inversion=false"])
     assert again["mia"]["shadow_stage"]["reused"] is True, "shadows are a cached stage"
     assert again["mia_auc"] == r["mia_auc"], "same split, same shadows, same model: same numbers"
+
+
+def test_positive_control_memorises_exactly_the_audit_members(tiny_npz, tmp_path, monkeypatch):
+    from privdistill.audits.audit import audit_run
+    from privdistill.methods.baseline import train_audit_control
+    from privdistill.methods.common import RunRequest
+
+    monkeypatch.chdir(tmp_path)
+    audit = ["audit.members=60", "audit.nonmembers=20", "audit.holdout=0", "audit.shadows=0", "audit.bootstrap=20",
+             "audit.inversion=false", "run.precision=fp32", "run.progress=false"]
+    s = train_audit_control(RunRequest(dataset=f"npz:{tiny_npz}", run_dir="runs/control", overrides=audit + [
+        "audit_control.model=small-cnn", "audit_control.epochs=30", "audit_control.batch_size=20"]))
+    assert s["method"] == "audit-control" and s["train_size"] == 60 and s["train_accuracy"] == 1.0
+    assert s["epsilon_strict"] is None and "positive control" in s["privacy"]
+    r = audit_run("runs/control", overrides=audit)
+    assert r["split"] == s["audit_split"], "trained on the very members the audit tests"
+    assert r["mia"]["accuracy_members"] == 1.0

@@ -151,7 +151,7 @@ def test_packaged_matrices_name_cells_as_record_does(preset):
     assert m.preset == preset and m.cells
     for c in m.cells:
         v = c.values
-        method = {"train": "baseline"}.get(c.args[0], c.args[0])
+        method = c.args[1] if c.args[0] == "train" else c.args[0]  # train baseline | train audit-control
         if method == "dgd" and "gaussian" in c.args:
             method = "dgd+"  # DGD+ = DGD with Gaussian votes
         expected = f"{method}-{dataset_slug(v['dataset'])}"

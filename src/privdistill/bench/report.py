@@ -100,22 +100,24 @@ METHOD_COLUMNS = {
 }
 
 
+def _paper_pct(r: dict) -> str:
+    """What the paper prints for this cell (a Table I cell, or a variant it reports as a number), or '-'."""
+    key = (r["method"].rstrip("+"), r["dataset"], r.get("target_epsilon"))
+    if r.get("variant"):
+        return _pct(PAPER_VARIANTS.get((*key, r["variant"])))
+    return _pct(PAPER.get(key))
+
+
 def method_table(results: list[dict], methods: tuple[str, ...]) -> str:
     rows = [r for r in results if r.get("method") in methods]
     rows.sort(key=lambda r: (r.get("method"), r.get("dataset"), -(r.get("target_epsilon") or 0), r.get("variant") or ""))
-
-    def paper(r: dict) -> str:
-        key = (r["method"].rstrip("+"), r["dataset"], r.get("target_epsilon"))
-        if r.get("variant"):
-            return _pct(PAPER_VARIANTS.get((*key, r["variant"])))
-        return _pct(PAPER.get(key))
 
     return table(rows, [
         ("method", lambda r: r["method"] + (f" ({r['variant']})" if r.get("variant") else "")),
         ("dataset", lambda r: r["dataset"]),
         ("target ε", lambda r: _eps(r.get("target_epsilon"))),
         ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
-        ("paper %", paper),
+        ("paper %", _paper_pct),
         ("ε paper", lambda r: _eps(r.get("epsilon_paper"))),
         ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
         ("δ", lambda r: "-" if r.get("delta") is None else f"{r['delta']:g}"),
@@ -195,7 +197,7 @@ def _num(x: Any, digits: int = 3) -> str:
 
 
 def _order(r: dict) -> tuple:
-    methods = ["baseline", "dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr"]
+    methods = ["audit-control", "baseline", "dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr"]
     m = r.get("method")
     return (r.get("dataset") or "", methods.index(m) if m in methods else len(methods), m or "",
             -(r.get("target_epsilon") or 0), r.get("variant") or "")
@@ -285,15 +287,10 @@ def bench_table(results: list[dict]) -> str:
     rows = sorted((r for r in results if r.get("method") in ("baseline", "dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr")),
                   key=_order)
 
-    def paper(r: dict) -> str:
-        if r.get("variant"):
-            return "-"
-        return _pct(PAPER.get((r["method"].rstrip("+"), r["dataset"], r.get("target_epsilon"))))
-
     return table(rows, [
         ("dataset", lambda r: r["dataset"]), ("method", _variant_label),
         ("target ε", lambda r: _eps(r.get("target_epsilon"))), ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
-        ("paper %", paper), ("ε paper", lambda r: _eps(r.get("epsilon_paper"))),
+        ("paper %", _paper_pct), ("ε paper", lambda r: _eps(r.get("epsilon_paper"))),
         ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
         ("released model fully covered by ε", _covered),
         ("MIA AUC", lambda r: _num(r.get("mia_auc"))), ("MIA TPR@1%FPR", lambda r: _num(r.get("mia_tpr_at_1pct_fpr"))),

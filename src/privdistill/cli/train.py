@@ -1,4 +1,4 @@
-"""`privdistill train baseline`: the non-private reference classifier."""
+"""`privdistill train baseline|audit-control`: the non-private reference classifier, and the audits' positive control."""
 
 from __future__ import annotations
 
@@ -27,3 +27,21 @@ def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o
                                                    data_root=data_root, no_progress=no_progress),
                          run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
     show_summary(train_baseline(request, cache=not no_cache))
+
+
+@app.command("audit-control")
+def audit_control(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
+                  set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False,
+                  record: o.Record = False, seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None,
+                  data_root: o.DataRoot = None, no_progress: o.NoProgress = False) -> None:
+    """Overfit a classifier on the membership audit's members only (no privacy): the attacks' positive control.
+    Audit it like any run (`privdistill audit RUN_DIR`): if the attacks cannot find its members either, they are
+    too weak at this scale to say anything about the private models."""
+    from privdistill.methods.baseline import train_audit_control
+    from privdistill.methods.common import RunRequest
+
+    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
+                         overrides=o.run_overrides(set_, seed=seed, device=device, precision=precision,
+                                                   data_root=data_root, no_progress=no_progress),
+                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    show_summary(train_audit_control(request))
