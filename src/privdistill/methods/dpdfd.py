@@ -357,7 +357,7 @@ def _state_digest(model: nn.Module) -> str:
 def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes: int,
                  device: torch.device) -> tuple[nn.Module, str]:
     """A user-given teacher and a key identifying it (for the generator stage)."""
-    given = [x for x in (spec.run_dir, spec.module_file, spec.torchvision, spec.module) if x is not None]
+    given = [x for x in (spec.run_dir, spec.module_file, spec.torchvision) if x] + [spec.module] * (spec.module is not None)
     if len(given) > 1:
         raise ConfigError("give one teacher: --teacher RUN_DIR, --teacher-module FILE or --torchvision NAME")
     if spec.module is not None:
