@@ -81,7 +81,31 @@ def test_vat_loss_is_zero_without_perturbation_and_positive_with():
     logits = model(x)
     g = torch.Generator().manual_seed(0)
     assert float(vat_loss(model, x, logits.detach(), eps=0.0, xi=1e-6, generator=g).detach()) == pytest.approx(0.0, abs=1e-6)
-    loss = vat_loss(model, x, logits, eps=3.0, xi=1e-6, generator=torch.Generator().manual_seed(0))
+    loss = vat_loss(model, x, logits, eps=3.0, xi=1e-2, generator=torch.Generator().manual_seed(0))
     assert float(loss.detach()) > 0
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_vat_direction_changes_the_prediction_far_more_than_a_random_one(precision):
+    """The power iteration must find the adversarial direction at the default xi, under autocast too (a probe
+    lost in rounding gives a direction no better than a random one, which a loss > 0 check does not catch)."""
+    from privdistill.methods.pate import PATEStudentConfig, _kl, _unit
+
+    torch.manual_seed(0)
+    model = create_model("paper-cnn", in_channels=1, num_classes=10, image_size=28)
+    x, y = torch.rand(32, 1, 28, 28) * 2 - 1, torch.randint(0, 10, (32,))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    for _ in range(10):  # logits of a partly trained model, not of the initialisation
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else None
+    with autocast() if autocast else torch.no_grad():
+        logits = model(x).float()
+    adversarial = vat_loss(model, x, logits.detach(), eps=2.0, xi=PATEStudentConfig().vat_xi,
+                           generator=torch.Generator().manual_seed(0), autocast=autocast)
+    with torch.no_grad():
+        random = _kl(model(x), model(x + 2.0 * _unit(torch.randn(x.shape, generator=torch.Generator().manual_seed(1)))))
+    assert float(adversarial.detach()) > 10 * float(random)
