@@ -12,9 +12,9 @@ from typing import Any
 
 from privdistill.config import ClassifierTraining
 from privdistill.engine import evaluate
-from privdistill.engine.trainer import train_classifier
 from privdistill.engine.cache import StageCache
 from privdistill.engine.stages import Stages
+from privdistill.engine.trainer import train_classifier
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
 
 
