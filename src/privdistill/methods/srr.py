@@ -595,7 +595,7 @@ class SRR(MethodAPI):
     """`SRR(epsilon=1).fit("mnist")` -> Released(student, generator, summary, privacy).
 
     Keywords go to the `srr` section (`setting="label-dp"`, `mechanism="rr"`, `stages=40`, ...); anything
-    else through `overrides=["srr_student.lr=0.01", ...]`. ``max_epsilon`` under ``accounting`` ("paper": per
+    else through `overrides=["srr_generator.rounds=32", ...]`. ``max_epsilon`` under ``accounting`` ("paper": per
     label, or "strict") refuses a run whose planned labels would spend more.
     """
 
