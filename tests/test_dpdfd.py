@@ -14,6 +14,7 @@ from torch.func import grad, vmap
 from typer.testing import CliRunner
 
 from privdistill.cli import get_app
+from privdistill.engine.run import RunDir
 from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.dkd import logit_gradients, teacher_loss
@@ -164,6 +165,8 @@ def test_run_records_a_chunked_ledger_and_both_epsilons(tiny_npz, tmp_path, cach
     assert "post-processing" in s["privacy"]
     for name in ("student.safetensors", "generator.safetensors", "summary.json"):
         assert (tmp_path / "a" / name).exists()
+    generator = RunDir.existing(tmp_path / "a").load_weights("generator")
+    assert generator.output_norm is not None, "DPDFD's generator ends in DAFL's output BatchNorm by default"
     recorded = json.loads((tmp_path / "results" / "quick" / "dpdfd-npz-tiny.json").read_text())
     assert recorded["test_accuracy"] == s["test_accuracy"]
 

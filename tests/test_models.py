@@ -44,6 +44,22 @@ def test_generator_and_vae_shapes(channels, size):
     assert vae.decode(mu).shape == x.shape
 
 
+def test_generator_output_norm_standardises_a_fresh_generator():
+    """DAFL's final BatchNorm: a fresh tanh-last generator emits near-constant grey images (the DPDFD
+    Fashion-MNIST collapse); with output_norm the batch has unit spread. The default build records no
+    output_norm kwarg, so generator stages cached before the option existed keep their keys and metadata."""
+    torch.manual_seed(0)
+    plain = create_model("dafl-generator", out_channels=1, image_size=28, width=16)
+    torch.manual_seed(0)
+    normed = create_model("dafl-generator", out_channels=1, image_size=28, width=16, output_norm=True)
+    z = torch.randn(64, 100)
+    with torch.no_grad():
+        a, b = plain(z), normed(z)
+    assert a.std() < 0.3
+    assert abs(float(b.std()) - 1.0) < 0.05 and abs(float(b.mean())) < 0.05
+    assert "output_norm" not in plain.registry_kwargs and normed.registry_kwargs["output_norm"] is True
+
+
 def test_unknown_model_name_lists_the_choices():
     with pytest.raises(ModelError, match="unknown classifier model 'vgg'.*paper-cnn"):
         create_model("vgg", kind="classifier")

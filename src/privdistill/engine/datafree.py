@@ -149,9 +149,12 @@ def datafree_loss(classifier: nn.Module, x: torch.Tensor, kind: str, alpha: floa
 
 
 # -------------------------------------------------------------------------------------------- training
-def build_generator(cfg: GeneratorTraining, channels: int, image_size: int) -> nn.Module:
+def build_generator(cfg: GeneratorTraining, channels: int, image_size: int, *, output_norm: bool = False) -> nn.Module:
+    # output_norm is passed only when set, so that the registry kwargs (and the saved metadata) of the
+    # generator stages cached before it existed stay as they were
+    extra = {"output_norm": True} if output_norm else {}
     return create_model("dafl-generator", kind="generator", latent_dim=cfg.latent_dim, out_channels=channels,
-                        image_size=image_size, width=cfg.width)
+                        image_size=image_size, width=cfg.width, **extra)
 
 
 def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, channels: int, image_size: int,

@@ -1,9 +1,14 @@
 """The DAFL generator (Chen et al., ICCV 2019), which the three papers build on without giving their own:
 linear -> BN -> (2x upsample -> conv3x3 -> BN -> LeakyReLU) x 2 -> conv3x3 -> tanh -> BN(affine=False).
 
-DAFL ends with a non-affine BatchNorm after tanh; we keep tanh as the last layer instead so that samples
-lie in [-1, 1], the range real images are mapped to (see `privdistill.data.to_float`), which lets the same
-classifier, VAE and audits consume real and synthetic images alike.
+DAFL ends with a non-affine BatchNorm after tanh. By default we keep tanh as the last layer instead so that
+samples lie in [-1, 1], the range real images are mapped to (see `privdistill.data.to_float`), which lets the
+same classifier, VAE and audits consume real and synthetic images alike. ``output_norm=True`` restores DAFL's
+final BatchNorm(affine=False). It matters where the generator is trained without ever seeing the teacher
+(DPDFD): a freshly initialised tanh-last generator emits near-constant grey images (pixel std ~0.07), which a
+Fashion-MNIST teacher labels as one class ("bag") for every sample, so the student only ever hears one label
+and collapses (docs/results.md, DPDFD). Standardising the batch restores contrast, and the teacher's labels
+on the first samples span most classes.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from privdistill.models.registry import register_model
 
 class DAFLGenerator(nn.Module):
     def __init__(self, latent_dim: int = 100, out_channels: int = 1, image_size: int | tuple[int, int] = 28,
-                 width: int = 128):
+                 width: int = 128, output_norm: bool = False):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
         self.latent_dim = latent_dim
@@ -37,18 +42,23 @@ class DAFLGenerator(nn.Module):
             nn.Conv2d(width // 2, out_channels, 3, stride=1, padding=1),
             nn.Tanh(),
         )
+        # DAFL's last layer: per-batch standardisation of the output (no learned scale or shift)
+        self.output_norm = nn.BatchNorm2d(out_channels, affine=False) if output_norm else None
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         x = self.project(z).view(z.shape[0], self.width, self.init_h, self.init_w)
         x = self.body(x)
         h, w = self.out_shape[1:]
-        return x[:, :, :h, :w]
+        x = x[:, :, :h, :w]
+        return self.output_norm(x) if self.output_norm is not None else x
 
     def sample_latent(self, n: int, *, generator: torch.Generator | None = None,
                       device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.randn(n, self.latent_dim, generator=generator, device=device)
 
 
-@register_model("dafl-generator", kind="generator", description="DAFL generator: z (100) -> image in [-1, 1]")
-def dafl_generator(latent_dim: int = 100, out_channels: int = 1, image_size: int = 28, width: int = 128) -> DAFLGenerator:
-    return DAFLGenerator(latent_dim, out_channels, image_size, width)
+@register_model("dafl-generator", kind="generator",
+                description="DAFL generator: z (100) -> image in [-1, 1] (output_norm: standardised, as DAFL's)")
+def dafl_generator(latent_dim: int = 100, out_channels: int = 1, image_size: int = 28, width: int = 128,
+                   output_norm: bool = False) -> DAFLGenerator:
+    return DAFLGenerator(latent_dim, out_channels, image_size, width, output_norm)
