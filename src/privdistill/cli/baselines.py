@@ -26,15 +26,13 @@ def dpsgd_command(
     variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result")] = None,
 ) -> None:
     """DP-SGD through Opacus: the paper CNN trained on the private data with clipped, noised gradients."""
-    from privdistill.methods.common import RunRequest
     from privdistill.methods.dpsgd import run_dpsgd
 
-    extra = [f"dpsgd.{k}={v}" for k, v in (("epsilon", epsilon), ("delta", delta), ("accountant", accountant),
-                                           ("calibration", calibration), ("epochs", epochs)) if v is not None]
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
-                                                   data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    extra = o.section_overrides("dpsgd", epsilon=epsilon, delta=delta, accountant=accountant, calibration=calibration,
+                                epochs=epochs)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     s = run_dpsgd(request, variant=variant)
     show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
     a = s["dpsgd_accounting"]
@@ -59,15 +57,12 @@ def pate_command(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="train the teachers inside this run")] = False,
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
-    from privdistill.methods.common import RunRequest
     from privdistill.methods.pate import run_pate
 
-    extra = [f"pate.{k}={v}" for k, v in (("epsilon", epsilon), ("queries", queries), ("aggregation", aggregation),
-                                          ("delta", delta)) if v is not None]
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
-                                                   data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    extra = o.section_overrides("pate", epsilon=epsilon, queries=queries, aggregation=aggregation, delta=delta)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     s = run_pate(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{s['queries']} queries, {s['answered']} answered (label accuracy {s['label_accuracy']}); ε covers "

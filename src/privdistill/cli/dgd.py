@@ -26,20 +26,15 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
             variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")] = None,
             no_cache: Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run")] = False) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
-    from privdistill.methods.common import RunRequest
     from privdistill.methods.dgd import run_dgd
 
-    extra = []
-    for key, value in (("epsilon", epsilon), ("queries", queries), ("delta", delta), ("aggregation", aggregation),
-                       ("inputs", inputs)):
-        if value is not None:
-            extra.append(f"dgd.{key}={value}")
+    extra = o.section_overrides("dgd", epsilon=epsilon, queries=queries, delta=delta, aggregation=aggregation,
+                                inputs=inputs)
     if no_latent_noise:
         extra.append("dgd.latent_noise=false")
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
-                                                   data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     result = run_dgd(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary

@@ -34,18 +34,13 @@ def command(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")] = False,
 ) -> None:
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
-    from privdistill.methods.common import RunRequest
     from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
 
-    extra = []
-    for key, value in (("epsilon", epsilon), ("delta", delta), ("max_epsilon", max_epsilon), ("accounting", accounting),
-                       ("algorithm", algorithm), ("steps", steps), ("max_steps", max_steps), ("variant", variant)):
-        if value is not None:
-            extra.append(f"dpdfd.{key}={value}")
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
-                                                   data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    extra = o.section_overrides("dpdfd", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting,
+                                algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
                        module_file=str(teacher_module) if teacher_module else None,
                        torchvision=torchvision_model, weights=str(weights) if weights else None)

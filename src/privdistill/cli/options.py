@@ -29,6 +29,23 @@ class SRRSetting(str, Enum):
     label_dp = "label-dp"
 
 
+def section_overrides(section: str, **values) -> list[str]:
+    """`section.key=value` for every dedicated option the user gave (None: not given, the preset decides)."""
+    return [f"{section}.{key}={value}" for key, value in values.items() if value is not None]
+
+
+def run_request(*, dataset: str, preset: str, config: Path | None, overrides: list[str] | None, run_dir: Path | None,
+                resume: bool, record: bool, seed=None, device=None, precision=None, data_root=None,
+                no_progress: bool = False):
+    """The RunRequest every method command builds from the shared options above."""
+    from privdistill.methods.common import RunRequest
+
+    return RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
+                      overrides=run_overrides(overrides, seed=seed, device=device, precision=precision,
+                                              data_root=data_root, no_progress=no_progress),
+                      run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+
+
 def run_overrides(overrides: list[str] | None, *, seed=None, device=None, precision=None, data_root=None,
                   no_progress=False) -> list[str]:
     """Fold the dedicated options into --set overrides of the `run` section."""

@@ -46,18 +46,13 @@ def srr_command(
     Prints the student's accuracy with both epsilons: the paper's (per label, pure) and the strict one
     (composed over every label from the one teacher), and what neither covers.
     """
-    from privdistill.methods.common import RunRequest
     from privdistill.methods.srr import train_srr
 
-    extra = []
-    for key, value in (("epsilon", epsilon), ("delta", delta), ("setting", setting and setting.value),
-                       ("mechanism", mechanism and mechanism.value), ("stages", stages), ("num_samples", samples)):
-        if value is not None:
-            extra.append(f"srr.{key}={value}")
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device,
-                                                   precision=precision, data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    extra = o.section_overrides("srr", epsilon=epsilon, delta=delta, setting=setting and setting.value,
+                                mechanism=mechanism and mechanism.value, stages=stages, num_samples=samples)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     summary = train_srr(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache,
                         variant=variant)
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")

@@ -31,15 +31,13 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
                    ray_address: Annotated[Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")] = None,
                    no_cache: NoCache = False) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
-    from privdistill.methods.common import RunRequest
     from privdistill.methods.teachers import train_teachers_workflow
 
     extra = [f"teachers.num_teachers={num_teachers}"] if num_teachers else []
     extra += [f"teachers.trainer={trainer}"] if trainer else []
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device, precision=precision,
-                                                   data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache, ray_address=ray_address)
     show_summary(summary, title=f"{summary['num_teachers']} teachers on {summary['dataset']}")
     console.print(f"ensemble (plurality) {summary['ensemble_accuracy']:.4f}, Laplace b={laplace_scale:g} noisy vote "

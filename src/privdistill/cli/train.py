@@ -20,12 +20,10 @@ def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o
              no_cache: Annotated[bool, typer.Option("--no-cache", help="train inside this run; do not share the stage")] = False) -> None:
     """Train the classifier directly on all private data (no privacy): the accuracy to beat."""
     from privdistill.methods.baseline import train_baseline
-    from privdistill.methods.common import RunRequest
 
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides(set_, seed=seed, device=device, precision=precision,
-                                                   data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     show_summary(train_baseline(request, cache=not no_cache))
 
 
@@ -38,10 +36,8 @@ def audit_control(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", conf
     Audit it like any run (`privdistill audit RUN_DIR`): if the attacks cannot find its members either, they are
     too weak at this scale to say anything about the private models."""
     from privdistill.methods.baseline import train_audit_control
-    from privdistill.methods.common import RunRequest
 
-    request = RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                         overrides=o.run_overrides(set_, seed=seed, device=device, precision=precision,
-                                                   data_root=data_root, no_progress=no_progress),
-                         run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, run_dir=run_dir,
+                            resume=resume, record=record, seed=seed, device=device, precision=precision,
+                            data_root=data_root, no_progress=no_progress)
     show_summary(train_audit_control(request))
