@@ -17,6 +17,11 @@ def test_blocks_are_replaced_in_place_and_prose_kept(tmp_path):
     assert "| dgd | mnist | 10 | 96.12 | 97.40 | 11.9 | 9.34 | 1e-05 | 10.0 |" in text
     regenerate(tmp_path / "results", doc)  # idempotent
     assert doc.read_text() == text
+    old = tmp_path / "results" / "superseded" / "quick"  # numbers a fix made obsolete: not a preset
+    old.mkdir(parents=True)
+    (old / "dgd-mnist-eps10.json").write_text(json.dumps({**summary, "test_accuracy": 0.1}))
+    regenerate(tmp_path / "results", doc)
+    assert doc.read_text() == text and "superseded" not in text
 
 
 def test_update_block_appends_when_no_marker():
