@@ -19,14 +19,13 @@ from pathlib import Path
 import torch
 
 from privdistill.engine import RunDir
-from privdistill.models import create_model
+from privdistill.engine.datafree import GeneratorTraining, build_generator
 
 
 def first_labels(teacher: torch.nn.Module, *, output_norm: bool, seed: int, samples: int, width: int) -> dict:
     torch.manual_seed(seed)
-    extra = {"output_norm": True} if output_norm else {}
-    generator = create_model("dafl-generator", kind="generator", out_channels=1, image_size=28, width=width,
-                             **extra).train()  # train mode: BatchNorm on batch statistics, as in DPDFD's loop
+    generator = build_generator(GeneratorTraining(width=width), channels=1, image_size=28, output_norm=output_norm)
+    generator.train()  # BatchNorm on batch statistics, as in DPDFD's loop
     with torch.no_grad():
         x = generator(torch.randn(samples, generator.latent_dim))
         labels = teacher(x).argmax(1)

@@ -1,6 +1,5 @@
 """Issue 4: stage cache, teacher ensembles (vectorised == loop), data-free generator learning."""
 
-
 import pytest
 import torch
 

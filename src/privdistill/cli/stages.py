@@ -33,8 +33,8 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
     from privdistill.methods.teachers import train_teachers_workflow
 
-    extra = [f"teachers.num_teachers={num_teachers}"] if num_teachers else []
-    extra += [f"teachers.trainer={trainer}"] if trainer else []
+    # `or None`: an empty --trainer or -n 0 means "not given", as before
+    extra = o.section_overrides("teachers", num_teachers=num_teachers or None, trainer=trainer or None)
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
                             resume=resume, record=record, seed=seed, device=device, precision=precision,
                             data_root=data_root, no_progress=no_progress)
