@@ -5,6 +5,7 @@ import torch
 
 from privdistill.config import ClassifierTraining
 from privdistill.data import load_data
+from privdistill.data.dataset import to_uint8
 from privdistill.engine import Env, RunDir
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import BatchNormStatistics, GeneratorTraining, datafree_loss, generate, train_generator
@@ -144,6 +145,8 @@ def test_generator_losses_and_training_reduce_the_objective(tiny):
     assert stats["alpha"] == 5.0 and stats["beta"] == 0.1 and first_rounds["round"] == 3
     images = generate(gen, 50, env)
     assert images.shape == (50, 1, 28, 28) and images.dtype == torch.uint8
+    raw = generate(gen, 50, env, quantise=False)  # same latent stream: the floats behind those bytes
+    assert raw.dtype == torch.float32 and torch.equal(to_uint8(raw), images)
     x = torch.rand(8, 1, 28, 28) * 2 - 1
     for kind in ("dgd", "dpdfd"):
         loss, parts = datafree_loss(teacher, x, kind, 1.0, 1.0)

@@ -216,8 +216,12 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
 
 
 @torch.no_grad()
-def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, stream: int = 0) -> torch.Tensor:
-    """n synthetic images as uint8 [n, C, H, W] (quantised like real images).
+def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, stream: int = 0,
+             quantise: bool = True) -> torch.Tensor:
+    """n synthetic images [n, C, H, W]: uint8 (quantised like real images, clamped to [-1, 1] first), or, with
+    ``quantise=False``, the generator's float output as is. A generator ending in a non-affine BatchNorm
+    (`DAFLGenerator(output_norm=True)`) emits values outside [-1, 1]; models trained on its raw output
+    should be fed the floats.
 
     The generator stays in train mode, as while it was trained: its BatchNorm layers normalise with batch
     statistics (running statistics are updated but never used in this mode)."""
@@ -227,5 +231,6 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
         m = min(batch_size, n - start)
         z = torch.randn(m, generator.latent_dim, generator=env.generator(_SYNTHETIC_STREAM, stream, i))
         with env.autocast():
-            out.append(to_uint8(generator(z.to(env.device)).float()).cpu())
+            x = generator(z.to(env.device)).float()
+        out.append((to_uint8(x) if quantise else x).cpu())
     return torch.cat(out).contiguous()

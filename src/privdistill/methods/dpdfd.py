@@ -790,15 +790,19 @@ def _round_eps(x: float) -> float | str:
 
 
 def _save_samples(result: DPDFDResult, run: RunDir, env: Env, num_classes: int) -> None:
-    """A grid of generator samples, rows by the STUDENT's prediction (no teacher access: no privacy cost)."""
+    """A grid of generator samples, rows by the STUDENT's prediction (no teacher access: no privacy cost).
+
+    The student labels the generator's raw float output, as it saw it in training; the grid shows the same
+    samples clamped to [-1, 1] (an output-BatchNorm generator exceeds that range)."""
     try:
+        from privdistill.data.dataset import to_uint8
         from privdistill.engine.datafree import generate
         from privdistill.engine.synthetic import save_grid
         from privdistill.engine.trainer import predict_logits
 
-        images = generate(result.generator, 500, env, stream=1)
-        labels = predict_logits(result.student, images, env).argmax(1)
-        save_grid(images, labels, run.path / "samples.png", num_classes=num_classes)
+        samples = generate(result.generator, 500, env, stream=1, quantise=False)
+        labels = predict_logits(result.student, samples, env).argmax(1)
+        save_grid(to_uint8(samples), labels, run.path / "samples.png", num_classes=num_classes)
     except ImportError:  # torchvision missing: no grid
         pass
 
