@@ -1,6 +1,6 @@
 import os
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest

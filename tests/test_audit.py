@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from privdistill.audits.inversion import InversionConfig, correlation, invert
-from privdistill.audits.membership import (AuditConfig, audit_split, lira_scores, logit_confidence, model_outputs)
+from privdistill.audits.membership import AuditConfig, audit_split, lira_scores, logit_confidence, model_outputs
 from privdistill.audits.metrics import attack_metrics, auc, roc_curve, tpr_at_fpr
 from privdistill.engine import Env
 

@@ -50,7 +50,8 @@ def test_expansion_names_and_arguments(tmp_path):
     # another preset's matrix may borrow this one's cells
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(MATRIX))
     borrowed = tmp_path / "other.yaml"
-    borrowed.write_text(yaml.safe_dump({"preset": "paper", "datasets": ["mnist"], "cells_from": str(tmp_path / "m.yaml")}))
+    borrowed.write_text(yaml.safe_dump({"preset": "paper", "datasets": ["mnist"],
+                                        "cells_from": str(tmp_path / "m.yaml")}))
     other = load_matrix(str(borrowed), results_dir=tmp_path / "results")
     assert [c.name for c in other.cells][:3] == ["baseline-mnist", "dgd-mnist-eps10", "dgd-mnist-eps1"]
     assert other.cells[1].args[-1] == "paper" and other.cells[1].result.parent.name == "paper"
@@ -137,7 +138,8 @@ def test_a_cell_running_in_another_process_is_skipped(tmp_path):
     cell = m.cells[0]
     cell.run_dir.parent.mkdir(parents=True)
     with file_lock(cell.run_dir.parent / f".{cell.name}.lock"):
-        out = run_matrix(m, lock=None, runner=FakeRunner(tmp_path / "results"), privdistill=["privdistill"], say=lambda s: None)
+        out = run_matrix(m, lock=None, runner=FakeRunner(tmp_path / "results"), privdistill=["privdistill"],
+                         say=lambda s: None)
     assert out["statuses"][cell.name] == "skipped: running in another process"
 
 
@@ -195,7 +197,8 @@ def _fake_results(root: Path, run_root: Path) -> None:
         {"method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9, "target_epsilon": 10.0,
          "queries": 1300, "epsilon_strict": 9.3,
          "stages": {"generator": {"stage": "generator", "path": str(run_root / "generator-stage")}}},
-        {"method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.8, "queries": 750, "variant": "q750"},
+        {"method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.8, "queries": 750,
+         "variant": "q750"},
     ]
     (run_root / "generator-stage").mkdir(parents=True)
     import matplotlib.pyplot as plt
@@ -234,7 +237,8 @@ def test_run_report_markdown_and_html(tmp_path):
     run = RunDir.open(tmp_path / "run", config={"method": "dpsgd"}, command="privdistill dpsgd")
     run.log(stage="dpsgd", epoch=1, test_accuracy=0.9)
     run.log(stage="dpsgd", epoch=2, test_accuracy=0.95)
-    write_privacy_json(run.path, dpsgd_pathways(), method="dpsgd", extra={"dpsgd_accounting": {"epsilon_opacus_rdp": 1.0}})
+    write_privacy_json(run.path, dpsgd_pathways(), method="dpsgd",
+                       extra={"dpsgd_accounting": {"epsilon_opacus_rdp": 1.0}})
     run.write_summary(method="dpsgd", dataset="mnist", preset="quick", test_accuracy=0.95, epsilon_paper=1.0,
                       epsilon_strict=1.1, delta=1e-5, audit={"mia": {"attacks": {"loss": {
                           "auc": 0.5, "tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.0, "balanced_accuracy": 0.51}}}})

@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from fabricate import (IDX_NAMES, spec_with_hashes, write_cifar10, write_idx_gz, write_image_folder, write_npz,
-                       write_svhn)
+from fabricate import (
+    IDX_NAMES,
+    spec_with_hashes,
+    write_cifar10,
+    write_idx_gz,
+    write_image_folder,
+    write_npz,
+    write_svhn,
+)
 from privdistill.data import builtin, catalog, load_data, prepare, status
 from privdistill.errors import DataError
 

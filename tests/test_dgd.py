@@ -5,8 +5,13 @@ import json
 import pytest
 import torch
 
-from privdistill.engine.manifold import (ManifoldPerturber, PerturbationConfig, decoder_tangent_basis,
-                                         feature_distance, project_normal)
+from privdistill.engine.manifold import (
+    ManifoldPerturber,
+    PerturbationConfig,
+    decoder_tangent_basis,
+    feature_distance,
+    project_normal,
+)
 from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.dgd import DGD, DGDConfig, _plan_queries, run_dgd
@@ -72,7 +77,8 @@ def test_adversarial_directions_change_the_features_more_than_random_ones():
         gen = torch.Generator().manual_seed(0)
         x_perp, x_par = perturber.normal(student, z, x_hat, gen), perturber.tangent(student, z, x_hat, gen)
         with torch.no_grad():
-            change[mode] = (feature_distance(student, x_hat, x_perp).mean(), feature_distance(student, x_hat, x_par).mean())
+            change[mode] = (feature_distance(student, x_hat, x_perp).mean(),
+                            feature_distance(student, x_hat, x_par).mean())
     assert change["adversarial"][0] > 1.5 * change["random"][0]
 
 
@@ -108,14 +114,14 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     assert 0.0 <= agree["noisy_label"] <= 1.0 and 0.0 <= agree["plurality"] <= 1.0
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert "student" in privacy["artifacts"] and "generator" in privacy["artifacts"]
-    ledger = [json.loads(l) for l in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     spends = [r for r in ledger if r.get("kind") == "spend"]
     assert [r["key"] for r in spends] == ["dgd/queries", "dgd/latent-codes"]
 
     # Resuming the finished run spends nothing more and reproduces the student exactly.
     again = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=40"], run_dir=str(run_dir),
                                resume=True))
-    ledger2 = [json.loads(l) for l in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    ledger2 = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert len([r for r in ledger2 if r.get("kind") == "spend"]) == 2, "no budget spent twice"
     assert again.summary["epsilon_strict"] == s["epsilon_strict"]
     # the recorded answers carry no fresh votes: the resumed summary keeps the label agreement only

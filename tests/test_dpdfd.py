@@ -18,8 +18,15 @@ from privdistill.engine.run import RunDir
 from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.dkd import logit_gradients, teacher_loss
-from privdistill.methods.dpdfd import (DPDFDConfig, auto_variant, clip_and_noise, plan_steps, privatise, run_dpdfd,
-                                       student_loss)
+from privdistill.methods.dpdfd import (
+    DPDFDConfig,
+    auto_variant,
+    clip_and_noise,
+    plan_steps,
+    privatise,
+    run_dpdfd,
+    student_loss,
+)
 from privdistill.privacy import both
 from privdistill.privacy.events import DPDFDSteps
 from privdistill.privacy.mechanisms import make_generator, normalize_and_noise
@@ -81,7 +88,8 @@ def test_dkd_matches_the_reference_formula():
     nt_s = torch.log_softmax(s / T - 1000 * gt, 1)
     nt_t = torch.softmax(t / T - 1000 * gt, 1)
     nckd = (nt_t * (torch.log(nt_t.clamp_min(1e-12)) - nt_s)).sum(1) * T**2
-    assert torch.allclose(teacher_loss(s, t, kind="dkd", temperature=T, alpha=a, beta=b), a * tckd + b * nckd, atol=1e-5)
+    assert torch.allclose(teacher_loss(s, t, kind="dkd", temperature=T, alpha=a, beta=b), a * tckd + b * nckd,
+                          atol=1e-5)
 
 
 def test_l2_student_loss_backpropagates_exactly_gamma_times_the_noisy_gradient():
@@ -260,9 +268,11 @@ def test_sigkilled_run_resumes_to_the_same_result_without_respending(tiny_npz, t
 def test_cli_help_and_one_line_errors(tiny_npz, tmp_path, cache):
     result = CliRunner().invoke(get_app(), ["dpdfd", "--help"])
     assert result.exit_code == 0 and "--accounting" in result.output and "--teacher" in result.output
-    cmd, env = _cli("dpdfd", "--dataset", f"npz:{tiny_npz}", "--set", "dpdfd.operation=cut", "--run-dir", str(tmp_path / "x"))
+    cmd, env = _cli("dpdfd", "--dataset", f"npz:{tiny_npz}", "--set", "dpdfd.operation=cut",
+                    "--run-dir", str(tmp_path / "x"))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "operation must be normalize or clip" in proc.stderr and "Traceback" not in proc.stderr
+    assert (proc.returncode == 2 and "operation must be normalize or clip" in proc.stderr
+            and "Traceback" not in proc.stderr)
 
 
 def test_python_api_distils_an_in_memory_teacher(tiny_npz, tmp_path, cache):
@@ -272,7 +282,8 @@ def test_python_api_distils_an_in_memory_teacher(tiny_npz, tmp_path, cache):
     torch.manual_seed(0)
     teacher = create_model("small-cnn").train()
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
-    api = DPDFD(teacher=teacher, steps=6, sigma=1, overrides=TINY + ["dpdfd.epsilon=null"], run_dir=str(tmp_path / "api"))
+    api = DPDFD(teacher=teacher, steps=6, sigma=1, overrides=TINY + ["dpdfd.epsilon=null"],
+                run_dir=str(tmp_path / "api"))
     with pytest.raises(ConfigError, match="needs the private dataset"):
         api.fit()
     released = api.fit(f"npz:{tiny_npz}")

@@ -11,7 +11,8 @@ from privdistill.methods.dpsgd import epsilons, run_dpsgd, steps_per_epoch, stri
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-TINY = ["dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "dpsgd.lr=0.1", "run.progress=false", "run.precision=fp32"]
+TINY = ["dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "dpsgd.lr=0.1", "run.progress=false",
+        "run.precision=fp32"]
 
 
 def _run(tiny_npz, tmp_path, name, extra=(), resume=False):
@@ -62,7 +63,8 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_npz, tmp_path, monkeypat
     resumed = _run(tiny_npz, tmp_path, "crashed", resume=True)
     from safetensors.torch import load_file
 
-    a, b = load_file(str(tmp_path / "whole" / "model.safetensors")), load_file(str(tmp_path / "crashed" / "model.safetensors"))
+    a, b = (load_file(str(tmp_path / "whole" / "model.safetensors")),
+            load_file(str(tmp_path / "crashed" / "model.safetensors")))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["epsilon_paper"] == whole["epsilon_paper"]
     assert resumed["dpsgd_accounting"]["steps"] == whole["dpsgd_accounting"]["steps"], "accountant state restored"

@@ -27,8 +27,8 @@ def test_training_learns_the_fabricated_task(tiny_npz, tmp_path):
     cfg = ClassifierTraining(model="small-cnn", epochs=6, batch_size=32, lr=3e-3, checkpoint_every=5)
     result = train_classifier(model, data.train, cfg=cfg, env=env, run=run, test=data.test)
     assert result.test_accuracy > 0.9 > before + 0.3
-    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert lines and all("test_accuracy" in l for l in lines)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines and all("test_accuracy" in record for record in lines)
 
 
 def test_augmentations_are_vectorised_and_seeded():
@@ -109,7 +109,8 @@ def test_killed_run_resumes_to_the_same_result(tiny_npz, tmp_path):
     assert 10 <= killed_at < 40, f"the run should have been killed mid-way, not at step {killed_at}"
     assert not (tmp_path / "killed" / "summary.json").exists()
 
-    cmd, env = _cli("train", "baseline", "--dataset", dataset, "--run-dir", str(tmp_path / "killed"), "--resume", *TRAIN_ARGS)
+    cmd, env = _cli("train", "baseline", "--dataset", dataset, "--run-dir", str(tmp_path / "killed"), "--resume",
+                    *TRAIN_ARGS)
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
     full = load_file(tmp_path / "full" / "model.safetensors")
     resumed = load_file(tmp_path / "killed" / "model.safetensors")

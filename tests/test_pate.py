@@ -80,7 +80,8 @@ def test_vat_loss_is_zero_without_perturbation_and_positive_with():
     x = torch.rand(8, 1, 28, 28) * 2 - 1
     logits = model(x)
     g = torch.Generator().manual_seed(0)
-    assert float(vat_loss(model, x, logits.detach(), eps=0.0, xi=1e-6, generator=g).detach()) == pytest.approx(0.0, abs=1e-6)
+    assert (float(vat_loss(model, x, logits.detach(), eps=0.0, xi=1e-6, generator=g).detach())
+            == pytest.approx(0.0, abs=1e-6))
     loss = vat_loss(model, x, logits, eps=3.0, xi=1e-2, generator=torch.Generator().manual_seed(0))
     assert float(loss.detach()) > 0
     loss.backward()

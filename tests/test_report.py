@@ -9,7 +9,8 @@ def test_blocks_are_replaced_in_place_and_prose_kept(tmp_path):
     results = tmp_path / "results" / "quick"
     results.mkdir(parents=True)
     summary = {"method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9612, "target_epsilon": 10.0,
-               "epsilon_paper": 11.9, "epsilon_strict": 9.34, "delta": 1e-5, "wall_seconds": 600, "command": "privdistill dgd"}
+               "epsilon_paper": 11.9, "epsilon_strict": 9.34, "delta": 1e-5, "wall_seconds": 600,
+               "command": "privdistill dgd"}
     (results / "dgd-mnist-eps10.json").write_text(json.dumps(summary))
     regenerate(tmp_path / "results", doc)
     text = doc.read_text()

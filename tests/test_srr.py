@@ -14,8 +14,15 @@ import torch
 import privdistill.methods.srr as srr_mod
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.srr import (SRRConfig, label_event, release_labels, rr_on_sets, rr_with_prior_sets,
-                                     stage_sizes, train_srr)
+from privdistill.methods.srr import (
+    SRRConfig,
+    label_event,
+    release_labels,
+    rr_on_sets,
+    rr_with_prior_sets,
+    stage_sizes,
+    train_srr,
+)
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
 

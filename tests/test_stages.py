@@ -137,7 +137,8 @@ def test_generator_losses_and_training_reduce_the_objective(tiny):
     teacher = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
     from privdistill.engine import train_classifier
 
-    train_classifier(teacher, tiny.train, cfg=ClassifierTraining(model="small-cnn", epochs=3, batch_size=32, lr=3e-3), env=env)
+    train_classifier(teacher, tiny.train, cfg=ClassifierTraining(model="small-cnn", epochs=3, batch_size=32, lr=3e-3),
+                     env=env)
     teacher.eval()
     cfg = GeneratorTraining(loss="dgd", rounds=3, steps_per_round=10, batch_size=32, width=32, lr=0.05)
     gen, stats = train_generator(teacher, cfg, env, channels=1, image_size=28)

@@ -214,7 +214,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 
 def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | None = None,
-                     config_file: str | Path | None = None, overrides: list[str] | dict | None = None) -> dict[str, Any]:
+                     config_file: str | Path | None = None,
+                     overrides: list[str] | dict | None = None) -> dict[str, Any]:
     """Resolve every requested section; returns {name: dataclass instance}."""
     user = load_yaml_file(config_file)
     parsed = overrides if isinstance(overrides, dict) else parse_overrides(overrides)

@@ -107,7 +107,8 @@ def audit_run(run_dir: str | Path, *, preset: str | None = None, config_file: st
                         "mean_loss_nonmembers": mia["mean_loss_nonmembers"],
                         "shadows": cfg.shadows, "fix_variance": cfg.fix_variance, "shadow_stage": stage_ref,
                         "roc": str(out_dir / "mia_roc.png")}
-        fields.update(mia_auc=head["auc"], mia_tpr_at_1pct_fpr=head["tpr_at_1pct_fpr"], mia_attack=mia["headline_attack"],
+        fields.update(mia_auc=head["auc"], mia_tpr_at_1pct_fpr=head["tpr_at_1pct_fpr"],
+                      mia_attack=mia["headline_attack"],
                       mia_loss_auc=mia["attacks"]["loss"]["auc"],
                       mia_loss_tpr_at_1pct_fpr=mia["attacks"]["loss"]["tpr_at_1pct_fpr"])
         atomic_write_json(out_dir / "mia.json", block["mia"])

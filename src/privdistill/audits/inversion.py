@@ -1,8 +1,8 @@
 """Model inversion (Fredrikson et al. 2015; the papers' DGD Fig. 9 / DPDFD Fig. 5): for each class, gradient
 ascent on the INPUT of a released classifier to maximise its confidence in that class, from a blank start
-(black, the background of MNIST-like images, plus a little noise), with a total-variation and an L2 prior. What comes out is what the model
-"believes" a class looks like; a model that memorised its training images tends to give recognisable
-digits / garments, a well-regularised or private one noise-like patterns.
+(black, the background of MNIST-like images, plus a little noise), with a total-variation and an L2 prior.
+What comes out is what the model "believes" a class looks like; a model that memorised its training
+images tends to give recognisable digits / garments, a well-regularised or private one noise-like patterns.
 
     x = tanh(w)  (images stay in [-1, 1]),   w ← Adam on   CE(f(x), c) + λ_tv TV(x) + λ_l2 mean(((x + 1) / 2)²)
 
@@ -115,7 +115,8 @@ def save_inversion_grid(images: torch.Tensor, path: str | Path, *, scale: int = 
     return path
 
 
-def inversion_audit(model: nn.Module, train: ImageDataset, cfg: InversionConfig, env: Env, out_png: str | Path) -> dict[str, Any]:
+def inversion_audit(model: nn.Module, train: ImageDataset, cfg: InversionConfig, env: Env,
+                    out_png: str | Path) -> dict[str, Any]:
     shape = tuple(train.images.shape[1:])
     images, conf = invert(model, num_classes=train.num_classes, shape=shape, cfg=cfg, env=env)
     corr = correlation(images, class_means(train)[None])  # [restarts, K]

@@ -259,7 +259,8 @@ def membership_audit(model: nn.Module, data: DataSplits, split: AuditSplit, cfg:
         lira = lira_scores(out["phi"], shadows["phi"], shadows["in_mask"], fix_variance=cfg.fix_variance)
         scores["lira-online"] = lira["online"]
         scores["lira-offline"] = lira["offline"]
-    attacks = {name: attack_metrics(s, labels, bootstrap=cfg.bootstrap, seed=cfg.split_seed) for name, s in scores.items()}
+    attacks = {name: attack_metrics(s, labels, bootstrap=cfg.bootstrap, seed=cfg.split_seed)
+               for name, s in scores.items()}
     headline = "lira-online" if "lira-online" in attacks else "loss"
     return {"headline_attack": headline, "attacks": attacks, "scores": scores, "is_member": labels,
             "accuracy_members": round(float(out["correct"][labels].mean()), 4),

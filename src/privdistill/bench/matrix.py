@@ -128,7 +128,8 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
                 raise ConfigError(f"{path}: two cells are named {name!r}")
             seen.add(name)
             cells.append(Cell(name=name, args=args, preset=preset, result=Path(results_dir) / preset / f"{name}.json",
-                              run_dir=runs / name, audit=bool(entry.get("audit", True)), owner=str(entry.get("owner", "")),
+                              run_dir=runs / name, audit=bool(entry.get("audit", True)),
+                              owner=str(entry.get("owner", "")),
                               note=str(entry.get("note", "")), values=values))
     return Matrix(preset=preset, cells=cells, source=str(path))
 

@@ -110,7 +110,8 @@ def _paper_pct(r: dict) -> str:
 
 def method_table(results: list[dict], methods: tuple[str, ...]) -> str:
     rows = [r for r in results if r.get("method") in methods]
-    rows.sort(key=lambda r: (r.get("method"), r.get("dataset"), -(r.get("target_epsilon") or 0), r.get("variant") or ""))
+    rows.sort(key=lambda r: (r.get("method"), r.get("dataset"), -(r.get("target_epsilon") or 0),
+                             r.get("variant") or ""))
 
     return table(rows, [
         ("method", lambda r: r["method"] + (f" ({r['variant']})" if r.get("variant") else "")),
@@ -164,7 +165,8 @@ def generator_table(results: list[dict]) -> str:
         ("samples", lambda r: str(r.get("num_samples", "-"))),
         ("student on synthetic only %", lambda r: _pct(r.get("test_accuracy"))),
         ("teacher %", lambda r: _pct(r.get("baseline_accuracy"))),
-        ("class-histogram entropy (of max)", lambda r: str(r.get("synthetic_quality", {}).get("histogram_entropy_normalised", "-"))),
+        ("class-histogram entropy (of max)",
+         lambda r: str(r.get("synthetic_quality", {}).get("histogram_entropy_normalised", "-"))),
         ("mean teacher confidence", lambda r: str(r.get("synthetic_quality", {}).get("mean_confidence", "-"))),
         ("minutes (generator + student)", lambda r: _minutes(r.get("wall_seconds"))),
         ("command", _cmd), ("result file", lambda r: f"[{Path(r['_file']).name}](../{r['_file']})"),
@@ -172,7 +174,8 @@ def generator_table(results: list[dict]) -> str:
 
 
 def teachers_table(results: list[dict]) -> str:
-    rows = sorted((r for r in results if r.get("method") == "teachers"), key=lambda r: (r["dataset"], r.get("num_teachers", 0)))
+    rows = sorted((r for r in results if r.get("method") == "teachers"),
+                  key=lambda r: (r["dataset"], r.get("num_teachers", 0)))
     return table(rows, [
         ("dataset", lambda r: r["dataset"]), ("teachers", lambda r: str(r.get("num_teachers"))),
         ("plurality vote %", lambda r: _pct(r.get("ensemble_accuracy"))),
@@ -215,7 +218,8 @@ def dpsgd_table(results: list[dict]) -> str:
         ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
         ("paper %", lambda r: _pct(PAPER.get(("dpsgd", r["dataset"], r.get("target_epsilon"))))),
         ("σ", lambda r: acc(r, "noise_multiplier")), ("steps", lambda r: acc(r, "steps")),
-        ("ε Opacus RDP", lambda r: acc(r, "epsilon_opacus_rdp")), ("ε Opacus PRV", lambda r: acc(r, "epsilon_opacus_prv")),
+        ("ε Opacus RDP", lambda r: acc(r, "epsilon_opacus_rdp")),
+        ("ε Opacus PRV", lambda r: acc(r, "epsilon_opacus_prv")),
         ("ε strict (replace-one)", lambda r: _eps(r.get("epsilon_strict"))),
         ("δ", lambda r: "-" if r.get("delta") is None else f"{r['delta']:g}"),
         ("minutes", lambda r: _minutes(r.get("wall_seconds"))), ("command", _cmd), ("result file", _file),
@@ -251,7 +255,8 @@ def audit_table(results: list[dict]) -> str:
         return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
     return table(rows, [
-        ("model", _variant_label), ("dataset", lambda r: r["dataset"]), ("target ε", lambda r: _eps(r.get("target_epsilon"))),
+        ("model", _variant_label), ("dataset", lambda r: r["dataset"]),
+        ("target ε", lambda r: _eps(r.get("target_epsilon"))),
         ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
         ("LiRA AUC [95% CI]", lambda r: attack(r, "lira-online", "auc")),
         ("LiRA TPR@1%FPR [95% CI]", lambda r: attack(r, "lira-online", "tpr_at_1pct_fpr")),
@@ -284,7 +289,8 @@ def _covered(r: dict) -> str:
 
 def bench_table(results: list[dict]) -> str:
     """The reproduction matrix side by side with the papers: every method, dataset and ε in one table."""
-    rows = sorted((r for r in results if r.get("method") in ("baseline", "dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr")),
+    rows = sorted((r for r in results
+                   if r.get("method") in ("baseline", "dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr")),
                   key=_order)
 
     return table(rows, [

@@ -59,7 +59,8 @@ def privacy_text(run: RunDir, summary: dict[str, Any]) -> str:
         lines.append(f"{name}:")
         for p in pathways:
             mark = "covered    " if p["covered"] else "NOT covered"
-            lines.append(f"  [{mark}] {p['source']} -> {p['via']} -> {p['to']}" + (f"  ({p['note']})" if p.get("note") else ""))
+            lines.append(f"  [{mark}] {p['source']} -> {p['via']} -> {p['to']}"
+                         + (f"  ({p['note']})" if p.get("note") else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -141,7 +142,8 @@ def _markdown(title, rows, privacy, audit, inversion, figures, base: Path) -> st
         md += ["| " + " | ".join(r) + " |" for r in audit]
         md.append("")
     if inversion:
-        md += ["## Model inversion", "", f"Mean confidence {inversion['mean_confidence']}, mean correlation with the class-mean "
+        md += ["## Model inversion", "",
+               f"Mean confidence {inversion['mean_confidence']}, mean correlation with the class-mean "
                f"training image {inversion['mean_correlation_with_class_mean']} ({inversion['restarts']} restarts, "
                f"{inversion['steps']} steps).", ""]
     if figures:
@@ -164,8 +166,9 @@ def _html(title, rows, privacy, audit, inversion, figures) -> str:
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in audit]
         parts.append("</table>")
     if inversion:
-        parts.append(f"<h2>Model inversion</h2><p>Mean confidence {inversion['mean_confidence']}, mean correlation with "
-                     f"the class-mean training image {inversion['mean_correlation_with_class_mean']}.</p>")
+        parts.append(f"<h2>Model inversion</h2><p>Mean confidence {inversion['mean_confidence']}, "
+                     f"mean correlation with the class-mean training image "
+                     f"{inversion['mean_correlation_with_class_mean']}.</p>")
     for path, caption in figures:
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"

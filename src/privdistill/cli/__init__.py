@@ -45,7 +45,8 @@ def _mount_subcommands() -> None:
     from privdistill.cli import dpdfd as dpdfd_cli
 
     app.command("dpdfd")(dpdfd_cli.command)
-    from privdistill.cli import audit as audit_cli, baselines as baselines_cli
+    from privdistill.cli import audit as audit_cli
+    from privdistill.cli import baselines as baselines_cli
 
     app.command("dpsgd")(baselines_cli.dpsgd_command)
     app.command("pate")(baselines_cli.pate_command)

@@ -15,15 +15,23 @@ console = Console()
 
 
 def audit_command(
-    run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with summary.json and a released model)")],
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="audit settings (default: the run's preset)")] = None,
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="run directories (each with summary.json and a released model)")
+    ],
+    preset: Annotated[
+        Optional[str], typer.Option("--preset", "-p", help="audit settings (default: the run's preset)")
+    ] = None,
     config: o.ConfigFile = None, set_: o.Overrides = None, record: o.Record = False,
     device: o.Device = None, data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
     no_mia: Annotated[bool, typer.Option("--no-mia", help="skip membership inference")] = False,
     no_inversion: Annotated[bool, typer.Option("--no-inversion", help="skip model inversion")] = False,
     shadows: Annotated[Optional[int], typer.Option("--shadows", help="LiRA shadow models (audit.shadows)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="train the shadow models inside the run")] = False,
-    result_name: Annotated[Optional[str], typer.Option("--result-name", help="with --record and one run: the results/<preset>/<NAME>.json to update (default: derived from the summary)")] = None,
+    result_name: Annotated[Optional[str], typer.Option(
+        "--result-name",
+        help="with --record and one run: the results/<preset>/<NAME>.json to update "
+             "(default: derived from the summary)",
+    )] = None,
 ) -> None:
     """Membership inference (loss threshold, LiRA online/offline) and model inversion; numbers go into
     each run's summary.json (and results/<preset>/ with --record)."""

@@ -20,8 +20,13 @@ def dpsgd_command(
     no_progress: o.NoProgress = False,
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", "-e", help="target ε (dpsgd.epsilon)")] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
-    accountant: Annotated[Optional[str], typer.Option("--accountant", help="Opacus accountant that calibrates σ: rdp or prv")] = None,
-    calibration: Annotated[Optional[str], typer.Option("--calibration", help="opacus (make_private_with_epsilon) or strict (replace-one ε)")] = None,
+    accountant: Annotated[
+        Optional[str], typer.Option("--accountant", help="Opacus accountant that calibrates σ: rdp or prv")
+    ] = None,
+    calibration: Annotated[
+        Optional[str],
+        typer.Option("--calibration", help="opacus (make_private_with_epsilon) or strict (replace-one ε)"),
+    ] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="training epochs (dpsgd.epochs)")] = None,
     variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result")] = None,
 ) -> None:
@@ -30,15 +35,16 @@ def dpsgd_command(
 
     extra = o.section_overrides("dpsgd", epsilon=epsilon, delta=delta, accountant=accountant, calibration=calibration,
                                 epochs=epochs)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
+                            precision=precision, data_root=data_root, no_progress=no_progress)
     s = run_dpsgd(request, variant=variant)
     show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
     a = s["dpsgd_accounting"]
-    console.print(f"σ = {a['noise_multiplier']:g}, q = {a['sample_rate']:.4g}, {a['steps']} steps, C = {a['max_grad_norm']:g}. "
-                  f"ε at δ = {s['delta']:g}: Opacus RDP {a['epsilon_opacus_rdp']:g}, Opacus PRV {a['epsilon_opacus_prv']:g} "
-                  f"(add/remove-one); replace-one (strict) {a['epsilon_replace_one_pld']:g}. Headline: {a['headline']}.",
+    console.print(f"σ = {a['noise_multiplier']:g}, q = {a['sample_rate']:.4g}, {a['steps']} steps, "
+                  f"C = {a['max_grad_norm']:g}. ε at δ = {s['delta']:g}: Opacus RDP {a['epsilon_opacus_rdp']:g}, "
+                  f"Opacus PRV {a['epsilon_opacus_prv']:g} (add/remove-one); "
+                  f"replace-one (strict) {a['epsilon_replace_one_pld']:g}. Headline: {a['headline']}.",
                   highlight=False)
 
 
@@ -47,22 +53,35 @@ def pate_command(
     run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
     device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
     no_progress: o.NoProgress = False,
-    epsilon: Annotated[Optional[float], typer.Option("--epsilon", "-e", help="target ε, data-independent (sets the number of queries)")] = None,
-    queries: Annotated[Optional[int], typer.Option("--queries", "-q", help="number of queries (overrides --epsilon)")] = None,
-    aggregation: Annotated[Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")] = None,
+    epsilon: Annotated[
+        Optional[float], typer.Option("--epsilon", "-e", help="target ε, data-independent (sets the number of queries)")
+    ] = None,
+    queries: Annotated[
+        Optional[int], typer.Option("--queries", "-q", help="number of queries (overrides --epsilon)")
+    ] = None,
+    aggregation: Annotated[
+        Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")
+    ] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
-    max_epsilon: Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")] = None,
-    accounting: Annotated[str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")] = "strict",
-    variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result (default: the aggregator unless gnmax)")] = None,
+    max_epsilon: Annotated[
+        Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")
+    ] = None,
+    accounting: Annotated[
+        str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")
+    ] = "strict",
+    variant: Annotated[
+        Optional[str],
+        typer.Option("--variant", help="name suffix of the recorded result (default: the aggregator unless gnmax)"),
+    ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="train the teachers inside this run")] = False,
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
     from privdistill.methods.pate import run_pate
 
     extra = o.section_overrides("pate", epsilon=epsilon, queries=queries, aggregation=aggregation, delta=delta)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
+                            precision=precision, data_root=data_root, no_progress=no_progress)
     s = run_pate(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{s['queries']} queries, {s['answered']} answered (label accuracy {s['label_accuracy']}); ε covers "

@@ -14,10 +14,15 @@ app = typer.Typer(help="The reproduction matrix (run with no sub-command), its r
                   invoke_without_command=True)
 console = Console()
 
-PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="preset whose matrix to run (bench/matrix/<preset>.yaml)")]
+PresetOpt = Annotated[
+    str, typer.Option("--preset", "-p", help="preset whose matrix to run (bench/matrix/<preset>.yaml)")
+]
 MatrixOpt = Annotated[Optional[str], typer.Option("--matrix", "-m", help="a matrix YAML file instead of the preset's")]
 DatasetsOpt = Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="only these datasets (repeatable)")]
-OnlyOpt = Annotated[Optional[list[str]], typer.Option("--only", help="only cells whose name contains this, or =NAME for exactly that cell (repeatable)")]
+OnlyOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--only", help="only cells whose name contains this, or =NAME for exactly that cell (repeatable)"),
+]
 ResultsOpt = Annotated[Path, typer.Option("--results", help="results directory")]
 DocOpt = Annotated[Path, typer.Option("--doc", help="markdown file whose tables are regenerated")]
 FiguresOpt = Annotated[Path, typer.Option("--figures", help="directory for the figures")]
@@ -30,7 +35,8 @@ StopOpt = Annotated[bool, typer.Option("--stop-on-failure", help="stop at the fi
 
 
 def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, doc: Path, figures: Path,
-                dry_run: bool, no_audit: bool, no_report: bool, lock: str, no_lock: bool, stop_on_failure: bool) -> None:
+                dry_run: bool, no_audit: bool, no_report: bool, lock: str, no_lock: bool,
+                stop_on_failure: bool) -> None:
     import time
 
     from privdistill.bench.matrix import load_matrix, run_matrix
@@ -39,7 +45,8 @@ def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, 
     console.print(f"matrix {m.source}: {len(m.cells)} cells at preset {m.preset}", highlight=False)
     started = time.perf_counter()
     out = run_matrix(m, lock=None if no_lock else lock, audits=not no_audit, dry_run=dry_run,
-                     keep_going=not stop_on_failure, say=lambda line: console.print(line, highlight=False, markup=False))
+                     keep_going=not stop_on_failure,
+                     say=lambda line: console.print(line, highlight=False, markup=False))
     table = Table(title=f"bench {m.preset}: {out['wall_seconds'] / 60:.1f} min")
     table.add_column("cell")
     table.add_column("status")
@@ -113,19 +120,25 @@ def teachers(dataset: Annotated[str, typer.Option("--dataset", "-d")] = "mnist",
              full_steps: Annotated[int, typer.Option("--full-steps", help="schedule to project (paper: 3000)")] = 3000,
              batch_size: Annotated[int, typer.Option("--batch-size")] = 128,
              model: Annotated[str, typer.Option("--model")] = "paper-cnn",
-             trainers: Annotated[str, typer.Option("--trainers", help="comma-separated: vectorized,loop")] = "vectorized,loop",
+             trainers: Annotated[
+                 str, typer.Option("--trainers", help="comma-separated: vectorized,loop")
+             ] = "vectorized,loop",
              chunk_size: Annotated[int, typer.Option("--chunk-size", help="teachers per vmap step (0: auto)")] = 0,
              device: Annotated[str, typer.Option("--device")] = "auto",
              precision: Annotated[str, typer.Option("--precision")] = "auto",
-             output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write the result as JSON")] = None) -> None:
+             output: Annotated[
+                 Optional[Path], typer.Option("--output", "-o", help="write the result as JSON")
+             ] = None) -> None:
     """Teachers per minute, vectorised vs plain loop, measured side by side on the same teachers."""
     from privdistill.bench.teachers import bench_teachers
 
     r = bench_teachers(dataset, num_teachers=num_teachers, steps=steps, batch_size=batch_size, model=model,
                        trainers=tuple(t.strip() for t in trainers.split(",")), full_steps=full_steps, device=device,
                        precision=precision, chunk_size=chunk_size, output=output)
-    table = Table(title=f"{num_teachers} {model} teachers on {dataset}, {steps} steps of batch {batch_size} ({r['device']})")
-    for col in ("trainer", "wall s", "samples/s", "teachers/min (full schedule)", f"projected {full_steps}-step schedule"):
+    table = Table(title=f"{num_teachers} {model} teachers on {dataset}, "
+                        f"{steps} steps of batch {batch_size} ({r['device']})")
+    for col in ("trainer", "wall s", "samples/s", "teachers/min (full schedule)",
+                f"projected {full_steps}-step schedule"):
         table.add_column(col)
     for row in r["rows"]:
         table.add_row(row["trainer"], str(row["wall_seconds"]), str(row["samples_per_second"]),
@@ -136,7 +149,10 @@ def teachers(dataset: Annotated[str, typer.Option("--dataset", "-d")] = "mnist",
 @app.command("report")
 def report(results_dir: Annotated[Path, typer.Option("--results", help="results directory")] = Path("results"),
            doc: Annotated[Path, typer.Option("--doc", help="markdown file to update")] = Path("docs/results.md"),
-           figures: Annotated[Optional[Path], typer.Option("--figures", help="also write the figures to this directory (e.g. docs/figures)")] = None) -> None:
+           figures: Annotated[
+               Optional[Path],
+               typer.Option("--figures", help="also write the figures to this directory (e.g. docs/figures)"),
+           ] = None) -> None:
     """Regenerate the tables of docs/results.md from results/<preset>/*.json (and the figures with --figures)."""
     _report(results_dir, doc, figures)
 
@@ -144,7 +160,9 @@ def report(results_dir: Annotated[Path, typer.Option("--results", help="results 
 def run_report_command(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
     format: Annotated[str, typer.Option("--format", "-f", help="md or html")] = "md",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="where to write (default RUN_DIR/report.<format>)")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="where to write (default RUN_DIR/report.<format>)")
+    ] = None,
 ) -> None:
     """A short report of one run: summary, privacy report, audits and figures (markdown or self-contained HTML)."""
     from privdistill.bench.run_report import render

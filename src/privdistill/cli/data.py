@@ -11,7 +11,8 @@ from rich.table import Table
 
 from privdistill.cli import options as o
 
-app = typer.Typer(help="List, prepare and verify datasets (run without a sub-command to list).", invoke_without_command=True)
+app = typer.Typer(help="List, prepare and verify datasets (run without a sub-command to list).",
+                  invoke_without_command=True)
 console = Console()
 
 
@@ -41,7 +42,9 @@ def data_main(ctx: typer.Context, data_root: o.DataRoot = None,
 
 @app.command("prepare")
 def prepare_cmd(names: Annotated[list[str], typer.Argument(help="datasets, e.g. mnist fashion-mnist")],
-                source: Annotated[Optional[Path], typer.Option("--from", help="directory holding the official files")] = None,
+                source: Annotated[
+                    Optional[Path], typer.Option("--from", help="directory holding the official files")
+                ] = None,
                 data_root: o.DataRoot = None,
                 offline: Annotated[bool, typer.Option("--offline", help="never download")] = False) -> None:
     """Copy (and verify) datasets into the data root from offline files, or download them."""

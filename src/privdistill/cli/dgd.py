@@ -15,16 +15,36 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
             set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
             seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
             no_progress: o.NoProgress = False,
-            epsilon: Annotated[Optional[float], typer.Option("--epsilon", "-e", help="target ε of the vote channel (sets the number of queries)")] = None,
-            queries: Annotated[Optional[int], typer.Option("--queries", "-q", help="|D̂s|: number of labelled queries (overrides --epsilon)")] = None,
+            epsilon: Annotated[
+                Optional[float],
+                typer.Option("--epsilon", "-e", help="target ε of the vote channel (sets the number of queries)"),
+            ] = None,
+            queries: Annotated[
+                Optional[int],
+                typer.Option("--queries", "-q", help="|D̂s|: number of labelled queries (overrides --epsilon)"),
+            ] = None,
             delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
-            aggregation: Annotated[Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")] = None,
-            no_latent_noise: Annotated[bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")] = False,
-            inputs: Annotated[Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")] = None,
-            max_epsilon: Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")] = None,
-            accounting: Annotated[str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")] = "strict",
-            variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")] = None,
-            no_cache: Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run")] = False) -> None:
+            aggregation: Annotated[
+                Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")
+            ] = None,
+            no_latent_noise: Annotated[
+                bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
+            ] = False,
+            inputs: Annotated[
+                Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")
+            ] = None,
+            max_epsilon: Annotated[
+                Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")
+            ] = None,
+            accounting: Annotated[
+                str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")
+            ] = "strict",
+            variant: Annotated[
+                Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
+            ] = None,
+            no_cache: Annotated[
+                bool, typer.Option("--no-cache", help="build every stage inside this run")
+            ] = False) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
     from privdistill.methods.dgd import run_dgd
 
@@ -32,9 +52,9 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
                                 inputs=inputs)
     if no_latent_noise:
         extra.append("dgd.latent_noise=false")
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
+                            precision=precision, data_root=data_root, no_progress=no_progress)
     result = run_dgd(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary

@@ -19,28 +19,50 @@ def command(
     run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
     device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
     no_progress: o.NoProgress = False,
-    epsilon: Annotated[Optional[float], typer.Option("--epsilon", "-e", help="target epsilon (sets the number of steps)")] = None,
+    epsilon: Annotated[
+        Optional[float], typer.Option("--epsilon", "-e", help="target epsilon (sets the number of steps)")
+    ] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="delta (default 1e-5)")] = None,
-    max_epsilon: Annotated[Optional[float], typer.Option("--max-epsilon", help="hard budget (default: the target); refuse to start or stop cleanly beyond it")] = None,
-    accounting: Annotated[Optional[str], typer.Option("--accounting", help="paper (Theorem 3 as printed) or strict: sets T and enforces the budget")] = None,
-    algorithm: Annotated[Optional[int], typer.Option("--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="exactly this many steps (refused if over budget)")] = None,
+    max_epsilon: Annotated[Optional[float], typer.Option(
+        "--max-epsilon", help="hard budget (default: the target); refuse to start or stop cleanly beyond it",
+    )] = None,
+    accounting: Annotated[
+        Optional[str],
+        typer.Option("--accounting", help="paper (Theorem 3 as printed) or strict: sets T and enforces the budget"),
+    ] = None,
+    algorithm: Annotated[
+        Optional[int],
+        typer.Option("--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly"),
+    ] = None,
+    steps: Annotated[
+        Optional[int], typer.Option("--steps", help="exactly this many steps (refused if over budget)")
+    ] = None,
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="cap on the steps the budget allows")] = None,
-    teacher: Annotated[Optional[Path], typer.Option("--teacher", "-t", help="run directory of a trained classifier (model.safetensors); default: the cached baseline stage")] = None,
-    teacher_module: Annotated[Optional[Path], typer.Option("--teacher-module", help="a torch.save'd nn.Module (unpickled: trusted files only)")] = None,
-    torchvision_model: Annotated[Optional[str], typer.Option("--torchvision", help="torchvision model name (with --weights)")] = None,
+    teacher: Annotated[Optional[Path], typer.Option(
+        "--teacher", "-t",
+        help="run directory of a trained classifier (model.safetensors); default: the cached baseline stage",
+    )] = None,
+    teacher_module: Annotated[
+        Optional[Path],
+        typer.Option("--teacher-module", help="a torch.save'd nn.Module (unpickled: trusted files only)"),
+    ] = None,
+    torchvision_model: Annotated[
+        Optional[str], typer.Option("--torchvision", help="torchvision model name (with --weights)")
+    ] = None,
     weights: Annotated[Optional[Path], typer.Option("--weights", help="state_dict file for --torchvision")] = None,
     variant: Annotated[Optional[str], typer.Option("--variant", help="label for --record (default: derived)")] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")
+    ] = False,
 ) -> None:
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
     from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
 
     extra = o.section_overrides("dpdfd", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting,
                                 algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
+                            precision=precision, data_root=data_root, no_progress=no_progress)
     spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
                        module_file=str(teacher_module) if teacher_module else None,
                        torchvision=torchvision_model, weights=str(weights) if weights else None)

@@ -12,8 +12,12 @@ from privdistill.cli import options as o
 
 
 def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")],
-                 dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="evaluate on another dataset's test split")] = None,
-                 weights: Annotated[Optional[str], typer.Option("--weights", help="which weights (default: student, else model)")] = None,
+                 dataset: Annotated[
+                     Optional[str], typer.Option("--dataset", "-d", help="evaluate on another dataset's test split")
+                 ] = None,
+                 weights: Annotated[
+                     Optional[str], typer.Option("--weights", help="which weights (default: student, else model)")
+                 ] = None,
                  data_root: o.DataRoot = None, device: o.Device = None) -> None:
     """Evaluate the released model of a run on a test split and print its accuracy."""
     from privdistill.config import RunOptions

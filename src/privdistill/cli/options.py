@@ -8,17 +8,30 @@ from typing import Annotated, Optional
 
 import typer
 
-Dataset = Annotated[str, typer.Option("--dataset", "-d", help="mnist, fashion-mnist, cifar10, svhn, npz:PATH or folder:DIR")]
-Preset = Annotated[str, typer.Option("--preset", "-p", help="quick (CPU, minutes) or paper (the papers' settings, GPU)")]
-ConfigFile = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets")]
-Overrides = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="override one value: section.key=value (repeatable)")]
-RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="where to write the run (default runs/<method>-<dataset>-<time>)")]
+Dataset = Annotated[
+    str, typer.Option("--dataset", "-d", help="mnist, fashion-mnist, cifar10, svhn, npz:PATH or folder:DIR")
+]
+Preset = Annotated[
+    str, typer.Option("--preset", "-p", help="quick (CPU, minutes) or paper (the papers' settings, GPU)")
+]
+ConfigFile = Annotated[
+    Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets")
+]
+Overrides = Annotated[
+    Optional[list[str]], typer.Option("--set", "-s", help="override one value: section.key=value (repeatable)")
+]
+RunDirOpt = Annotated[
+    Optional[Path], typer.Option("--run-dir", help="where to write the run (default runs/<method>-<dataset>-<time>)")
+]
 Resume = Annotated[bool, typer.Option("--resume", help="continue an interrupted run in --run-dir")]
 Record = Annotated[bool, typer.Option("--record", help="copy summary.json to results/<preset>/")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="random seed (run.seed)")]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N (run.device)")]
 Precision = Annotated[Optional[str], typer.Option("--precision", help="auto, fp32, bf16, fp16 (run.precision)")]
-DataRoot = Annotated[Optional[Path], typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)")]
+DataRoot = Annotated[
+    Optional[Path],
+    typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)"),
+]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
 
 

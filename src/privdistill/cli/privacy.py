@@ -47,8 +47,15 @@ def _need(value: Any, flag: str, mechanism: str) -> Any:
 def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilon0, sigma, sigma1, sigma2,
                   threshold, answered, clip_norm, batch_size, num_teachers, granularity, algorithm,
                   dataset_size, num_classes, epsilon_per_label, srr_setting, latent_epsilon):
-    from privdistill.privacy.events import (ConfidentGNMaxQueries, DPDFDSteps, GNMaxQueries, LatentLaplace,
-                                            LNMaxQueries, RRLabels, SRRLabels)
+    from privdistill.privacy.events import (
+        ConfidentGNMaxQueries,
+        DPDFDSteps,
+        GNMaxQueries,
+        LatentLaplace,
+        LNMaxQueries,
+        RRLabels,
+        SRRLabels,
+    )
 
     m = mechanism.value
     if mechanism is Mechanism.dpdfd:
@@ -119,12 +126,20 @@ def _fmt(x: Any) -> str:
 
 @app.command("estimate")
 def estimate(
-    mechanism: Mechanism = typer.Option(..., "--mechanism", "-m", help="lnmax | gnmax | confident-gnmax | dpdfd | srr | rr"),
-    queries: Optional[int] = typer.Option(None, "--queries", "--labels", "-q", help="noisy-argmax queries or labels released"),
+    mechanism: Mechanism = typer.Option(
+        ..., "--mechanism", "-m", help="lnmax | gnmax | confident-gnmax | dpdfd | srr | rr"
+    ),
+    queries: Optional[int] = typer.Option(
+        None, "--queries", "--labels", "-q", help="noisy-argmax queries or labels released"
+    ),
     steps: Optional[int] = typer.Option(None, "--steps", "-T", help="DPDFD training steps"),
-    laplace_scale: Optional[float] = typer.Option(None, "--laplace-scale", "-b", help="LNMax Laplace scale b (DGD: 40)"),
+    laplace_scale: Optional[float] = typer.Option(
+        None, "--laplace-scale", "-b", help="LNMax Laplace scale b (DGD: 40)"
+    ),
     epsilon0: Optional[float] = typer.Option(None, "--epsilon0", help="LNMax per-query epsilon (scale = 2/epsilon0)"),
-    sigma: Optional[float] = typer.Option(None, "--sigma", help="GNMax sigma / DPDFD noise scale sigma / Confident-GNMax sigma2"),
+    sigma: Optional[float] = typer.Option(
+        None, "--sigma", help="GNMax sigma / DPDFD noise scale sigma / Confident-GNMax sigma2"
+    ),
     sigma1: Optional[float] = typer.Option(None, "--sigma1", help="Confident-GNMax threshold noise"),
     sigma2: Optional[float] = typer.Option(None, "--sigma2", help="Confident-GNMax answer noise"),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Confident-GNMax threshold T"),
@@ -132,15 +147,23 @@ def estimate(
     clip_norm: Optional[float] = typer.Option(None, "--clip-norm", "-C", help="DPDFD norm bound C"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "-B", help="DPDFD batch size B"),
     num_teachers: int = typer.Option(1, "--num-teachers", "-n", help="DPDFD teachers (Alg. 2 if > 1)"),
-    granularity: Granularity = typer.Option(Granularity.per_sample, "--granularity", help="DPDFD: per_sample | batch_sum"),
-    algorithm: Optional[int] = typer.Option(None, "--algorithm", help="DPDFD algorithm 1, 2 or 3 (default: 1, or 2 if --num-teachers > 1)"),
+    granularity: Granularity = typer.Option(
+        Granularity.per_sample, "--granularity", help="DPDFD: per_sample | batch_sum"
+    ),
+    algorithm: Optional[int] = typer.Option(
+        None, "--algorithm", help="DPDFD algorithm 1, 2 or 3 (default: 1, or 2 if --num-teachers > 1)"
+    ),
     dataset_size: Optional[int] = typer.Option(None, "--dataset-size", "-N", help="DPDFD Alg. 3: private set size"),
     num_classes: Optional[int] = typer.Option(None, "--num-classes", "-K", help="classes (SRR/RR; DPDFD Lemma 1 note)"),
     epsilon_per_label: Optional[float] = typer.Option(None, "--epsilon-per-label", help="SRR / RR epsilon per label"),
     srr_setting: o.SRRSetting = typer.Option(o.SRRSetting.data_free, "--srr-setting", help="data-free | label-dp"),
-    latent_epsilon: Optional[float] = typer.Option(None, "--latent-epsilon", help="DGD epsilon1 of the latent-code noise"),
+    latent_epsilon: Optional[float] = typer.Option(
+        None, "--latent-epsilon", help="DGD epsilon1 of the latent-code noise"
+    ),
     delta: float = typer.Option(1e-5, "--delta", "-d", help="target delta"),
-    target_epsilon: Optional[float] = typer.Option(None, "--target-epsilon", help="calibrate: most queries/steps and least noise for this epsilon"),
+    target_epsilon: Optional[float] = typer.Option(
+        None, "--target-epsilon", help="calibrate: most queries/steps and least noise for this epsilon"
+    ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Epsilon of a mechanism under both accountings, side by side, and what each covers."""
@@ -214,14 +237,16 @@ def _print_estimate(report: dict[str, Any], calibration: dict[str, Any] | None) 
                 mark = "[green]covered[/]    " if p["covered"] else "[red]NOT covered[/]"
                 console.print(f"    {mark} {p['via']} -> {p['to']}", highlight=False)
     if calibration:
-        cal = Table(title=f"calibration for epsilon <= {calibration['target_epsilon']:g}, delta = {calibration['delta']:g}")
+        cal = Table(title=f"calibration for epsilon <= {calibration['target_epsilon']:g}, "
+                          f"delta = {calibration['delta']:g}")
         cal.add_column("accounting", style="bold")
         cf = "max_" + (calibration["count_field"] or "count")
         cal.add_column(cf.replace("_", " "), justify="right")
         cal.add_column(f"{calibration['noise_field']} (at the given count)", justify="right")
         for acc in ("paper", "strict"):
             e = calibration[acc]
-            cal.add_row(acc, _fmt(e[cf]), _fmt(e[calibration["noise_field"]]) + (f"  ({e['note']})" if e.get("note") else ""))
+            cal.add_row(acc, _fmt(e[cf]),
+                        _fmt(e[calibration["noise_field"]]) + (f"  ({e['note']})" if e.get("note") else ""))
         console.print(cal)
 
 

@@ -30,16 +30,38 @@ def srr_command(
     set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
     seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
     no_progress: o.NoProgress = False,
-    epsilon: Annotated[Optional[float], typer.Option("--epsilon", "-e", help="epsilon per label (srr.epsilon; the paper's epsilon)")] = None,
-    delta: Annotated[Optional[float], typer.Option("--delta", help="delta of the strict (epsilon, delta) (srr.delta)")] = None,
-    max_epsilon: Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to start (or stop) above this epsilon under --accounting")] = None,
-    accounting: Annotated[Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")] = Accounting.paper,
-    setting: Annotated[Optional[o.SRRSetting], typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)")] = None,
-    mechanism: Annotated[Optional[Mechanism], typer.Option("--mechanism", "-m", help="srr, rr (plain randomized response) or rr-prior (RRWithPrior)")] = None,
+    epsilon: Annotated[
+        Optional[float], typer.Option("--epsilon", "-e", help="epsilon per label (srr.epsilon; the paper's epsilon)")
+    ] = None,
+    delta: Annotated[
+        Optional[float], typer.Option("--delta", help="delta of the strict (epsilon, delta) (srr.delta)")
+    ] = None,
+    max_epsilon: Annotated[
+        Optional[float],
+        typer.Option("--max-epsilon", help="refuse to start (or stop) above this epsilon under --accounting"),
+    ] = None,
+    accounting: Annotated[
+        Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")
+    ] = Accounting.paper,
+    setting: Annotated[
+        Optional[o.SRRSetting],
+        typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)"),
+    ] = None,
+    mechanism: Annotated[
+        Optional[Mechanism],
+        typer.Option("--mechanism", "-m", help="srr, rr (plain randomized response) or rr-prior (RRWithPrior)"),
+    ] = None,
     stages: Annotated[Optional[int], typer.Option("--stages", "-T", help="number of stages T (srr.stages)")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", "-N", help="labels drawn in all (srr.num_samples; 0 = |D|)")] = None,
-    variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result (default: from setting and mechanism)")] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="build the teacher and generator inside this run; share nothing")] = False,
+    samples: Annotated[
+        Optional[int], typer.Option("--samples", "-N", help="labels drawn in all (srr.num_samples; 0 = |D|)")
+    ] = None,
+    variant: Annotated[
+        Optional[str],
+        typer.Option("--variant", help="name suffix of the recorded result (default: from setting and mechanism)"),
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="build the teacher and generator inside this run; share nothing")
+    ] = False,
 ) -> None:
     """Distil a private teacher into a student through labels drawn once by selective randomized response.
 
@@ -50,9 +72,9 @@ def srr_command(
 
     extra = o.section_overrides("srr", epsilon=epsilon, delta=delta, setting=setting and setting.value,
                                 mechanism=mechanism and mechanism.value, stages=stages, num_samples=samples)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
+                            precision=precision, data_root=data_root, no_progress=no_progress)
     summary = train_srr(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache,
                         variant=variant)
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")

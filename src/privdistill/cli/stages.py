@@ -14,7 +14,8 @@ from privdistill.cli.display import show_summary
 
 teachers_app = typer.Typer(help="Teacher ensembles on disjoint partitions.", no_args_is_help=True)
 generator_app = typer.Typer(help="Data-free generators.", no_args_is_help=True)
-cache_app = typer.Typer(help="The stage cache (baseline, teachers, generator, synthetic set, VAE).", no_args_is_help=True)
+cache_app = typer.Typer(help="The stage cache (baseline, teachers, generator, synthetic set, VAE).",
+                        no_args_is_help=True)
 console = Console()
 
 NoCache = Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")]
@@ -27,18 +28,23 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
                    precision: o.Precision = None, data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
                    num_teachers: Annotated[Optional[int], typer.Option("--num-teachers", "-n")] = None,
                    trainer: Annotated[Optional[str], typer.Option("--trainer", help="vectorized or loop")] = None,
-                   laplace_scale: Annotated[float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")] = 40.0,
-                   ray_address: Annotated[Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")] = None,
+                   laplace_scale: Annotated[
+                       float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")
+                   ] = 40.0,
+                   ray_address: Annotated[
+                       Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")
+                   ] = None,
                    no_cache: NoCache = False) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
     from privdistill.methods.teachers import train_teachers_workflow
 
     # `or None`: an empty --trainer or -n 0 means "not given", as before
     extra = o.section_overrides("teachers", num_teachers=num_teachers or None, trainer=trainer or None)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
-    summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache, ray_address=ray_address)
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
+                            precision=precision, data_root=data_root, no_progress=no_progress)
+    summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache,
+                                      ray_address=ray_address)
     show_summary(summary, title=f"{summary['num_teachers']} teachers on {summary['dataset']}")
     console.print(f"ensemble (plurality) {summary['ensemble_accuracy']:.4f}, Laplace b={laplace_scale:g} noisy vote "
                   f"{summary.get('noisy_ensemble_accuracy', float('nan')):.4f}, mean single teacher "
@@ -47,7 +53,9 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
 
 
 @generator_app.command("train")
-def generator_train(teacher: Annotated[Path, typer.Option("--teacher", "-t", help="run directory of the fixed classifier")],
+def generator_train(teacher: Annotated[
+                        Path, typer.Option("--teacher", "-t", help="run directory of the fixed classifier")
+                    ],
                     preset: o.Preset = "quick", config: o.ConfigFile = None, set_: o.Overrides = None,
                     run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
                     seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None,
@@ -68,7 +76,8 @@ def generator_train(teacher: Annotated[Path, typer.Option("--teacher", "-t", hel
     show_summary(summary, title=f"generator ({summary['loss']} loss) on {summary['dataset']}")
     q = summary["synthetic_quality"]
     console.print(f"teacher on {summary['num_samples']} synthetic samples: histogram {q['class_histogram']}, "
-                  f"entropy {q['histogram_entropy_normalised']:.3f} of max, mean confidence {q['mean_confidence']:.3f}; "
+                  f"entropy {q['histogram_entropy_normalised']:.3f} of max, "
+                  f"mean confidence {q['mean_confidence']:.3f}; "
                   f"student trained on them alone: test accuracy {summary['test_accuracy']:.4f}. "
                   f"Grid: {summary['run_dir']}/samples.png", highlight=False)
 

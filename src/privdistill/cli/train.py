@@ -1,4 +1,5 @@
-"""`privdistill train baseline|audit-control`: the non-private reference classifier, and the audits' positive control."""
+"""`privdistill train baseline|audit-control`: the non-private reference classifier, and the audits'
+positive control."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o
              set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
              seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
              no_progress: o.NoProgress = False,
-             no_cache: Annotated[bool, typer.Option("--no-cache", help="train inside this run; do not share the stage")] = False) -> None:
+             no_cache: Annotated[
+                 bool, typer.Option("--no-cache", help="train inside this run; do not share the stage")
+             ] = False) -> None:
     """Train the classifier directly on all private data (no privacy): the accuracy to beat."""
     from privdistill.methods.baseline import train_baseline
 

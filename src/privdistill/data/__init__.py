@@ -21,9 +21,9 @@ from privdistill.data.dataset import DataSplits, ImageDataset, to_float, to_uint
 from privdistill.data.partition import missing_classes, partition_indices
 
 __all__ = [
-    "BUILTIN", "DataSplits", "dataset_slug", "ImageDataset", "canonical_name", "default_data_root", "get_spec", "load_data",
-    "load_image_folder", "load_npz", "missing_classes", "partition_indices", "prepare", "resolve_data_root",
-    "status", "to_float", "to_uint8",
+    "BUILTIN", "DataSplits", "dataset_slug", "ImageDataset", "canonical_name", "default_data_root", "get_spec",
+    "load_data", "load_image_folder", "load_npz", "missing_classes", "partition_indices", "prepare",
+    "resolve_data_root", "status", "to_float", "to_uint8",
 ]
 
 

@@ -150,7 +150,8 @@ def _prepare_idx(spec: DatasetSpec, root: Path, source: Path | None, download: b
         _download(spec, root)
         return "downloaded"
     where = ", ".join(str(d) for d in searched) or "(no source directories)"
-    raise DataError(f"{spec.name} is not prepared in {raw} and no offline copy was found in: {where}. {spec.how_to_get}")
+    raise DataError(f"{spec.name} is not prepared in {raw} and no offline copy was found in: {where}. "
+                    f"{spec.how_to_get}")
 
 
 def _download(spec: DatasetSpec, root: Path) -> None:

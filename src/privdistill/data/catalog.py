@@ -56,7 +56,8 @@ MNIST = DatasetSpec(
         "access (downloads through torchvision)."
     ),
     raw_files=(
-        RawFile("train-images-idx3-ubyte", "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db", 47040016),
+        RawFile("train-images-idx3-ubyte", "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+                47040016),
         RawFile("train-labels-idx1-ubyte", "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5", 60008),
         RawFile("t10k-images-idx3-ubyte", "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7", 7840016),
         RawFile("t10k-labels-idx1-ubyte", "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2", 10008),
@@ -80,7 +81,8 @@ FASHION_MNIST = DatasetSpec(
         "`privdistill data prepare fashion-mnist`."
     ),
     raw_files=(
-        RawFile("train-images-idx3-ubyte", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888", 47040016),
+        RawFile("train-images-idx3-ubyte", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+                47040016),
         RawFile("train-labels-idx1-ubyte", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9", 60008),
         RawFile("t10k-images-idx3-ubyte", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b", 7840016),
         RawFile("t10k-labels-idx1-ubyte", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34", 10008),
@@ -121,7 +123,8 @@ SVHN = DatasetSpec(
 BUILTIN: dict[str, DatasetSpec] = {s.name: s for s in (MNIST, FASHION_MNIST, CIFAR10, SVHN)}
 
 # Spellings users type for the same dataset.
-ALIASES = {"fmnist": "fashion-mnist", "fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "cifar-10": "cifar10"}
+ALIASES = {"fmnist": "fashion-mnist", "fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist",
+           "cifar-10": "cifar10"}
 
 
 def canonical_name(name: str) -> str:

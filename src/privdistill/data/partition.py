@@ -10,7 +10,8 @@ import torch
 from privdistill.errors import DataError
 
 
-def partition_indices(labels: torch.Tensor, num_parts: int, *, seed: int, stratified: bool = False) -> list[torch.Tensor]:
+def partition_indices(labels: torch.Tensor, num_parts: int, *, seed: int,
+                      stratified: bool = False) -> list[torch.Tensor]:
     """Split indices 0..N-1 into `num_parts` disjoint, complete parts of near-equal size (seeded).
 
     Stratified: each class is shuffled and dealt round-robin, so every part gets the class mix of the whole

@@ -56,7 +56,8 @@ def _remote_env(spec: dict) -> Env:
     from privdistill.engine import device as dev
 
     device = dev.select_device("auto")
-    return Env(device=device, precision=spec["precision"] if device.type == "cpu" else dev.resolve_precision("auto", device),
+    return Env(device=device,
+               precision=spec["precision"] if device.type == "cpu" else dev.resolve_precision("auto", device),
                seed=spec["seed"], deterministic=spec["deterministic"], progress=False)
 
 

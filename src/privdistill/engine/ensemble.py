@@ -75,7 +75,8 @@ class TeacherTraining:
 class TeacherEnsemble(nn.Module):
     """n teachers of one architecture with stacked parameters [n, ...]; `votes(x)` counts their argmaxes."""
 
-    def __init__(self, base: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor] | None = None):
+    def __init__(self, base: nn.Module, params: dict[str, torch.Tensor],
+                 buffers: dict[str, torch.Tensor] | None = None):
         super().__init__()
         self.base = [copy.deepcopy(base).to("meta")]  # a list: keeps the template out of state_dict
         self.names = list(params)
@@ -164,7 +165,8 @@ class TeacherEnsemble(nn.Module):
         for i, model in enumerate(models[1:], start=1):
             shapes = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
             if shapes != reference:
-                differing = sorted(set(shapes) ^ set(reference)) or sorted(k for k in shapes if shapes[k] != reference[k])
+                differing = (sorted(set(shapes) ^ set(reference))
+                             or sorted(k for k in shapes if shapes[k] != reference[k]))
                 raise ModelError(f"teacher {i} has a different architecture from teacher 0 "
                                  f"(differs in {', '.join(differing[:4])}{' ...' if len(differing) > 4 else ''}); "
                                  "an ensemble's teachers must share one architecture")

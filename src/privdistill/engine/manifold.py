@@ -15,9 +15,8 @@ batch with `vmap`): c forward-mode passes of the small decoder per batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import contextlib
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -78,7 +77,8 @@ class ManifoldPerturber:
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder.decode(z)
 
-    def tangent(self, student: nn.Module, z: torch.Tensor, x_hat: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def tangent(self, student: nn.Module, z: torch.Tensor, x_hat: torch.Tensor,
+                generator: torch.Generator) -> torch.Tensor:
         eta = _unit(torch.randn(z.shape, generator=generator).to(z.device))
         if self.cfg.mode == "adversarial":
             with self.autocast():
@@ -86,7 +86,8 @@ class ManifoldPerturber:
         with torch.no_grad():
             return self.decode(z + self.cfg.tangent_eps * eta)
 
-    def normal(self, student: nn.Module, z: torch.Tensor, x_hat: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def normal(self, student: nn.Module, z: torch.Tensor, x_hat: torch.Tensor,
+               generator: torch.Generator) -> torch.Tensor:
         basis = decoder_tangent_basis(self.decoder, z)
         d = _unit(project_normal(torch.randn(x_hat.shape, generator=generator).to(x_hat.device), basis))
         if self.cfg.mode == "adversarial":

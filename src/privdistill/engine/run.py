@@ -192,8 +192,10 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [prefix.rstrip(".")] if a != b else []
 
 
-def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "results", name: str | None = None) -> Path:
-    """Copy a run's summary to results/<preset>/<method>-<dataset>[-eps<ε>][-<variant>].json (small JSON, no weights)."""
+def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "results",
+                  name: str | None = None) -> Path:
+    """Copy a run's summary to results/<preset>/<method>-<dataset>[-eps<ε>][-<variant>].json
+    (small JSON, no weights)."""
     from privdistill.data import dataset_slug
 
     preset = summary.get("preset") or "custom"

@@ -76,7 +76,8 @@ class Stages:
                                       description="baseline")
             run.save_weights("model", model)
             run.remove_checkpoint()
-            return {"test_accuracy": round(evaluate(model, data.test, self.env), 4), "wall_seconds": round(result.wall_seconds, 1),
+            return {"test_accuracy": round(evaluate(model, data.test, self.env), 4),
+                    "wall_seconds": round(result.wall_seconds, 1),
                     "steps": result.steps, "device": self.env.describe()}
 
         stage = self._get("baseline", self._material(cfg), build)

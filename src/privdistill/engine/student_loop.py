@@ -83,7 +83,8 @@ class StudentLoop:
                 self.run.log(stage=self.log_stage, **entry)
         if self.run is not None and done % self.checkpoint_every == 0 and done < self.steps:
             self.run.save_checkpoint({"student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                      "step": done, "elapsed": self.wall_seconds(), "history": self.history}, CHECKPOINT)
+                                      "step": done, "elapsed": self.wall_seconds(), "history": self.history},
+                                     CHECKPOINT)
         last = self.history[-1] if self.history else {}
         self._bar.advance(1, loss=float(loss.detach()),
                           **({"acc": last["test_accuracy"]} if "test_accuracy" in last else {}))

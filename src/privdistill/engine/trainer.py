@@ -134,7 +134,8 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
             running_loss += float(loss.detach())
             done = step + 1
             if done % eval_every == 0 or done == steps:
-                entry = {"step": done, "epoch": round(done / per_epoch, 3), "train_loss": running_loss / max(1, done % eval_every or eval_every)}
+                entry = {"step": done, "epoch": round(done / per_epoch, 3),
+                         "train_loss": running_loss / max(1, done % eval_every or eval_every)}
                 running_loss = 0.0
                 if test is not None:
                     entry["test_accuracy"] = evaluate(model, test, env)
@@ -143,7 +144,9 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
                     run.log(stage=log_prefix or description, **entry)
             if done % cfg.checkpoint_every == 0 and done < steps:
                 save(done)
-            bar.advance(1, loss=float(loss.detach()), **({"acc": history[-1]["test_accuracy"]} if history and "test_accuracy" in history[-1] else {}))
+            bar.advance(1, loss=float(loss.detach()),
+                        **({"acc": history[-1]["test_accuracy"]}
+                           if history and "test_accuracy" in history[-1] else {}))
     wall = elapsed + time.perf_counter() - t0
     final = history[-1].get("test_accuracy") if history else None
     if run is not None:

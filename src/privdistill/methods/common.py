@@ -45,7 +45,8 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     env = Env.from_options(options)
     data = load_data(dataset, options.data_root, seed=options.seed)
     config = {"method": method, "dataset": dataset, "preset": request.preset, **to_plain(resolved)}
-    run_dir = request.run_dir or str(Path(options.runs_dir) / f"{method}-{dataset_slug(dataset)}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = request.run_dir or str(
+        Path(options.runs_dir) / f"{method}-{dataset_slug(dataset)}-{time.strftime('%Y%m%d-%H%M%S')}")
     run = RunDir.open(run_dir, config=config, resume=request.resume)
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter())
 
@@ -96,7 +97,8 @@ class MethodAPI:
                           record=self.record)
 
 
-def finish_run(prep: Prepared, request: RunRequest, *, method: str, wall_seconds: float, **fields: Any) -> dict[str, Any]:
+def finish_run(prep: Prepared, request: RunRequest, *, method: str, wall_seconds: float,
+               **fields: Any) -> dict[str, Any]:
     summary = prep.run.write_summary(method=method, dataset=prep.dataset, preset=request.preset,
                                      wall_seconds=round(wall_seconds, 1), device=prep.env.describe(), **fields)
     if request.record:

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-
 from privdistill.config import ClassifierTraining, RunOptions, resolve_sections, to_plain
 from privdistill.data import ImageDataset, load_data
 from privdistill.engine import Env, RunDir, evaluate, record_result, train_classifier
@@ -46,8 +45,10 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     dataset = teacher_cfg.get("dataset")
     if not dataset:
         raise RunError(f"{req.teacher}/config.yaml does not say which dataset the teacher was trained on")
-    sections = resolve_sections({"run": RunOptions, "generator": GeneratorTraining, "synthetic_student": ClassifierTraining},
-                                preset=req.preset, dataset=dataset, config_file=req.config_file, overrides=req.overrides)
+    sections = resolve_sections({"run": RunOptions, "generator": GeneratorTraining,
+                                 "synthetic_student": ClassifierTraining},
+                                preset=req.preset, dataset=dataset, config_file=req.config_file,
+                                overrides=req.overrides)
     env = Env.from_options(sections["run"])
     data = load_data(dataset, sections["run"].data_root)
     cfg: GeneratorTraining = sections["generator"]

@@ -159,7 +159,8 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
     stage_refs: dict[str, Any] = {}
     if cfg.inputs == "generator":
         baseline, baseline_stage = stages.baseline(s["baseline"])
-        generator, gen_stage = stages.generator(baseline, file_digest(baseline_stage.path / "model.safetensors"), s["generator"])
+        generator, gen_stage = stages.generator(baseline, file_digest(baseline_stage.path / "model.safetensors"),
+                                                s["generator"])
         n = cfg.num_synthetic or len(data.train)
         pool, pool_stage = stages.synthetic(generator, gen_stage, n)
         teachers, teachers_stage = stages.teachers(s["teachers"])
@@ -208,12 +209,14 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
         run.save_weights("generator", generator)
 
     # --- privacy report and summary ---------------------------------------------------------------------
-    artifacts = dgd_pathways(aggregation=cfg.aggregation, inputs="generator" if cfg.inputs == "generator" else "held-out-private")
+    artifacts = dgd_pathways(aggregation=cfg.aggregation,
+                             inputs="generator" if cfg.inputs == "generator" else "held-out-private")
     write_privacy_json(run.path, artifacts, method="dgd")
     both = ledger.epsilon_both()
     summary = finish_run(
-        prep, request, method="dgd" if cfg.aggregation == "laplace" else "dgd+", wall_seconds=time.perf_counter() - prep.started,
-        test_accuracy=round(accuracy, 4), baseline_accuracy=None if baseline_accuracy is None else round(baseline_accuracy, 4),
+        prep, request, method="dgd" if cfg.aggregation == "laplace" else "dgd+",
+        wall_seconds=time.perf_counter() - prep.started, test_accuracy=round(accuracy, 4),
+        baseline_accuracy=None if baseline_accuracy is None else round(baseline_accuracy, 4),
         epsilon_paper=round(both["paper"].value, 3), epsilon_strict=round(both["strict"].value, 3), delta=cfg.delta,
         epsilon_covers="the teacher-vote channel only (strict); paper adds ε1 for the latent noise",
         not_covered=[p.via for p in artifacts["student"] if not p.covered],
@@ -294,7 +297,8 @@ def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env
 
 # ------------------------------------------------------------------------------------ student learning
 def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module,
-                  cfg: StudentConfig, env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None) -> tuple[nn.Module, dict]:
+                  cfg: StudentConfig, env: Env, *, run: RunDir | None = None,
+                  test: ImageDataset | None = None) -> tuple[nn.Module, dict]:
     """Semi-supervised student (DGD Eq. 1): CE on the labelled queries + tangent/normal/entropy energy on
     decoded latent codes. Resumable from `student-checkpoint`."""
     loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, env=env, title="DGD student", log_stage="student",
@@ -311,7 +315,8 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
         parts = {"ce": float(loss.detach())}
         if use_unlabelled:
             gen = env.generator(_PERTURB_STREAM, step)
-            z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size, env.generator(_UNLABEL_STREAM, step)).to(env.device)]
+            z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size,
+                                   env.generator(_UNLABEL_STREAM, step)).to(env.device)]
             with torch.no_grad(), env.autocast():
                 x_hat = env.place_batch(perturber.decode(z).float())
                 clean = student.features(x_hat).float()

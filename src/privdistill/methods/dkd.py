@@ -62,7 +62,8 @@ def teacher_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *, 
     t = teacher_logits.float()
     s = s.expand_as(t)
     if kind == "ce":
-        return F.cross_entropy(s.reshape(-1, s.shape[-1]), t.argmax(-1).reshape(-1), reduction="none").view(t.shape[:-1])
+        return F.cross_entropy(s.reshape(-1, s.shape[-1]), t.argmax(-1).reshape(-1),
+                               reduction="none").view(t.shape[:-1])
     if kind == "kl":
         log_ps = torch.log_softmax(s / temperature, -1)
         log_pt = torch.log_softmax(t / temperature, -1)

@@ -77,7 +77,12 @@ from privdistill.models import create_model
 from privdistill.privacy import calibration
 from privdistill.privacy.events import DPDFDSteps
 from privdistill.privacy.ledger import PrivacyLedger
-from privdistill.privacy.mechanisms import gaussian_noise, make_generator, normalize_and_noise, normalize_and_noise_multi
+from privdistill.privacy.mechanisms import (
+    gaussian_noise,
+    make_generator,
+    normalize_and_noise,
+    normalize_and_noise_multi,
+)
 from privdistill.privacy.report import PRIVATE, Pathway, dpdfd_pathways, write_privacy_json
 
 # random streams (see Env.generator)
@@ -208,13 +213,15 @@ def clip_and_noise(grads: torch.Tensor, *, clip_norm: float, sigma: float, granu
     b, k = clipped.shape
     div = n * (b if batch_mean else 1)
     if granularity == "per_sample":
-        noise = gaussian_noise((b, k), sigma=sigma * clip_norm, generator=generator, device=grads.device, dtype=grads.dtype)
+        noise = gaussian_noise((b, k), sigma=sigma * clip_norm, generator=generator, device=grads.device,
+                               dtype=grads.dtype)
         return (clipped + noise) / div
     noise = gaussian_noise((k,), sigma=sigma * clip_norm, generator=generator, device=grads.device, dtype=grads.dtype)
     return (clipped.sum(0) + noise) / div
 
 
-def privatise(grads: torch.Tensor, cfg: DPDFDConfig, clip_norm: float, sigma: float, generator: torch.Generator) -> torch.Tensor:
+def privatise(grads: torch.Tensor, cfg: DPDFDConfig, clip_norm: float, sigma: float,
+              generator: torch.Generator) -> torch.Tensor:
     """A_{C,sigma} on per-sample output gradients [B, K] (Alg. 1/3) or [n, B, K] (Alg. 2) -> [B, K] (or [K])."""
     multi = grads.dim() == 3
     if cfg.operation == "clip":
@@ -247,7 +254,8 @@ def student_loss(logits: torch.Tensor, anchor: torch.Tensor, step: torch.Tensor,
     return -(torch.softmax(anchor - step, -1) * torch.log_softmax(logits, -1)).sum()
 
 
-def generator_loss(logits: torch.Tensor, feats: torch.Tensor, cfg: DPDFDConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def generator_loss(logits: torch.Tensor, feats: torch.Tensor,
+                   cfg: DPDFDConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """L_G of Eq. 5 on the STUDENT's outputs (see the module docstring for the signs)."""
     logits, feats = logits.float(), feats.float()
     one_hot = F.cross_entropy(logits, logits.argmax(1))
@@ -365,7 +373,8 @@ def _state_digest(model: nn.Module) -> str:
 def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes: int,
                  device: torch.device) -> tuple[nn.Module, str]:
     """A user-given teacher and a key identifying it (for the generator stage)."""
-    given = [x for x in (spec.run_dir, spec.module_file, spec.torchvision) if x] + [spec.module] * (spec.module is not None)
+    given = ([x for x in (spec.run_dir, spec.module_file, spec.torchvision) if x]
+             + [spec.module] * (spec.module is not None))
     if len(given) > 1:
         raise ConfigError("give one teacher: --teacher RUN_DIR, --teacher-module FILE or --torchvision NAME")
     if spec.module is not None:
@@ -481,7 +490,8 @@ class _Chunks:
         return seed
 
 
-def train_dpdfd(*, cfg: DPDFDConfig, plan: Plan, env: Env, ledger: PrivacyLedger, teacher: nn.Module | TeacherEnsemble | None,
+def train_dpdfd(*, cfg: DPDFDConfig, plan: Plan, env: Env, ledger: PrivacyLedger,
+                teacher: nn.Module | TeacherEnsemble | None,
                 channels: int, num_classes: int, image_size: int, generator_cfg: GeneratorTraining,
                 init_generator: nn.Module | None = None, private: ImageDataset | None = None,
                 test: ImageDataset | None = None, run: RunDir | None = None,
@@ -566,7 +576,8 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: Plan, env: Env, ledger: PrivacyLedger
                     on_eval(entry)
             if done % cfg.checkpoint_every == 0 and done < total:
                 save(done)
-            bar.advance(1, **({"acc": history[-1]["test_accuracy"]} if history and "test_accuracy" in history[-1] else {}))
+            bar.advance(1, **({"acc": history[-1]["test_accuracy"]}
+                              if history and "test_accuracy" in history[-1] else {}))
         else:
             step = total
     steps_done = step if stopped else total
@@ -585,7 +596,8 @@ def _datafree_step(cfg: DPDFDConfig, plan: Plan, env: Env, student: nn.Module, o
     updated student; the generator descends d(L_S + L_G)/d(theta_g), each term through its own forward pass.
     The synthetic batch x is a leaf for both student passes, and the two input gradients are summed and
     back-propagated through the generator once."""
-    z = torch.randn(cfg.batch_size, generator_latent(generator), generator=env.generator(_Z_STREAM, step)).to(env.device)
+    z = torch.randn(cfg.batch_size, generator_latent(generator),
+                    generator=env.generator(_Z_STREAM, step)).to(env.device)
     train_generator = bool(cfg.generator_every) and (step + 1) % cfg.generator_every == 0
     generator.train()
     with env.autocast(), torch.set_grad_enabled(train_generator):
@@ -763,7 +775,8 @@ def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache:
     if cfg.epsilon is not None:
         for acc in ("paper", "strict"):
             try:
-                allowed[acc] = calibration.max_steps(template, target_epsilon=cfg.epsilon, delta=cfg.delta, accounting=acc)
+                allowed[acc] = calibration.max_steps(template, target_epsilon=cfg.epsilon, delta=cfg.delta,
+                                                     accounting=acc)
             except PrivacyError:
                 allowed[acc] = 0
     statement = privacy_statement(cfg, eps, cfg.delta)

@@ -195,7 +195,8 @@ def run_pate(request: RunRequest, *, max_epsilon: float | None = None, accountin
     labels, answered, event = _answer(ledger, teachers, query_images, cfg, env)
     keep = labels >= 0
     labelled = ImageDataset(query_images[keep], labels[keep], data.num_classes, name="answered queries")
-    label_accuracy = float((labels[keep] == public.labels[order[:queries]][keep]).float().mean()) if keep.any() else None
+    label_accuracy = (float((labels[keep] == public.labels[order[:queries]][keep]).float().mean())
+                      if keep.any() else None)
 
     st: PATEStudentConfig = s["pate_student"]
     torch.manual_seed(env.generator(_INIT_STREAM).initial_seed())

@@ -449,7 +449,8 @@ def train_srr(request: RunRequest, *, max_epsilon: float | None = None, accounti
         """Stage j's (0-based) released labels, read back from the ledger: never re-drawn."""
         def never():
             raise RuntimeError(f"stage {j + 1}'s labels are not in the ledger")
-        return torch.as_tensor(ledger.spend(f"stage-{j + 1}", label_event(cfg, plan.sizes[j], num_classes), never)).long()
+        return torch.as_tensor(ledger.spend(f"stage-{j + 1}", label_event(cfg, plan.sizes[j], num_classes),
+                                            never)).long()
 
     threshold = cfg.threshold if cfg.threshold is not None else 1.0 / (2 * num_classes)
     stopped = None

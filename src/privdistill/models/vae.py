@@ -25,7 +25,8 @@ class ConvVAE(nn.Module):
         flat = 2 * width * self.grid[0] * self.grid[1]
         self.encoder = nn.Sequential(
             nn.Conv2d(in_channels, width, 4, stride=2, padding=1), nn.LeakyReLU(0.2, inplace=True),
-            nn.Conv2d(width, 2 * width, 4, stride=2, padding=1), nn.BatchNorm2d(2 * width), nn.LeakyReLU(0.2, inplace=True),
+            nn.Conv2d(width, 2 * width, 4, stride=2, padding=1), nn.BatchNorm2d(2 * width),
+            nn.LeakyReLU(0.2, inplace=True),
             nn.Flatten(), nn.Linear(flat, hidden), nn.LeakyReLU(0.2, inplace=True),
         )
         self.to_mu = nn.Linear(hidden, latent_dim)
@@ -55,7 +56,8 @@ class ConvVAE(nn.Module):
         return self.decode(z), mu, logvar
 
 
-def vae_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+def vae_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor,
+             beta: float = 1.0) -> torch.Tensor:
     """Negative ELBO per example: squared error (Gaussian likelihood) + beta * KL(q(z|x) || N(0, I))."""
     rec = F.mse_loss(recon, x, reduction="sum") / x.shape[0]
     kl = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp()) / x.shape[0]

@@ -27,11 +27,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Sequence
 
-import numpy as np
-from scipy.optimize import minimize_scalar
-
 import dp_accounting
+import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+from scipy.optimize import minimize_scalar
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy import pate

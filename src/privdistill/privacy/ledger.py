@@ -292,7 +292,8 @@ class PrivacyLedger:
     def _write_header(self) -> None:
         self._header = {"kind": "header", "version": FORMAT_VERSION, "relation": REPLACE_ONE,
                         "accounting": self.accounting, "delta": self.delta, "max_epsilon": self.max_epsilon,
-                        "time": _now(), "note": "contains data-dependent statistics of the private data: do not publish"}
+                        "time": _now(),
+                        "note": "contains data-dependent statistics of the private data: do not publish"}
         self._append(self._header)
 
     # ------------------------------------------------------------------------------------- queries
