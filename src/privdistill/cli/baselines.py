@@ -63,12 +63,8 @@ def pate_command(
         Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")
     ] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
-    max_epsilon: Annotated[
-        Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")
-    ] = None,
-    accounting: Annotated[
-        str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")
-    ] = "strict",
+    max_epsilon: o.MaxEpsilon = None,
+    accounting: o.BudgetAccounting = "strict",
     variant: Annotated[
         Optional[str],
         typer.Option("--variant", help="name suffix of the recorded result (default: the aggregator unless gnmax)"),

@@ -33,12 +33,8 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
             inputs: Annotated[
                 Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")
             ] = None,
-            max_epsilon: Annotated[
-                Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")
-            ] = None,
-            accounting: Annotated[
-                str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")
-            ] = "strict",
+            max_epsilon: o.MaxEpsilon = None,
+            accounting: o.BudgetAccounting = "strict",
             variant: Annotated[
                 Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
             ] = None,

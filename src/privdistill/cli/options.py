@@ -33,6 +33,11 @@ DataRoot = Annotated[
     typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)"),
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
+# the hard budget of the teacher-vote methods (PATE, DGD) and which accounting it is checked under
+MaxEpsilon = Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")]
+BudgetAccounting = Annotated[
+    str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")
+]
 
 
 class SRRSetting(str, Enum):
