@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from privdistill.config import PRESETS
+
 # Accuracy the papers print (fractions), by (method, dataset, ε). Sources: DGD Table I (δ = 1e-5) and its
 # baselines; DPDFD Table 1; SRR Table I.
 PAPER = {
@@ -307,10 +309,9 @@ def bench_table(results: list[dict]) -> str:
 def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/results.md") -> list[str]:
     """Rewrite every generated block of docs/results.md from results/*/*.json; returns the block names."""
     blocks = {}
-    root = Path(results_dir)
-    # results/superseded/ keeps numbers a later fix made obsolete (cited by hand in results.md): not a preset
-    presets = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "superseded") if root.is_dir() else []
-    for preset in presets:
+    # only results/<preset>/ of a known preset: other folders (results/superseded/, numbers a later fix made
+    # obsolete and cited by hand in results.md) are not tables
+    for preset in sorted(p for p in PRESETS if (Path(results_dir) / p).is_dir()):
         results = load_results(results_dir, preset)
         blocks[f"baseline-{preset}"] = baseline_table(results)
         blocks[f"generator-{preset}"] = generator_table(results)
