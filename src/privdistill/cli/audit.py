@@ -44,7 +44,7 @@ def audit_command(
         extra.append("audit.inversion=false")
     if shadows is not None:
         extra.append(f"audit.shadows={shadows}")
-    overrides = o.run_overrides((set_ or []) + extra, device=device, data_root=data_root, no_progress=no_progress)
+    overrides = o.run_overrides(set_, extra=extra, device=device, data_root=data_root, no_progress=no_progress)
     table = Table(title="membership inference (members: training data, non-members: test data)")
     for col in ("run", "attack", "AUC", "TPR @ 1% FPR", "loss-attack AUC", "inversion corr.", "seconds"):
         table.add_column(col)

@@ -35,7 +35,7 @@ def dpsgd_command(
 
     extra = o.section_overrides("dpsgd", epsilon=epsilon, delta=delta, accountant=accountant, calibration=calibration,
                                 epochs=epochs)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
     s = run_dpsgd(request, variant=variant)
@@ -75,7 +75,7 @@ def pate_command(
     from privdistill.methods.pate import run_pate
 
     extra = o.section_overrides("pate", epsilon=epsilon, queries=queries, aggregation=aggregation, delta=delta)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
     s = run_pate(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)

@@ -48,7 +48,7 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
                                 inputs=inputs)
     if no_latent_noise:
         extra.append("dgd.latent_noise=false")
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
     result = run_dgd(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)

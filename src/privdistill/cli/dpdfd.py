@@ -60,7 +60,7 @@ def command(
 
     extra = o.section_overrides("dpdfd", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting,
                                 algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
     spec = TeacherSpec(run_dir=str(teacher) if teacher else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -53,21 +54,22 @@ def section_overrides(section: str, **values) -> list[str]:
 
 
 def run_request(*, dataset: str, preset: str, config: Path | None, overrides: list[str] | None, run_dir: Path | None,
-                resume: bool, record: bool, seed=None, device=None, precision=None, data_root=None,
-                no_progress: bool = False):
-    """The RunRequest every method command builds from the shared options above."""
+                resume: bool, record: bool, extra: Sequence[str] = (), seed=None, device=None, precision=None,
+                data_root=None, no_progress: bool = False):
+    """The RunRequest every method command builds from the shared options above (``extra``: see run_overrides)."""
     from privdistill.methods.common import RunRequest
 
     return RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                      overrides=run_overrides(overrides, seed=seed, device=device, precision=precision,
+                      overrides=run_overrides(overrides, extra=extra, seed=seed, device=device, precision=precision,
                                               data_root=data_root, no_progress=no_progress),
                       run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
 
 
-def run_overrides(overrides: list[str] | None, *, seed=None, device=None, precision=None, data_root=None,
-                  no_progress=False) -> list[str]:
-    """Fold the dedicated options into --set overrides of the `run` section."""
-    out = list(overrides or [])
+def run_overrides(overrides: list[str] | None, *, extra: Sequence[str] = (), seed=None, device=None, precision=None,
+                  data_root=None, no_progress=False) -> list[str]:
+    """--set overrides, then ``extra`` (a command's dedicated options, from section_overrides), then the shared
+    options folded into the `run` section."""
+    out = list(overrides or []) + list(extra)
     for key, value in (("seed", seed), ("device", device), ("precision", precision), ("data_root", data_root)):
         if value is not None:
             out.append(f"run.{key}={value}")

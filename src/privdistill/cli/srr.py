@@ -72,7 +72,7 @@ def srr_command(
 
     extra = o.section_overrides("srr", epsilon=epsilon, delta=delta, setting=setting and setting.value,
                                 mechanism=mechanism and mechanism.value, stages=stages, num_samples=samples)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
     summary = train_srr(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache,

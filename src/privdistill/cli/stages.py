@@ -40,7 +40,7 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
 
     # `or None`: an empty --trainer or -n 0 means "not given", as before
     extra = o.section_overrides("teachers", num_teachers=num_teachers or None, trainer=trainer or None)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=(set_ or []) + extra,
+    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
     summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache,
@@ -69,7 +69,7 @@ def generator_train(teacher: Annotated[
     extra = [f"generator.loss={loss}"] if loss else []
     extra += [f"generator.num_samples={samples}"] if samples else []
     req = GeneratorRequest(teacher=str(teacher), preset=preset, config_file=str(config) if config else None,
-                           overrides=o.run_overrides((set_ or []) + extra, seed=seed, device=device,
+                           overrides=o.run_overrides(set_, extra=extra, seed=seed, device=device,
                                                      precision=precision, data_root=data_root, no_progress=no_progress),
                            run_dir=str(run_dir) if run_dir else None, resume=resume, record=record, cache=not no_cache)
     summary = train_generator_workflow(req)
