@@ -25,9 +25,11 @@ class _Bar:
         self._progress, self._task = progress, task
 
     def advance(self, n: int = 1, **metrics) -> None:
+        """Advance by n and show the metrics; a metric that is None (not measured yet) is left out."""
         if self._progress is None:
             return
-        info = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        info = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in metrics.items() if v is not None)
         self._progress.update(self._task, advance=n, info=info)
 
 

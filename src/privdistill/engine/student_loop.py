@@ -86,8 +86,7 @@ class StudentLoop:
                                       "step": done, "elapsed": self.wall_seconds(), "history": self.history},
                                      CHECKPOINT)
         last = self.history[-1] if self.history else {}
-        self._bar.advance(1, loss=float(loss.detach()),
-                          **({"acc": last["test_accuracy"]} if "test_accuracy" in last else {}))
+        self._bar.advance(1, loss=float(loss.detach()), acc=last.get("test_accuracy"))
 
     def wall_seconds(self) -> float:
         return self.elapsed + time.perf_counter() - self._t0

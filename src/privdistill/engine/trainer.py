@@ -144,9 +144,7 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
                     run.log(stage=log_prefix or description, **entry)
             if done % cfg.checkpoint_every == 0 and done < steps:
                 save(done)
-            bar.advance(1, loss=float(loss.detach()),
-                        **({"acc": history[-1]["test_accuracy"]}
-                           if history and "test_accuracy" in history[-1] else {}))
+            bar.advance(1, loss=float(loss.detach()), acc=history[-1].get("test_accuracy") if history else None)
     wall = elapsed + time.perf_counter() - t0
     final = history[-1].get("test_accuracy") if history else None
     if run is not None:

@@ -576,8 +576,7 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: Plan, env: Env, ledger: PrivacyLedger
                     on_eval(entry)
             if done % cfg.checkpoint_every == 0 and done < total:
                 save(done)
-            bar.advance(1, **({"acc": history[-1]["test_accuracy"]}
-                              if history and "test_accuracy" in history[-1] else {}))
+            bar.advance(1, acc=history[-1].get("test_accuracy") if history else None)
         else:
             step = total
     steps_done = step if stopped else total

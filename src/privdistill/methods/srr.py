@@ -492,7 +492,7 @@ def train_srr(request: RunRequest, *, max_epsilon: float | None = None, accounti
                 history.append(entry)
                 run.log(stage_name="srr", **entry)
                 save(i + 1)
-                bar.advance(1, **({"acc": entry["test_accuracy"]} if "test_accuracy" in entry else {}))
+                bar.advance(1, acc=entry.get("test_accuracy"))
     except BudgetExceededError as err:  # cannot happen after check_can_start, unless the ledger was edited
         stopped = str(err)
         raise
