@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import ClassifierTraining
-from privdistill.data.dataset import ImageDataset
+from privdistill.data.dataset import ImageDataset, to_uint8
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, build_generator, logits_and_features
@@ -807,7 +807,6 @@ def _save_samples(result: DPDFDResult, run: RunDir, env: Env, num_classes: int) 
     The student labels the generator's raw float output, as it saw it in training; the grid shows the same
     samples clamped to [-1, 1] (an output-BatchNorm generator exceeds that range)."""
     try:
-        from privdistill.data.dataset import to_uint8
         from privdistill.engine.datafree import generate
         from privdistill.engine.synthetic import save_grid
         from privdistill.engine.trainer import predict_logits
