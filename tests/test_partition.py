@@ -3,40 +3,46 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privdistill.data import missing_classes, partition_indices
-from privdistill.errors import DataError
+from privdistill.data import ImageDataset, missing_classes, partition_indices
+from privdistill.engine.ensemble import TeacherTraining, make_partitions
+from privdistill.errors import ConfigError, DataError
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 400), parts=st.integers(1, 50), seed=st.integers(0, 2**31), stratified=st.booleans(),
-       classes=st.integers(1, 10))
-def test_partition_is_disjoint_complete_balanced_and_deterministic(n, parts, seed, stratified, classes):
+@given(n=st.integers(1, 400), parts=st.integers(1, 50), seed=st.integers(0, 2**31))
+def test_partition_is_disjoint_complete_balanced_and_deterministic(n, parts, seed):
     parts = min(parts, n)
-    labels = torch.randint(0, classes, (n,), generator=torch.Generator().manual_seed(seed))
-    split = partition_indices(labels, parts, seed=seed, stratified=stratified)
+    split = partition_indices(n, parts, seed=seed)
     assert len(split) == parts
     joined = torch.cat(split)
     assert len(joined) == n and torch.equal(joined.sort().values, torch.arange(n)), "disjoint and complete"
     sizes = [len(p) for p in split]
     assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
-    again = partition_indices(labels, parts, seed=seed, stratified=stratified)
+    again = partition_indices(n, parts, seed=seed)
     assert all(torch.equal(a, b) for a, b in zip(split, again)), "deterministic for a seed"
 
 
 def test_different_seeds_give_different_partitions():
-    labels = torch.arange(1000) % 10
-    a = partition_indices(labels, 10, seed=0)
-    b = partition_indices(labels, 10, seed=1)
+    a = partition_indices(1000, 10, seed=0)
+    b = partition_indices(1000, 10, seed=1)
     assert not all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def test_stratified_parts_keep_the_class_mix():
-    labels = torch.arange(6000) % 10
-    split = partition_indices(labels, 50, seed=3, stratified=True)
-    for part in split:
-        counts = torch.bincount(labels[part], minlength=10)
-        assert int(counts.max() - counts.min()) <= 1
-    assert missing_classes(labels, split, 10) == {}
+def test_replacing_one_record_changes_one_teacher_only():
+    """The ensemble's privacy analysis: a record's replacement (its label included) touches one partition."""
+    labels = torch.arange(600) % 10
+    changed = labels.clone()
+    changed[123] = 7 if int(labels[123]) != 7 else 3
+    train = ImageDataset(torch.zeros(600, 1, 2, 2, dtype=torch.uint8), labels, num_classes=10, name="toy")
+    train_changed = ImageDataset(torch.zeros(600, 1, 2, 2, dtype=torch.uint8), changed, num_classes=10, name="toy")
+    cfg = TeacherTraining(num_teachers=20, batch_size=8)
+    before, after = make_partitions(train, cfg), make_partitions(train_changed, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_label_dependent_partitions_are_refused():
+    with pytest.raises(ConfigError, match="stratified"):
+        TeacherTraining(stratified=True).validate()
 
 
 def test_missing_classes_are_reported():
@@ -46,6 +52,6 @@ def test_missing_classes_are_reported():
 
 def test_more_parts_than_examples():
     with pytest.raises(DataError, match="more parts than examples"):
-        partition_indices(torch.zeros(5, dtype=torch.long), 6, seed=0)
+        partition_indices(5, 6, seed=0)
     with pytest.raises(DataError, match=">= 1"):
-        partition_indices(torch.zeros(5, dtype=torch.long), 0, seed=0)
+        partition_indices(5, 0, seed=0)

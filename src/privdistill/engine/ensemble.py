@@ -51,6 +51,7 @@ class TeacherTraining:
     batch_size: int = 128
     lr: float = 0.05
     lr_schedule: str = "linear"  # linear | constant
+    # Kept so that saved configs and stage keys stay valid; True is refused (see validate).
     stratified: bool = False
     # auto: vectorised on CUDA, the plain loop on a CPU, where it measured 3-5x faster (oneDNN's grouped
     # convolutions, which vmap turns the teachers' convolutions into, are slow; see docs/benchmarks.md).
@@ -69,6 +70,10 @@ class TeacherTraining:
             raise ConfigError(f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
         if self.chunk_size < 0:
             raise ConfigError("chunk_size must be >= 0")
+        if self.stratified:
+            raise ConfigError("teachers.stratified is no longer supported: a partition that depends on the labels "
+                              "changes for more than one teacher when one record is replaced, which breaks the "
+                              "ensemble's privacy analysis. Partitions are by index only.")
 
 
 # ------------------------------------------------------------------------------------------ the ensemble
@@ -213,7 +218,7 @@ def make_partitions(train: ImageDataset, cfg: TeacherTraining) -> list[torch.Ten
     if cfg.num_teachers > len(train):
         raise DataError(f"{cfg.num_teachers} teachers need at least {cfg.num_teachers} training examples; "
                         f"{train.name} has {len(train)}")
-    parts = partition_indices(train.labels, cfg.num_teachers, seed=cfg.partition_seed, stratified=cfg.stratified)
+    parts = partition_indices(len(train), cfg.num_teachers, seed=cfg.partition_seed)
     smallest = min(len(p) for p in parts)
     if smallest < cfg.batch_size:
         raise ConfigError(f"teachers.batch_size {cfg.batch_size} exceeds the smallest partition ({smallest} "
@@ -302,8 +307,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     if lacking:
         first = next(iter(lacking.items()))
         warnings.warn(f"{len(lacking)} of {cfg.num_teachers} partitions lack some class (partition {first[0]} has no "
-                      f"example of class(es) {first[1]}): those teachers can never vote for it. Use fewer teachers "
-                      "or teachers.stratified=true.", EnsembleWarning, stacklevel=2)
+                      f"example of class(es) {first[1]}): those teachers can never vote for it. Use fewer teachers.",
+                      EnsembleWarning, stacklevel=2)
     sizes = torch.tensor([len(p) for p in parts])
     padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
     for i, p in enumerate(parts):
