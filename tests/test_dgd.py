@@ -118,9 +118,10 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     spends = [r for r in ledger if r.get("kind") == "spend"]
     assert [r["key"] for r in spends] == ["dgd/queries", "dgd/latent-codes"]
 
-    # Resuming the finished run spends nothing more and reproduces the student exactly.
+    # Resuming the finished run spends nothing more and reproduces the student exactly; a budget just above
+    # what was spent lets it resume (the recorded uses are not planned a second time).
     again = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=40"], run_dir=str(run_dir),
-                               resume=True))
+                               resume=True), max_epsilon=1.01 * s["epsilon_strict"], accounting="strict")
     ledger2 = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert len([r for r in ledger2 if r.get("kind") == "spend"]) == 2, "no budget spent twice"
     assert again.summary["epsilon_strict"] == s["epsilon_strict"]

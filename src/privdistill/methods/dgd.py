@@ -132,6 +132,9 @@ SECTIONS = {"baseline": ClassifierTraining, "teachers": TeacherTraining, "genera
             "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig}
 
 
+# the ledger keys of the two mechanism uses a run spends budget on
+QUERIES_KEY, LATENT_KEY = "dgd/queries", "dgd/latent-codes"
+
 # what run_dgd returns: the student and generator as trained, the summary, ε under both accountings
 DGDResult = Released
 
@@ -150,9 +153,10 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
     vote_event = (LNMaxQueries(scale=cfg.laplace_scale, count=queries) if cfg.aggregation == "laplace"
                   else GNMaxQueries(sigma=cfg.gaussian_sigma, count=queries))
     latent_event = LatentLaplace(epsilon1=cfg.epsilon1, dim=s["vae"].latent_dim, clip=cfg.latent_clip)
-    planned = [vote_event] + ([latent_event] if cfg.latent_noise else [])
+    planned = {QUERIES_KEY: vote_event} | ({LATENT_KEY: latent_event} if cfg.latent_noise else {})
     ledger = PrivacyLedger(run.path / "ledger.jsonl", max_epsilon=max_epsilon, accounting=accounting, delta=cfg.delta)
-    ledger.check_can_start(planned)
+    # On resume the recorded uses are already in the ledger's total: plan only what is still to be spent.
+    ledger.check_can_start([event for key, event in planned.items() if key not in ledger])
 
     # --- discriminative and generative streams (cached stages) -----------------------------------------
     generator = None
@@ -187,7 +191,7 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
         fresh["answer"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
         return fresh["answer"]
 
-    labels = torch.as_tensor(ledger.spend("dgd/queries", vote_event, answer_queries)).long()
+    labels = torch.as_tensor(ledger.spend(QUERIES_KEY, vote_event, answer_queries)).long()
     diagnostics = {}
     if cfg.inputs == "generator":  # evaluation only: reads the non-private baseline, never released
         agree = _agreement_with_baseline(baseline, query_images, labels, fresh.get("answer"), env)
@@ -291,7 +295,7 @@ def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env
         gen = mechanisms.make_generator(seed + 1, secure=cfg.secure_noise)
         return mechanisms.laplace_latent_perturbation(codes, clip=cfg.latent_clip, epsilon1=cfg.epsilon1, generator=gen)
 
-    noisy = torch.as_tensor(ledger.spend("dgd/latent-codes", event, perturb))
+    noisy = torch.as_tensor(ledger.spend(LATENT_KEY, event, perturb))
     return noisy.clamp(-cfg.latent_clip, cfg.latent_clip)  # M(·): back into the decoder's input box
 
 
