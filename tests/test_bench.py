@@ -187,8 +187,9 @@ def _fake_results(root: Path, run_root: Path) -> None:
                               "epsilon_opacus_prv": 0.7}, "mia_auc": 0.51, "mia_tpr_at_1pct_fpr": 0.01,
          "audit": {"mia": {"attacks": {"lira-online": {"auc": 0.51, "tpr_at_1pct_fpr": 0.01}}}}},
         {"method": "pate", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9, "target_epsilon": 10.0,
-         "epsilon_paper": 10.5, "epsilon_strict": 9.9, "epsilon_data_dependent": 3.2, "delta": 1e-5,
-         "aggregation": "confident-gnmax", "queries": 2700, "answered": 1900, "label_accuracy": 0.98,
+         "epsilon_paper": 10.5, "epsilon_strict": 9.9, "epsilon_realised_answered_only": 7.5,
+         "epsilon_data_dependent": 3.2, "delta": 1e-5, "aggregation": "confident-gnmax", "queries": 2700,
+         "answered": 1900, "label_accuracy": 0.98,
          "variant": "confident-gnmax", "not_covered": ["x"]},
         # SRR's "stages" is a stage COUNT, DGD's a dict of stage references (the sample grid lives in one)
         {"method": "srr", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.97, "target_epsilon": 1.0,
@@ -220,7 +221,7 @@ def test_tables_and_figures_from_results(tmp_path):
     text = doc.read_text()
     assert {"dpsgd-quick", "pate-quick", "audits-quick", "bench-quick"} <= set(blocks)
     assert "| mnist | dpsgd | 1 | 95.00 | 92.47 | 0.999 | 1.1 | yes | 0.510 | 0.010 |" in text
-    assert "| mnist | confident-gnmax | 10 | 90.00 | 2700 | 1900 | 98.00 | 10.5 | 9.9 | 3.2 |" in text
+    assert "| mnist | confident-gnmax | 10 | 90.00 | 2700 | 1900 | 98.00 | 10.5 | 9.9 | 7.5 | 3.2 |" in text
     assert "0.600 [0.580, 0.620]" in text
     assert "| 97.62 | - | - | - | - | data-free | srr | 20 | 34.50 | 6.50 |" in text  # SRR's own columns
     files = {p.name for p in make_figures(tmp_path / "results", tmp_path / "fig")}

@@ -218,12 +218,19 @@ class TestGNMax:
         term = acc._strict_term(GNMaxQueries(sigma=40, count=1), DELTA)
         assert np.allclose(term.rdp, acc.ORDERS / 40**2)
 
-    def test_confident_counts_every_check_and_answered_only(self):
+    def test_confident_strict_prices_every_query_as_answered(self):
+        """The answered count is chosen adaptively by the mechanism: strict bounds the worst case, fixed in
+        advance (an RDP filter), and shows the answered-only (odometer) figure beside it; paper counts the
+        answered queries only, as PATE 2018 does."""
         ev = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1000, answered=300)
         term = acc._strict_term(ev, DELTA)
-        assert np.allclose(term.rdp, 1000 * acc.ORDERS / (2 * 150**2) + 300 * acc.ORDERS / 40**2)
+        assert np.allclose(term.rdp, 1000 * acc.ORDERS / (2 * 150**2) + 1000 * acc.ORDERS / 40**2)
         worst = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1000)
-        assert eps([worst]) > eps([ev])
+        assert eps([worst]) == pytest.approx(eps([ev]))
+        realised = term.details["epsilon_realised_answered_only"]
+        direct, _ = acc.rdp_to_epsilon(1000 * acc.ORDERS / (2 * 150**2) + 300 * acc.ORDERS / 40**2, DELTA)
+        assert realised == pytest.approx(direct) and realised < eps([ev])
+        assert eps([ev], "paper") < eps([worst], "paper")
 
     def test_paper_is_pate_basic_conversion(self):
         r = eps([GNMaxQueries(sigma=40, count=1000)], "paper")

@@ -237,6 +237,8 @@ def pate_table(results: list[dict]) -> str:
         ("queries", lambda r: str(r.get("queries", "-"))), ("answered", lambda r: str(r.get("answered", "-"))),
         ("label accuracy %", lambda r: _pct(r.get("label_accuracy"))),
         ("ε paper", lambda r: _eps(r.get("epsilon_paper"))), ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
+        ("ε strict, answered only (odometer, not a guarantee)",
+         lambda r: _eps(r.get("epsilon_realised_answered_only"))),
         ("ε data-dependent (not releasable)", lambda r: _eps(r.get("epsilon_data_dependent"))),
         ("δ", lambda r: "-" if r.get("delta") is None else f"{r['delta']:g}"),
         ("minutes", lambda r: _minutes(r.get("wall_seconds"))), ("command", _cmd), ("result file", _file),

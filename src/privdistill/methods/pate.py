@@ -15,8 +15,9 @@ answered queries and, semi-supervised, from the rest of the public data.
 
 Privacy: the number of queries is calibrated from the target ε under the data-INDEPENDENT strict accounting
 (every Confident-GNMax query priced as answered, since the answered count is unknown beforehand); the headline
-ε is the data-independent bound of what was actually released (Confident-GNMax: the second step only for the
-answered queries; the answered mask is part of the output). The data-dependent bound (PATE 2017 Thm 3 /
+ε is the data-independent bound fixed by that plan (Confident-GNMax: every query priced as answered, because the
+answered count is chosen by the mechanism itself; counting only the answered ones, as PATE 2018 and the paper
+accounting do, is an odometer reading, shown beside it, not a guarantee). The data-dependent bound (PATE 2017 Thm 3 /
 PATE 2018 Thm 6, from the recorded vote histograms) is reported beside it as `epsilon_data_dependent`: it is
 a function of the private votes and is NOT releasable without PATE 2018's smooth-sensitivity step (not
 implemented). The held-out slice's own records get no protection: the ε is for the private part.
@@ -43,6 +44,7 @@ from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
+from privdistill.privacy.accounting import EpsilonResult
 from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries, PrivacyEvent, event_from_dict
 from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
 from privdistill.privacy.report import Pathway, pate_pathways, write_privacy_json
@@ -216,6 +218,7 @@ def run_pate(request: RunRequest, *, max_epsilon: float | None = None, accountin
         prep, request, method="pate", wall_seconds=time.perf_counter() - prep.started,
         test_accuracy=round(accuracy, 4), baseline_accuracy=None, target_epsilon=cfg.epsilon,
         epsilon_paper=round(both["paper"].value, 4), epsilon_strict=round(both["strict"].value, 4), delta=cfg.delta,
+        epsilon_realised_answered_only=_realised_answered_only(both["strict"]),
         epsilon_data_dependent=None if dependent.data_dependent is None else round(dependent.data_dependent, 4),
         epsilon_data_dependent_note="PATE data-dependent bound from the recorded votes: a function of the private "
                                     "data, NOT releasable without the smooth-sensitivity step (not implemented)",
@@ -228,6 +231,13 @@ def run_pate(request: RunRequest, *, max_epsilon: float | None = None, accountin
         teachers_stage_info={k: v for k, v in teachers_stage.info().items()
                              if k in ("ensemble_accuracy", "mean_teacher_accuracy", "wall_seconds", "build_seconds")},
         student_training=train_stats)
+
+
+def _realised_answered_only(strict: EpsilonResult) -> float | None:
+    """Confident-GNMax: strict ε counting only the answered queries (an odometer reading, not a guarantee)."""
+    values = [e.details["epsilon_realised_answered_only"] for e in strict.events
+              if "epsilon_realised_answered_only" in e.details]
+    return round(values[0], 4) if len(values) == 1 else None
 
 
 def _variant(cfg: PATEConfig) -> str | None:
