@@ -42,3 +42,16 @@ def test_bad_preset_and_files(tmp_path):
         resolve_sections(SECTIONS, preset="quick", config_file=bad)
     with pytest.raises(ConfigError, match="section.key=value"):
         parse_overrides(["epochs=3"])
+
+
+def test_config_file_sections_of_other_commands_pass_but_typos_are_refused(tmp_path):
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("baseline:\n  epochs: 2\ndgd:\n  queries: 10\n"
+                      "by_dataset:\n  mnist:\n    srr:\n      epsilon: 1\n")
+    assert resolve_sections(SECTIONS, preset="quick", config_file=shared)["baseline"].epochs == 2
+    for text, where in [("baselines:\n  epochs: 2\n", "'baselines'"),
+                        ("by_dataset:\n  mnist:\n    nosection:\n      a: 3\n", "by_dataset.mnist.nosection")]:
+        typo = tmp_path / "typo.yaml"
+        typo.write_text(text)
+        with pytest.raises(ConfigError, match=f"unknown section.*{where}"):
+            resolve_sections(SECTIONS, preset="quick", config_file=typo)

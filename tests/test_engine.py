@@ -63,7 +63,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
 
 
 def test_run_dir_refuses_to_overwrite_or_resume_with_another_config(tmp_path):
-    RunDir.open(tmp_path / "r", config={"lr": 1})
+    RunDir.open(tmp_path / "r", config={"lr": 1}).log(step=1, loss=0.5)
     with pytest.raises(RunError, match="--resume"):
         RunDir.open(tmp_path / "r", config={"lr": 1})
     with pytest.raises(RunError, match="differs in lr"):
@@ -71,6 +71,12 @@ def test_run_dir_refuses_to_overwrite_or_resume_with_another_config(tmp_path):
     RunDir.open(tmp_path / "r", config={"lr": 1}, resume=True)
     with pytest.raises(RunError, match="not a run directory"):
         RunDir.existing(tmp_path / "nothing")
+
+
+def test_a_run_that_stopped_before_doing_anything_does_not_block_a_corrected_retry(tmp_path):
+    RunDir.open(tmp_path / "r", config={"teacher": "typo"})  # e.g. the teacher check failed right after
+    run = RunDir.open(tmp_path / "r", config={"teacher": "fixed"})
+    assert run.config() == {"teacher": "fixed"}
 
 
 def _cli(*args, env_extra=None):

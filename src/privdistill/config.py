@@ -218,6 +218,7 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
                      overrides: list[str] | dict | None = None) -> dict[str, Any]:
     """Resolve every requested section; returns {name: dataclass instance}."""
     user = load_yaml_file(config_file)
+    _check_user_sections(user, sections, preset, config_file)
     parsed = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     stray = sorted(set(parsed) - set(sections))
     if stray:
@@ -230,6 +231,24 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
                 raise ConfigError(f"section {name!r} must be a mapping, got {block!r}")
             merged[name].update(block)
     return {name: build_section(cls, merged[name], name) for name, cls in sections.items()}
+
+
+def _check_user_sections(user: dict[str, Any], sections: dict[str, type], preset: str,
+                         config_file: str | Path | None) -> None:
+    """A --config file may carry sections for other commands (the presets do), but a section no command
+    has is a typo that would otherwise be ignored silently."""
+    known = set(load_preset(preset)) | set(sections)
+    per_dataset = user.get("by_dataset") or {}
+    if not isinstance(per_dataset, dict):
+        raise ConfigError(f"{config_file}: by_dataset must map dataset names to sections")
+    for where, block in [("", user)] + [(f"by_dataset.{d}.", b or {}) for d, b in per_dataset.items()]:
+        if not isinstance(block, dict):
+            raise ConfigError(f"{config_file}: {where.rstrip('.')} must be a mapping of sections")
+        stray = sorted(k for k in block if k not in known and not (where == "" and k == "by_dataset"))
+        if stray:
+            others = sorted(known - set(sections) - {"by_dataset"})
+            raise ConfigError(f"{config_file}: unknown section(s) {[where + k for k in stray]}; this command "
+                              f"reads {sorted(sections)}, other commands {others}")
 
 
 def to_plain(obj: Any) -> Any:

@@ -67,6 +67,10 @@ class RunDir:
         """
         run = cls(path)
         cfg_path = run.path / "config.yaml"
+        if cfg_path.exists() and {p.name for p in run.path.iterdir()} == {"config.yaml"}:
+            # An earlier attempt stopped at a check before doing anything (no ledger, log, checkpoint or
+            # weights): nothing to protect or resume, so a corrected command may start here afresh.
+            cfg_path.unlink()
         if cfg_path.exists():
             if not resume:
                 raise RunError(f"run directory {run.path} already holds a run; pass --resume to continue it "
