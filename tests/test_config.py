@@ -1,6 +1,6 @@
 import pytest
 
-from privdistill.config import ClassifierTraining, RunOptions, parse_overrides, resolve_sections
+from privdistill.config import ClassifierTraining, RunOptions, build_section, parse_overrides, resolve_sections
 from privdistill.errors import ConfigError
 
 SECTIONS = {"run": RunOptions, "baseline": ClassifierTraining}
@@ -55,3 +55,15 @@ def test_config_file_sections_of_other_commands_pass_but_typos_are_refused(tmp_p
         typo.write_text(text)
         with pytest.raises(ConfigError, match=f"unknown section.*{where}"):
             resolve_sections(SECTIONS, preset="quick", config_file=typo)
+
+
+@pytest.mark.parametrize("module,cls,key", [
+    ("dgd", "StudentConfig", "model"), ("dpdfd", "DPDFDConfig", "student_model"),
+    ("pate", "PATEStudentConfig", "model"), ("srr", "SRRConfig", "student_model"),
+])
+def test_unknown_student_model_is_refused_when_the_config_is_read(module, cls, key):
+    import importlib
+
+    section = getattr(importlib.import_module(f"privdistill.methods.{module}"), cls)
+    with pytest.raises(ConfigError, match="unknown classifier model 'nosuchnet'; available: .*paper-cnn"):
+        build_section(section, {key: "nosuchnet"}, "student")

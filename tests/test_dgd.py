@@ -114,6 +114,7 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     assert 0.0 <= agree["noisy_label"] <= 1.0 and 0.0 <= agree["plurality"] <= 1.0
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert "student" in privacy["artifacts"] and "generator" in privacy["artifacts"]
+    assert s["noise_secure"] is False and "dgd.secure_noise=true" in privacy["noise"]["statement"]
     ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     spends = [r for r in ledger if r.get("kind") == "spend"]
     assert [r["key"] for r in spends] == ["dgd/queries", "dgd/latent-codes"]

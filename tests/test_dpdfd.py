@@ -213,9 +213,12 @@ def test_multi_teacher_and_budget_refusals(tiny_npz, tmp_path, cache):
     s = run(tiny_npz, tmp_path / "m", "dpdfd.algorithm=2", "dpdfd.epsilon=null", "dpdfd.steps=8", "dpdfd.sigma=1")
     assert s["num_teachers"] == 3 and s["variant"] == "multi-teacher" and s["steps"] == 8
     # refuse to start: the planned steps exceed --max-epsilon
+    baselines = set(cache.glob("*/baseline-*")) | set(cache.glob("baseline-*"))
     with pytest.raises(BudgetExceededError, match="max-epsilon"):
         run(tiny_npz, tmp_path / "over", "dpdfd.epsilon=null", "dpdfd.steps=10", "dpdfd.sigma=1",
-            "dpdfd.max_epsilon=0.01")
+            "dpdfd.max_epsilon=0.01", "baseline.epochs=3")  # a teacher config not trained yet
+    assert set(cache.glob("*/baseline-*")) | set(cache.glob("baseline-*")) == baselines, \
+        "refused before the teacher was trained"
     # strict accounting at epsilon 1: the budget allows no step; the untrained student is reported
     s0 = run(tiny_npz, tmp_path / "z", "dpdfd.epsilon=1", "dpdfd.accounting=strict", "dpdfd.batch_size=256")
     assert s0["steps"] == 0 and s0["epsilon_strict"] == 0 and s0["variant"] == "strict"

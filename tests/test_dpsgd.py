@@ -32,6 +32,7 @@ def test_epsilon_matches_the_target_within_opacus_tolerance(tiny_npz, tmp_path):
     assert s["epsilon_strict"] > a["epsilon_opacus_prv"]
     assert s["target_epsilon"] == 4 and s["delta"] == 1e-5 and s["method"] == "dpsgd"
     assert s["not_covered"] == [], "every pathway goes through the noisy gradients"
+    assert s["history"] and all("train_loss" not in h for h in s["history"]), "private-batch loss is not published"
 
 
 def test_strict_calibration_meets_the_replace_one_target():

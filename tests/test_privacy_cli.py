@@ -17,6 +17,7 @@ from privdistill.privacy.report import (
     Pathway,
     dgd_pathways,
     dpdfd_pathways,
+    noise_source,
     privacy_report,
     render_text,
     run_report,
@@ -140,6 +141,15 @@ def test_report_with_pathways(tmp_path):
     assert "generator trained on the non-private baseline: not covered" in json.dumps(doc)
     text = render_text(doc)
     assert "NOT covered" in text and "strict" in text and "paper" in text
+    assert "noise:" not in text, "no noise source recorded, none claimed"
+
+
+@pytest.mark.parametrize("secure,expected", [(False, "only while that seed"), (True, "OS-entropy")])
+def test_report_states_where_the_noise_came_from(tmp_path, secure, expected):
+    PrivacyLedger(tmp_path).spend("labels", LNMaxQueries(40, 10), lambda: [1])
+    write_privacy_json(tmp_path, dgd_pathways(), method="dgd", noise=noise_source(secure, "dgd.secure_noise"))
+    text = render_text(run_report(tmp_path))
+    assert expected in text and ("dgd.secure_noise=true" in text) == (not secure)
 
 
 def test_report_errors(tmp_path):

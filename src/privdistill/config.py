@@ -77,6 +77,17 @@ class ClassifierTraining:
         _check(self.weight_decay >= 0, "weight_decay must be >= 0")
 
 
+def check_model_name(name: str, where: str, kind: str = "classifier") -> None:
+    """Refuse an unknown registry name when the config is read, not when training reaches that model."""
+    from privdistill.errors import ModelError
+    from privdistill.models.registry import get_entry
+
+    try:
+        get_entry(name, kind)
+    except ModelError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)

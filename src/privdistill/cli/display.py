@@ -33,3 +33,7 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
     if summary.get("epsilon_paper") is None and summary.get("epsilon_strict") is None:
         console.print(f"[yellow]No differential-privacy guarantee[/] ({summary.get('privacy') or 'no mechanism'}).",
                       highlight=False)
+    elif summary.get("noise_secure") is False:
+        console.print("[yellow]Seeded noise:[/] the privacy noise was drawn from a generator seeded with the run's "
+                      "seed (saved in config.yaml); the ε holds only while that seed stays secret. For a release, "
+                      "set the method's secure_noise (DP-SGD: secure_mode) to true.", highlight=False)

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import ClassifierTraining
+from privdistill.config import ClassifierTraining, check_model_name
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float
 from privdistill.engine import RunDir, evaluate, predict_logits
 from privdistill.engine.cache import StageCache
@@ -54,7 +54,7 @@ from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
 from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
-from privdistill.privacy.report import dgd_pathways, write_privacy_json
+from privdistill.privacy.report import dgd_pathways, noise_source, write_privacy_json
 
 _SPLIT_STREAM, _LABEL_STREAM, _UNLABEL_STREAM, _PERTURB_STREAM, _INIT_STREAM = 41, 42, 43, 44, 45
 
@@ -124,6 +124,7 @@ class StudentConfig:
     def validate(self) -> None:
         if min(self.steps, self.batch_size, self.unlabeled_batch_size) < 1 or self.lr <= 0:
             raise ConfigError("student steps, batch sizes must be >= 1 and lr > 0")
+        check_model_name(self.model, "student.model")
         if self.perturbation not in ("adversarial", "random"):
             raise ConfigError("student.perturbation must be adversarial or random")
 
@@ -215,11 +216,12 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
     # --- privacy report and summary ---------------------------------------------------------------------
     artifacts = dgd_pathways(aggregation=cfg.aggregation,
                              inputs="generator" if cfg.inputs == "generator" else "held-out-private")
-    write_privacy_json(run.path, artifacts, method="dgd")
+    noise = noise_source(cfg.secure_noise, "dgd.secure_noise")
+    write_privacy_json(run.path, artifacts, method="dgd", noise=noise)
     both = ledger.epsilon_both()
     summary = finish_run(
         prep, request, method="dgd" if cfg.aggregation == "laplace" else "dgd+",
-        wall_seconds=time.perf_counter() - prep.started, test_accuracy=round(accuracy, 4),
+        wall_seconds=time.perf_counter() - prep.started, test_accuracy=round(accuracy, 4), noise_secure=noise["secure"],
         baseline_accuracy=None if baseline_accuracy is None else round(baseline_accuracy, 4),
         epsilon_paper=round(both["paper"].value, 3), epsilon_strict=round(both["strict"].value, 3), delta=cfg.delta,
         epsilon_covers="the teacher-vote channel only (strict); paper adds ε1 for the latent noise",

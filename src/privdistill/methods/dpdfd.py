@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import ClassifierTraining
+from privdistill.config import ClassifierTraining, check_model_name
 from privdistill.data.dataset import ImageDataset, to_uint8
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
@@ -83,7 +83,7 @@ from privdistill.privacy.mechanisms import (
     normalize_and_noise,
     normalize_and_noise_multi,
 )
-from privdistill.privacy.report import PRIVATE, Pathway, dpdfd_pathways, write_privacy_json
+from privdistill.privacy.report import PRIVATE, Pathway, dpdfd_pathways, noise_source, write_privacy_json
 
 # random streams (see Env.generator)
 _Z_STREAM = 61
@@ -141,6 +141,7 @@ class DPDFDConfig:
 
     def validate(self) -> None:
         _check(self.algorithm in (1, 2, 3), f"algorithm must be 1, 2 or 3, got {self.algorithm}")
+        check_model_name(self.student_model, "dpdfd.student_model")
         _check(self.epsilon is None or self.epsilon > 0, "epsilon must be > 0")
         _check(0 < self.delta < 1, "delta must lie in (0, 1)")
         _check(self.accounting in ("paper", "strict"), f"accounting must be paper or strict, got {self.accounting!r}")
@@ -688,7 +689,9 @@ def pathways(cfg: DPDFDConfig) -> dict[str, list[Pathway]]:
 def privacy_statement(cfg: DPDFDConfig, eps: dict[str, float], delta: float) -> str:
     if cfg.algorithm == 3:
         return ("NOT DP as written (Alg. 3 back-propagates through the model's Jacobian at the private inputs, "
-                f"which is not privatised); the noisy-gradient channel alone: paper epsilon {eps['paper']:.4g}")
+                f"which is not privatised); the paper's Theorem 3 figure for these steps is {eps['paper']:.4g} "
+                "(it prices the noised gradients only; their subsampled channel is in the privacy report's "
+                "details as gradient_channel_epsilon)")
     if cfg.generator_init == "teacher":
         return ("NOT DP: the generator was warm-started against the non-private teacher (generator_init=teacher); "
                 f"the noisy-gradient channel alone: ({eps['strict']:.4g}, {delta:g}) strict, "
@@ -711,11 +714,19 @@ def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache:
     started = time.perf_counter()
     channels, size, k = data.channels, data.image_size[0], data.num_classes
 
+    # --- privacy plan first: refuse to start (before any teacher or generator is built) beyond the budget
+    num_teachers = prep.sections["dpdfd_teachers"].num_teachers if cfg.algorithm == 2 else 1
+    plan = plan_steps(cfg, num_teachers=num_teachers, num_classes=k, dataset_size=len(data.train))
+    max_eps = cfg.max_epsilon if cfg.max_epsilon is not None else cfg.epsilon
+    ledger = PrivacyLedger(run.path, max_epsilon=max_eps, accounting=cfg.accounting, delta=cfg.delta)
+    recorded = sum(e.steps for e in ledger.events() if isinstance(e, DPDFDSteps))
+    remaining = plan.event.with_count(max(0, plan.steps - recorded))
+    ledger.check_can_start([remaining] if remaining.steps else [])
+
     teacher_model: Any = None
     teacher_key = None
     baseline_accuracy = None
     teacher_desc = None
-    num_teachers = 1
     if cfg.algorithm == 1:
         if teacher.given():
             teacher_model, teacher_key = load_teacher(teacher, dataset=prep.dataset, channels=channels,
@@ -737,7 +748,6 @@ def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache:
         stage_seconds += 0.0 if stage.reused else time.perf_counter() - t0
         stage_refs.append(stage.ref())
         teacher_key = stage.key
-        num_teachers = tcfg.num_teachers
         info = stage.info()
         baseline_accuracy = info.get("ensemble_accuracy")
         teacher_desc = f"{num_teachers} {tcfg.model} teachers on disjoint partitions (stage {stage.key})"
@@ -750,13 +760,6 @@ def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache:
         init_generator, gstage = stages.generator(teacher_model, teacher_key, gcfg)
         stage_seconds += 0.0 if gstage.reused else time.perf_counter() - t0
         stage_refs.append(gstage.ref())
-
-    plan = plan_steps(cfg, num_teachers=num_teachers, num_classes=k, dataset_size=len(data.train))
-    max_eps = cfg.max_epsilon if cfg.max_epsilon is not None else cfg.epsilon
-    ledger = PrivacyLedger(run.path, max_epsilon=max_eps, accounting=cfg.accounting, delta=cfg.delta)
-    recorded = sum(e.steps for e in ledger.events() if isinstance(e, DPDFDSteps))
-    remaining = plan.event.with_count(max(0, plan.steps - recorded))
-    ledger.check_can_start([remaining] if remaining.steps else [])
 
     result = train_dpdfd(cfg=cfg, plan=plan, env=env, ledger=ledger, teacher=teacher_model, channels=channels,
                          num_classes=k, image_size=size, generator_cfg=gcfg, init_generator=init_generator,
@@ -779,12 +782,13 @@ def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache:
             except PrivacyError:
                 allowed[acc] = 0
     statement = privacy_statement(cfg, eps, cfg.delta)
-    write_privacy_json(run.path, arts, method="dpdfd", extra={
+    noise = noise_source(cfg.secure_noise, "dpdfd.secure_noise")
+    write_privacy_json(run.path, arts, method="dpdfd", noise=noise, extra={
         "algorithm": cfg.algorithm, "generator_init": cfg.generator_init if cfg.algorithm != 3 else None,
         "statement": statement})
     wall = time.perf_counter() - started
     return finish_run(
-        prep, request, method="dpdfd", wall_seconds=result.wall_seconds,
+        prep, request, method="dpdfd", wall_seconds=result.wall_seconds, noise_secure=noise["secure"],
         test_accuracy=round(accuracy, 4),
         baseline_accuracy=None if baseline_accuracy is None else round(float(baseline_accuracy), 4),
         epsilon_paper=_round_eps(eps["paper"]), epsilon_strict=_round_eps(eps["strict"]), delta=cfg.delta,

@@ -46,7 +46,7 @@ from privdistill.engine.progress import progress_bar
 from privdistill.errors import ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
 from privdistill.models import create_model
-from privdistill.privacy.report import PRIVATE, Pathway, write_privacy_json
+from privdistill.privacy.report import PRIVATE, Pathway, noise_source, write_privacy_json
 
 _INIT_STREAM, _SAMPLE_STREAM, _NOISE_STREAM, _AUGMENT_STREAM = 61, 62, 63, 64
 OPACUS_ACCOUNTANTS = ("rdp", "prv")
@@ -271,7 +271,6 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
 
     steps_taken = sum(s for _, _, s in engine.accountant.history)
     eps = epsilons(sigma, sample_rate, steps_taken, cfg.delta)
-    headline = eps[cfg.accountant] if cfg.calibration == "opacus" else eps["replace_one"]
     accounting = {
         "noise_multiplier": round(sigma, 6), "sample_rate": sample_rate, "steps": steps_taken,
         "max_grad_norm": cfg.max_grad_norm, "expected_batch_size": cfg.batch_size,
@@ -283,13 +282,17 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
         "relations": "epsilon_opacus_*: add/remove-one (Opacus); epsilon_replace_one_pld and epsilon_strict: "
                      "replace-one, the relation of every other method here",
     }
-    write_privacy_json(run.path, dpsgd_pathways(), method="dpsgd", extra={"dpsgd_accounting": accounting,
-                                                                        "delta": cfg.delta})
+    noise = noise_source(cfg.secure_mode, "dpsgd.secure_mode")
+    write_privacy_json(run.path, dpsgd_pathways(), method="dpsgd", noise=noise,
+                       extra={"dpsgd_accounting": accounting, "delta": cfg.delta})
     return finish_run(
         prep, request, method="dpsgd", wall_seconds=wall, test_accuracy=round(accuracy, 4),
-        baseline_accuracy=None, target_epsilon=cfg.epsilon, epsilon_paper=round(headline, 4),
+        baseline_accuracy=None, noise_secure=noise["secure"], target_epsilon=cfg.epsilon,
+        epsilon_paper=round(eps[cfg.accountant], 4),  # Opacus's own figure, whichever was calibrated on
         epsilon_strict=round(eps["replace_one"], 4), delta=cfg.delta,
         epsilon_covers="the whole model: every access to the private data is a clipped, noised gradient",
         not_covered=[], privacy=f"DP-SGD (Opacus): {accounting['headline']}", accountant=cfg.accountant,
         calibration=cfg.calibration, dpsgd_accounting=accounting, model=cfg.model, epochs=cfg.epochs,
-        history=history[-3:], variant=variant)
+        # the training loss is a statistic of the private batches, not covered by ε: it stays in the run's
+        # own log (metrics.jsonl, private) and is left out of the summary, which results/ publishes
+        history=[{k: v for k, v in h.items() if k != "train_loss"} for h in history[-3:]], variant=variant)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privdistill.config import check_model_name
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float
 from privdistill.engine import RunDir, evaluate
 from privdistill.engine.cache import StageCache
@@ -47,7 +48,7 @@ from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.accounting import EpsilonResult
 from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries, PrivacyEvent, event_from_dict
 from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
-from privdistill.privacy.report import Pathway, pate_pathways, write_privacy_json
+from privdistill.privacy.report import Pathway, noise_source, pate_pathways, write_privacy_json
 
 _QUERY_STREAM, _LABEL_STREAM, _UNLABEL_STREAM, _VAT_STREAM, _INIT_STREAM = 71, 72, 73, 74, 75
 AGGREGATIONS = ("lnmax", "gnmax", "confident-gnmax")
@@ -114,6 +115,7 @@ class PATEStudentConfig:
     def validate(self) -> None:
         if min(self.steps, self.batch_size, self.unlabeled_batch_size) < 1 or self.lr <= 0:
             raise ConfigError("pate_student steps and batch sizes must be >= 1, lr > 0")
+        check_model_name(self.model, "pate_student.model")
         if self.vat_eps < 0 or self.vat_xi <= 0 or self.vat_weight < 0 or self.entropy_weight < 0:
             raise ConfigError("pate_student VAT parameters must be >= 0 (vat_xi > 0)")
 
@@ -210,12 +212,13 @@ def run_pate(request: RunRequest, *, max_epsilon: float | None = None, accountin
     accuracy = evaluate(student, data.test, env)
     run.save_weights("student", student, metadata={"method": "pate"})
 
-    write_privacy_json(run.path, pathways(cfg.aggregation), method="pate")
+    noise = noise_source(cfg.secure_noise, "pate.secure_noise")
+    write_privacy_json(run.path, pathways(cfg.aggregation), method="pate", noise=noise)
     both = ledger.epsilon_both()
     dependent = ledger.epsilon(accounting="strict", data_dependent=True)
     name = {"lnmax": "LNMax", "gnmax": "GNMax", "confident-gnmax": "Confident-GNMax"}[cfg.aggregation]
     return finish_run(
-        prep, request, method="pate", wall_seconds=time.perf_counter() - prep.started,
+        prep, request, method="pate", wall_seconds=time.perf_counter() - prep.started, noise_secure=noise["secure"],
         test_accuracy=round(accuracy, 4), baseline_accuracy=None, target_epsilon=cfg.epsilon,
         epsilon_paper=round(both["paper"].value, 4), epsilon_strict=round(both["strict"].value, 4), delta=cfg.delta,
         epsilon_realised_answered_only=_realised_answered_only(both["strict"]),

@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from privdistill.atomic import atomic_torch_save
-from privdistill.config import ClassifierTraining, to_plain
+from privdistill.config import ClassifierTraining, check_model_name, to_plain
 from privdistill.data.dataset import ImageDataset, to_float, to_uint8
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.cache import StageCache
@@ -130,6 +130,9 @@ class SRRConfig:
         def check(cond: bool, msg: str) -> None:
             if not cond:
                 raise ConfigError(msg)
+        check_model_name(self.student_model, "srr.student_model")
+        if self.student_model_label_dp:
+            check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
 
         check(self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}")
         check(self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
@@ -299,7 +302,7 @@ def train_srr(request: RunRequest, *, max_epsilon: float | None = None, accounti
     """
     from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
     from privdistill.privacy.mechanisms import make_generator
-    from privdistill.privacy.report import srr_pathways, write_privacy_json
+    from privdistill.privacy.report import noise_source, srr_pathways, write_privacy_json
 
     prep = prepare_run("srr", request, {"srr_teacher": ClassifierTraining, "srr_generator": GeneratorTraining,
                                         "srr": SRRConfig})
@@ -524,12 +527,14 @@ def train_srr(request: RunRequest, *, max_epsilon: float | None = None, accounti
     artifacts = srr_pathways(setting=cfg.setting)
     if label_dp:  # no generator is trained or released in the label-DP setting
         artifacts = {"student": artifacts["student"]}
-    write_privacy_json(run.path, artifacts, method="srr",
+    noise = noise_source(cfg.secure_noise, "srr.secure_noise")
+    write_privacy_json(run.path, artifacts, method="srr", noise=noise,
                        extra={"setting": cfg.setting, "mechanism": cfg.mechanism, "epsilon_per_label": cfg.epsilon,
                               "delta": cfg.delta, "labels": total})
     correct = sum(s["correct"] * s["count"] for s in label_log) / max(1, sum(s["count"] for s in label_log))
     label_field = "label_accuracy_vs_truth" if label_dp else "label_accuracy_vs_teacher"
     summary_fields = dict(
+        noise_secure=noise["secure"],
         test_accuracy=round(accuracy, 4), baseline_accuracy=round(teacher_accuracy, 4),
         epsilon_paper=_num(eps_paper), epsilon_strict=_num(eps_strict), delta=cfg.delta,
         target_epsilon=cfg.epsilon, variant=variant if variant is not None else default_variant(cfg),

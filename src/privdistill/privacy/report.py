@@ -138,10 +138,25 @@ def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
     ]}
 
 
+def noise_source(secure: bool, option: str) -> dict[str, Any]:
+    """Where a run's privacy noise came from, and what that means for its ε (``option``: the config key that
+    switches to OS entropy). A seeded generator makes runs reproducible, but anyone who knows the seed (it is
+    saved in the run's config.yaml) can redraw the noise and subtract it."""
+    if secure:
+        return {"secure": True, "statement": "privacy noise drawn from an OS-entropy-seeded generator (not "
+                                             "reproducible); the seed in config.yaml does not reveal it"}
+    return {"secure": False, "statement": f"privacy noise drawn from a generator seeded with the run's seed "
+                                          f"(saved in config.yaml): the ε holds only while that seed and the "
+                                          f"config stay secret; set {option}=true for a release"}
+
+
 def write_privacy_json(run_dir: str | os.PathLike, artifacts: Mapping[str, Sequence[Pathway]], *,
-                       method: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
-    """Write ``RUN_DIR/privacy.json`` (artifacts and their pathways) atomically."""
+                       method: str | None = None, noise: Mapping[str, Any] | None = None,
+                       extra: Mapping[str, Any] | None = None) -> Path:
+    """Write ``RUN_DIR/privacy.json`` (artifacts and their pathways, where the noise came from) atomically."""
     doc = {"method": method, "artifacts": {k: [p.to_dict() for p in v] for k, v in artifacts.items()}}
+    if noise is not None:
+        doc["noise"] = dict(noise)
     if extra:
         doc.update(extra)
     path = Path(run_dir) / PRIVACY_JSON
@@ -228,6 +243,8 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines = [report.get("title") or "Privacy report", ""]
     lines.append(f"neighbouring relation: {report['relation']}")
     lines.append(f"delta: {report['delta']:g}")
+    if report.get("noise"):
+        lines.append(f"noise: {report['noise']['statement']}")
     lines.append(f"epsilon (paper accounting):  {_fmt(report['epsilon']['paper'])}   "
                  "- the formulas the papers print")
     lines.append(f"epsilon (strict accounting): {_fmt(report['epsilon']['strict'])}   "
@@ -274,6 +291,7 @@ def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dic
         delta = float(header["delta"]) if header and "delta" in header else 1e-5
     artifacts = None
     method = None
+    noise = None
     pj = run / PRIVACY_JSON
     if pj.exists():
         try:
@@ -282,7 +300,10 @@ def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dic
             raise RunError(f"{pj} is not valid JSON: {err}") from None
         method = doc.get("method")
         artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()}
+        noise = doc.get("noise")
     report = privacy_report(events, delta=delta, artifacts=artifacts, method=method, title=f"Privacy report: {run}")
+    if noise:
+        report["noise"] = noise
     if header:
         report["ledger"] = {"accounting_enforced": header.get("accounting"), "max_epsilon": header.get("max_epsilon"),
                             "records": len(events)}
