@@ -179,8 +179,11 @@ def both(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: float,
 
 def merge_events(events: Sequence[PrivacyEvent] | PrivacyEvent) -> list[PrivacyEvent]:
     """Merge events that differ only in their count (e.g. one ledger record per batch of queries)
-    into one event per mechanism setting, keeping first-appearance order. Epsilon is unchanged:
-    every accounting here depends on same-setting events only through their total count."""
+    into one event per mechanism setting, keeping first-appearance order. For composed mechanisms
+    epsilon is unchanged (the accountings depend on same-setting events only through their total count).
+    One exception, by design: label-DP SRR events are priced once per event (each record's label is released
+    once), so merging one run's stage events is what applies parallel composition across its stages; do not
+    merge label-DP events of runs that may have released the same records' labels."""
     out: list[PrivacyEvent] = []
     index: dict[tuple, int] = {}
     for ev in as_events(events):
