@@ -42,7 +42,9 @@ def test_train_record_and_eval(tiny_npz, tmp_path, monkeypatch):
 def test_user_errors_print_one_line_and_exit_2(tmp_path):
     for args, message in ((["train", "baseline", "--dataset", "imagenet"], "unknown dataset"),
                           (["train", "baseline", "--dataset", "mnist", "--set", "baseline.lr=0"], "lr must be > 0"),
-                          (["eval", str(tmp_path)], "not a run directory")):
+                          (["eval", str(tmp_path)], "not a run directory"),
+                          (["bench", "report", "--results", str(tmp_path / "none")], "no results directory"),
+                          (["train", "baseline", "--dataset", "mnist", "--device", "mps"], "not supported")):
         proc = subprocess.run([sys.executable, "-m", "privdistill", *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -152,6 +152,10 @@ def test_npz_float_images_and_holdout(tmp_path):
     ({"x": np.zeros((10, 8, 8), np.uint8)}, "'x' and 'y' are required"),
     ({"x": np.full((10, 8, 8), 300.0), "y": np.zeros(10)}, "pixel values"),
     ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.full(10, -1)}, ">= 0"),
+    ({"x": np.zeros((0, 8, 8), np.uint8), "y": np.zeros(0)}, "holds no images"),
+    ({"x": np.full((10, 8, 8), np.nan), "y": np.arange(10) % 2}, "NaN"),
+    ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.zeros(10)}, "at least 2"),
+    ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.arange(10) % 2 * 1000}, "relabel"),
 ])
 def test_npz_bad_shapes_are_clear_errors(tmp_path, arrays, message):
     np.savez(tmp_path / "bad.npz", **arrays)

@@ -14,7 +14,7 @@ from privdistill.data import load_data
 from privdistill.engine import Env, RunDir, evaluate, train_classifier
 from privdistill.engine.augment import random_flip, random_shift
 from privdistill.engine.run import SUMMARY_KEYS
-from privdistill.errors import RunError
+from privdistill.errors import ConfigError, RunError
 from privdistill.models import create_model
 
 
@@ -125,3 +125,13 @@ def test_killed_run_resumes_to_the_same_result(tiny_npz, tmp_path):
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["test_accuracy"] == json.loads((tmp_path / "full" / "summary.json").read_text())["test_accuracy"]
     assert set(SUMMARY_KEYS) <= set(summary)
+
+
+@pytest.mark.parametrize("name,message", [("tpu", "unknown device"), ("mps", "not supported"),
+                                          ("meta", "not supported")])
+def test_unsupported_devices_are_refused_before_training(name, message):
+    from privdistill.engine.device import select_device
+
+    with pytest.raises(ConfigError, match=message):
+        select_device(name)
+    assert select_device("cpu").type == "cpu"

@@ -158,6 +158,9 @@ def test_report_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(RunError, match="ledger"):
         run_report(tmp_path / "empty")
+    write_privacy_json(tmp_path / "empty", {}, method="dpsgd", extra={"dpsgd_accounting": {"steps": 1}})
+    with pytest.raises(RunError, match="DP-SGD run, accounted by Opacus"):
+        run_report(tmp_path / "empty")
 
 
 def test_pathway_helpers_and_statements():

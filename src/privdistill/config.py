@@ -44,6 +44,7 @@ class RunOptions:
     def validate(self) -> None:
         _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"run.precision: unknown {self.precision!r}")
         _check(self.threads >= 0, "run.threads must be >= 0")
+        _check(0 <= self.seed < 2**63 - 1, f"run.seed must lie in [0, 2**63 - 1), got {self.seed}")
 
 
 @dataclass

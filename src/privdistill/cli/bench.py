@@ -62,7 +62,12 @@ def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, 
 
 def _report(results: Path, doc: Path, figures: Path | None) -> None:
     from privdistill.bench.report import regenerate
+    from privdistill.errors import ConfigError
 
+    if not results.is_dir():
+        raise ConfigError(f"no results directory {results}: run from the repository root or pass --results DIR")
+    if not doc.parent.is_dir():
+        raise ConfigError(f"cannot write {doc}: {doc.parent} does not exist (pass --doc FILE)")
     names = regenerate(results, doc)
     console.print(f"updated {len(names)} tables in {doc}", highlight=False)
     if figures is not None:

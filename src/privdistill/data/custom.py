@@ -23,10 +23,14 @@ def _as_uint8_images(x: np.ndarray, path: Path, key: str) -> torch.Tensor:
     if x.ndim != 4 or x.shape[1] not in (1, 3):
         raise DataError(f"{path}: array {key!r} has shape {x.shape}; expected N x H x W or N x C x H x W "
                         f"with C in {{1, 3}}. {NPZ_HELP}")
+    if len(x) == 0:
+        raise DataError(f"{path}: array {key!r} holds no images. {NPZ_HELP}")
     if x.dtype == np.uint8:
         return torch.from_numpy(np.ascontiguousarray(x))
     if not np.issubdtype(x.dtype, np.number):
         raise DataError(f"{path}: array {key!r} has dtype {x.dtype}; expected numbers. {NPZ_HELP}")
+    if not np.isfinite(x).all():
+        raise DataError(f"{path}: array {key!r} holds NaN or infinite pixel values")
     lo, hi = float(np.min(x)), float(np.max(x))
     if lo >= 0.0 and hi <= 1.0:
         x = x * 255.0
@@ -79,6 +83,13 @@ def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> 
             yt = _as_labels(arrays["y_test"], len(xt), path, "y_test")
             test = (xt, yt)
     num_classes = int(max(int(y.max()), int(test[1].max()) if test else 0)) + 1
+    present = len(torch.unique(y))
+    if present < 2:
+        raise DataError(f"{path}: the training labels hold {present} class; a classifier needs at least 2")
+    if num_classes > 2 * present:
+        # labels are class indices: {0, 1000} would build a 1001-way model with 999 classes never seen
+        raise DataError(f"{path}: labels run up to {num_classes - 1} but only {present} distinct values occur; "
+                        "relabel the classes as 0..K-1")
     name = f"npz:{path.name}"
     train = ImageDataset(x, y, num_classes, name=name, source=str(path))
     if test is None:

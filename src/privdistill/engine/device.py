@@ -28,6 +28,8 @@ def select_device(name: str = "auto") -> torch.device:
         device = torch.device(name)
     except RuntimeError as err:
         raise ConfigError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from err
+    if device.type not in ("cpu", "cuda"):  # torch parses mps, xpu, meta, ...; none is supported here
+        raise ConfigError(f"device {name!r} is not supported (use auto, cpu, cuda or cuda:N)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} requested but CUDA is not available on this machine; use --device cpu")
     return device

@@ -284,6 +284,9 @@ def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dic
     if not run.is_dir():
         raise RunError(f"{run} is not a directory")
     if not (run / LEDGER_NAME).exists():
+        if (run / PRIVACY_JSON).exists() and "dpsgd_accounting" in (run / PRIVACY_JSON).read_text():
+            raise RunError(f"{run} is a DP-SGD run, accounted by Opacus rather than the ledger: its ε (Opacus and "
+                           f"strict replace-one) and what it covers are in {run / PRIVACY_JSON} and summary.json")
         raise RunError(f"{run} has no {LEDGER_NAME}: this run recorded no privacy mechanism "
                        "(or it is not a run directory)")
     events, header = read_ledger_events(run)
