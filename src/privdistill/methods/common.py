@@ -11,6 +11,7 @@ from typing import Any
 from privdistill.config import RunOptions, resolve_sections, to_plain
 from privdistill.data import DataSplits, canonical_name, dataset_slug, load_data
 from privdistill.engine import Env, RunDir, record_result
+from privdistill.errors import RunError
 
 
 @dataclass
@@ -38,6 +39,10 @@ class Prepared:
 
 
 def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> Prepared:
+    if request.resume and not (request.run_dir and (Path(request.run_dir) / "config.yaml").is_file()):
+        # a typo in --run-dir would otherwise start a fresh run (and spend a fresh budget) silently
+        raise RunError(f"--resume needs the --run-dir of an earlier run; {request.run_dir or '(none given)'} "
+                       "holds none. Drop --resume to start a new run")
     dataset = canonical_name(request.dataset) if ":" not in request.dataset else request.dataset
     resolved = resolve_sections({"run": RunOptions, **sections}, preset=request.preset, dataset=dataset,
                                 config_file=request.config_file, overrides=request.overrides)
