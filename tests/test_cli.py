@@ -46,7 +46,8 @@ def test_user_errors_print_one_line_and_exit_2(tmp_path):
                           (["bench", "report", "--results", str(tmp_path / "none")], "no results directory"),
                           (["train", "baseline", "--dataset", "mnist", "--run-dir", str(tmp_path / "typo"),
                             "--resume"], "--resume needs the --run-dir of an earlier run"),
-                          (["train", "baseline", "--dataset", "mnist", "--device", "mps"], "not supported")):
+                          (["train", "baseline", "--dataset", "mnist", "--device", "mps"], "not supported"),
+                          (["teachers", "train", "-n", "0"], "Invalid value for '--num-teachers'")):
         proc = subprocess.run([sys.executable, "-m", "privdistill", *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr

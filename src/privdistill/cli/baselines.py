@@ -57,7 +57,7 @@ def pate_command(
         Optional[float], typer.Option("--epsilon", "-e", help="target ε, data-independent (sets the number of queries)")
     ] = None,
     queries: Annotated[
-        Optional[int], typer.Option("--queries", "-q", help="number of queries (overrides --epsilon)")
+        Optional[int], typer.Option("--queries", "-q", min=1, help="number of queries (overrides --epsilon)")
     ] = None,
     aggregation: Annotated[
         Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")

@@ -21,7 +21,7 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
             ] = None,
             queries: Annotated[
                 Optional[int],
-                typer.Option("--queries", "-q", help="|D̂s|: number of labelled queries (overrides --epsilon)"),
+                typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
             ] = None,
             delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
             aggregation: Annotated[

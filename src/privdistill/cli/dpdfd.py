@@ -35,7 +35,8 @@ def command(
         typer.Option("--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly"),
     ] = None,
     steps: Annotated[
-        Optional[int], typer.Option("--steps", help="exactly this many steps (refused if over budget)")
+        Optional[int],
+        typer.Option("--steps", min=0, help="exactly this many steps (refused over budget); 0: all the budget allows"),
     ] = None,
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="cap on the steps the budget allows")] = None,
     teacher: Annotated[Optional[Path], typer.Option(

@@ -26,7 +26,9 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
                    set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False,
                    record: o.Record = False, seed: o.Seed = None, device: o.Device = None,
                    precision: o.Precision = None, data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
-                   num_teachers: Annotated[Optional[int], typer.Option("--num-teachers", "-n")] = None,
+                   num_teachers: Annotated[Optional[int], typer.Option(
+                       "--num-teachers", "-n", min=1, help="teachers, one per disjoint partition (default: preset)")
+                   ] = None,
                    trainer: Annotated[Optional[str], typer.Option("--trainer", help="vectorized or loop")] = None,
                    laplace_scale: Annotated[
                        float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")
@@ -38,8 +40,8 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
     from privdistill.methods.teachers import train_teachers_workflow
 
-    # `or None`: an empty --trainer or -n 0 means "not given", as before
-    extra = o.section_overrides("teachers", num_teachers=num_teachers or None, trainer=trainer or None)
+    # `or None`: an empty --trainer means "not given"
+    extra = o.section_overrides("teachers", num_teachers=num_teachers, trainer=trainer or None)
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
