@@ -369,7 +369,8 @@ class PrivacyLedger:
         ``planned_events``: what the run will still spend, i.e. on resume the events not yet recorded
         (the recorded ones are already counted)."""
         planned = as_events(planned_events)
-        self._check_budget(planned, "the planned run (" + "; ".join(e.describe() for e in planned) + ")")
+        # described merged: twenty stages of one mechanism read as one line, not twenty
+        self._check_budget(planned, "the planned run (" + "; ".join(e.describe() for e in merge_events(planned)) + ")")
         return epsilon(merge_events(self._events + planned), delta=self.delta, accounting=self.accounting,
                        breakdown=False)
 
