@@ -33,6 +33,19 @@ def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")
     env = Env.from_options(RunOptions(device=device or "auto", progress=False))
     model = run.load_weights(name, device=env.device)
     data = load_data(dataset or config["dataset"], data_root or config.get("run", {}).get("data_root"))
+    _check_fits(model, data, run_dir, name)
     accuracy = evaluate(env.place(model), data.test, env)
     Console().print(f"{name} of {run_dir} on {data.test.name} test ({len(data.test)} images): "
                     f"[bold]accuracy {accuracy:.4f}[/]", highlight=False)
+
+
+def _check_fits(model, data, run_dir: Path, name: str) -> None:
+    """A model built for other images or classes gives a shape error deep in torch, or a meaningless
+    accuracy: compare what the registry built it for with the test split first."""
+    from privdistill.errors import ModelError
+
+    built = getattr(model, "registry_kwargs", {}) or {}
+    wanted = {"in_channels": data.channels, "num_classes": data.num_classes, "image_size": data.image_size[0]}
+    differ = [f"{k} {built[k]} (data: {v})" for k, v in wanted.items() if k in built and built[k] != v]
+    if differ:
+        raise ModelError(f"{name} of {run_dir} was built for other data than {data.test.name}: " + ", ".join(differ))
