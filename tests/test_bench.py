@@ -47,6 +47,8 @@ def test_expansion_names_and_arguments(tmp_path):
     # a substring matches every cell containing it; =NAME exactly one
     assert [c.name for c in _matrix(tmp_path, only=["dgd-mnist-eps1"]).cells] == ["dgd-mnist-eps10", "dgd-mnist-eps1"]
     assert [c.name for c in _matrix(tmp_path, only=["=dgd-mnist-eps1"]).cells] == ["dgd-mnist-eps1"]
+    with pytest.raises(ConfigError, match="no cell .* matches --only zzzz"):
+        _matrix(tmp_path, only=["zzzz"])
     # another preset's matrix may borrow this one's cells
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(MATRIX))
     borrowed = tmp_path / "other.yaml"

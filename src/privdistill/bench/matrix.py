@@ -131,6 +131,10 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
                               run_dir=runs / name, audit=bool(entry.get("audit", True)),
                               owner=str(entry.get("owner", "")),
                               note=str(entry.get("note", "")), values=values))
+    if not cells and (only or datasets):
+        raise ConfigError(f"no cell of {path} matches " + " and ".join(
+            f"{flag} {', '.join(v)}" for flag, v in (("--only", only), ("--dataset", datasets)) if v)
+            + " (`privdistill bench run --dry-run` lists the cells)")
     return Matrix(preset=preset, cells=cells, source=str(path))
 
 
