@@ -27,6 +27,7 @@ def test_precedence_preset_dataset_file_cli(tmp_path):
     ("run.precision=fp8", "unknown 'fp8'"),
     ("run.seed=99999999999999999999", "run.seed must lie in"),
     ("run.seed=-1", "run.seed must lie in"),
+    ("baseline.lr=yes", "must be a number, got True"),
 ])
 def test_impossible_values_are_clear_errors(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -126,7 +126,8 @@ def load_yaml_file(path: str | Path | None) -> dict[str, Any]:
         return {}
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} " + ("is a directory, not a YAML file" if path.is_dir()
+                                                    else "does not exist"))
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -214,6 +215,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
                 raise ConfigError(f"{where} must be an integer, got {value!r}") from None
         return int(value)
     if hint is float:
+        if isinstance(value, bool):  # YAML reads yes/no/on/off as booleans: float(True) would pass as 1.0
+            raise ConfigError(f"{where} must be a number, got {value!r}")
         try:
             return float(value)
         except (TypeError, ValueError):

@@ -49,8 +49,12 @@ def prepare_cmd(names: Annotated[list[str], typer.Argument(help="datasets, e.g. 
                 offline: Annotated[bool, typer.Option("--offline", help="never download")] = False) -> None:
     """Copy (and verify) datasets into the data root from offline files, or download them."""
     from privdistill.data import prepare, resolve_data_root
+    from privdistill.errors import DataError
 
     root = resolve_data_root(data_root)
     for name in names:
+        if name.startswith(("npz:", "folder:")):
+            raise DataError(f"{name}: your own data is read in place and needs no preparing; pass it as "
+                            "--dataset to any command")
         how = prepare(name, root, source=source, download=not offline)
         console.print(f"[green]{name}[/]: {how} -> {root}", highlight=False, soft_wrap=True)
