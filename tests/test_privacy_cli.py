@@ -158,9 +158,20 @@ def test_report_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(RunError, match="ledger"):
         run_report(tmp_path / "empty")
-    write_privacy_json(tmp_path / "empty", {}, method="dpsgd", extra={"dpsgd_accounting": {"steps": 1}})
-    with pytest.raises(RunError, match="DP-SGD run, accounted by Opacus"):
-        run_report(tmp_path / "empty")
+
+
+
+def test_report_of_a_dpsgd_run_comes_from_its_privacy_json(tmp_path):
+    accounting = {"noise_multiplier": 1.0, "sample_rate": 0.004, "steps": 700, "max_grad_norm": 1.0,
+                  "epsilon_opacus_rdp": 0.99, "epsilon_opacus_prv": 0.61, "epsilon_replace_one_pld": 0.9,
+                  "headline": "Opacus RDP accountant (add/remove-one), calibrated by make_private_with_epsilon"}
+    pathway = Pathway("private training data", "noisy clipped gradients", "model weights", True)
+    write_privacy_json(tmp_path, {"model": [pathway]}, method="dpsgd",
+                       extra={"dpsgd_accounting": accounting, "delta": 1e-5})
+    doc = run_report(tmp_path)
+    assert doc["epsilon"] == {"paper": 0.99, "strict": 0.9} and doc["artifacts"]["model"]["fully_covered"]
+    text = render_text(doc)
+    assert "700 steps" in text and "replace-one" in text and "(0.9, 1e-05)-DP under strict" in text
 
 
 def test_pathway_helpers_and_statements():

@@ -1,8 +1,8 @@
 """`privdistill report RUN_DIR --format md|html`: one run as a short, self-standing report.
 
 Sections: the summary (accuracy, ε under both accountings with δ and what it covers), the privacy report
-(`privacy.report.run_report` + `render_text` when the run has a ledger; the method's own accounting block and
-its pathways otherwise, e.g. DP-SGD; "no guarantee" for the baseline), the audit numbers when the run was
+(`privacy.report.run_report` + `render_text` when the run has a ledger or Opacus's accounting (DP-SGD); its
+pathways otherwise; "no guarantee" for the baseline), the audit numbers when the run was
 audited, the training curve (from metrics.jsonl) and the run's figures (synthetic samples, model inversion,
 MIA ROC). Markdown links the figures by relative path; HTML embeds them (one file to send around).
 """
@@ -37,21 +37,16 @@ def _fmt(v: Any) -> str:
 
 def privacy_text(run: RunDir, summary: dict[str, Any]) -> str:
     """The privacy report as plain text, whatever kind of run this is."""
-    if (run.path / "ledger.jsonl").is_file():
+    pj = run.path / "privacy.json"
+    if (run.path / "ledger.jsonl").is_file() or (pj.is_file() and "dpsgd_accounting" in pj.read_text()):
         from privdistill.privacy.report import render_text, run_report
 
         return render_text(run_report(run.path))
     lines = []
-    pj = run.path / "privacy.json"
     doc = json.loads(pj.read_text()) if pj.is_file() else {}
     if summary.get("method") == "baseline" or (not doc and summary.get("epsilon_strict") is None):
         lines.append("No differential-privacy guarantee: " + str(summary.get("privacy") or
                                                                 "the model is trained directly on the private data."))
-    for key in ("dpsgd_accounting",):
-        if key in doc or key in summary:
-            lines.append("Accounting:")
-            for k, v in (doc.get(key) or summary.get(key)).items():
-                lines.append(f"  {k}: {_fmt(v)}")
     if summary.get("epsilon_strict") is not None:
         lines.append(f"epsilon (paper): {_fmt(summary.get('epsilon_paper'))}   epsilon (strict): "
                      f"{_fmt(summary.get('epsilon_strict'))}   delta: {_fmt(summary.get('delta'))}")

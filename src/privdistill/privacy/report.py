@@ -189,21 +189,7 @@ def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: floa
                            "epsilon_paper": _num(pe.epsilon), "epsilon_strict": _num(se.epsilon),
                            "paper_notes": list(pe.notes), "strict_notes": list(se.notes),
                            "details": {k: _num(v) for k, v in {**pe.details, **se.details}.items()}})
-    arts: dict[str, Any] = {}
-    for name, pathways in (artifacts or {}).items():
-        pws = [p if isinstance(p, Pathway) else Pathway.from_dict(p) for p in pathways]
-        covered = [p for p in pws if p.covered]
-        missing = [p for p in pws if not p.covered]
-        if not pws:
-            statement = "no pathways declared"
-        elif not missing:
-            statement = (f"every listed pathway is covered: ({_fmt(strict.value)}, {delta:g})-DP under strict "
-                         f"accounting, ({_fmt(paper.value)}, {delta:g}) as the papers count")
-        else:
-            statement = (f"NOT differentially private as a whole: epsilon covers {len(covered)} of {len(pws)} "
-                         f"pathways; not covered: " + "; ".join(p.via for p in missing))
-        arts[name] = {"pathways": [p.to_dict() for p in pws], "fully_covered": bool(pws) and not missing,
-                      "statement": statement}
+    arts = _artifacts(artifacts, paper=paper.value, strict=strict.value, delta=delta)
     notes = []
     seen = set()
     for n in list(strict.notes) + list(paper.notes):
@@ -224,6 +210,27 @@ def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: floa
         "artifacts": arts,
         "notes": notes,
     }
+
+
+def _artifacts(artifacts: Mapping[str, Sequence[Pathway]] | None, *, paper: float, strict: float,
+               delta: float) -> dict[str, Any]:
+    """For each released artifact: its pathways and one statement of what the ε covers."""
+    arts: dict[str, Any] = {}
+    for name, pathways in (artifacts or {}).items():
+        pws = [p if isinstance(p, Pathway) else Pathway.from_dict(p) for p in pathways]
+        covered = [p for p in pws if p.covered]
+        missing = [p for p in pws if not p.covered]
+        if not pws:
+            statement = "no pathways declared"
+        elif not missing:
+            statement = (f"every listed pathway is covered: ({_fmt(strict)}, {delta:g})-DP under strict "
+                         f"accounting, ({_fmt(paper)}, {delta:g}) as the papers count")
+        else:
+            statement = (f"NOT differentially private as a whole: epsilon covers {len(covered)} of {len(pws)} "
+                         f"pathways; not covered: " + "; ".join(p.via for p in missing))
+        arts[name] = {"pathways": [p.to_dict() for p in pws], "fully_covered": bool(pws) and not missing,
+                      "statement": statement}
+    return arts
 
 
 def _fmt(x: Any) -> str:
@@ -285,8 +292,7 @@ def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dic
         raise RunError(f"{run} is not a directory")
     if not (run / LEDGER_NAME).exists():
         if (run / PRIVACY_JSON).exists() and "dpsgd_accounting" in (run / PRIVACY_JSON).read_text():
-            raise RunError(f"{run} is a DP-SGD run, accounted by Opacus rather than the ledger: its ε (Opacus and "
-                           f"strict replace-one) and what it covers are in {run / PRIVACY_JSON} and summary.json")
+            return _dpsgd_report(run, json.loads((run / PRIVACY_JSON).read_text()))
         raise RunError(f"{run} has no {LEDGER_NAME}: this run recorded no privacy mechanism "
                        "(or it is not a run directory)")
     events, header = read_ledger_events(run)
@@ -310,4 +316,32 @@ def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dic
     if header:
         report["ledger"] = {"accounting_enforced": header.get("accounting"), "max_epsilon": header.get("max_epsilon"),
                             "records": len(events)}
+    return report
+
+
+def _dpsgd_report(run: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """DP-SGD runs are accounted by Opacus during training (no ledger): the report is rebuilt from the
+    figures privacy.json recorded, in the same shape as a ledger run's report."""
+    acc = doc["dpsgd_accounting"]
+    paper = acc.get("epsilon_opacus_rdp") if "RDP" in acc.get("headline", "RDP") else acc.get("epsilon_opacus_prv")
+    strict = acc["epsilon_replace_one_pld"]
+    artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()}
+    report = privacy_report([], delta=float(doc["delta"]), artifacts=artifacts, method="dpsgd",
+                            title=f"Privacy report: {run}")
+    report["epsilon"] = {"paper": paper, "strict": strict}
+    report["artifacts"] = _artifacts(artifacts, paper=paper, strict=strict, delta=float(doc["delta"]))
+    report["relation"] = "replace-one (strict); add/remove-one (Opacus, paper column)"
+    report["mechanisms"] = [{
+        "type": "dpsgd", "event": acc,
+        "description": (f"DP-SGD: noise multiplier {acc['noise_multiplier']:g}, sampling rate {acc['sample_rate']:.4g} "
+                        f"(Poisson), {acc['steps']} steps, clip norm {acc['max_grad_norm']:g}"),
+        "epsilon_paper": paper, "epsilon_strict": strict, "paper_notes": [acc.get("headline", "")],
+        "strict_notes": ["dp-accounting PLD accountant, replace-one relation (the relation of every other "
+                         "method here)"],
+        "details": {"epsilon_opacus_rdp": acc.get("epsilon_opacus_rdp"),
+                    "epsilon_opacus_prv": acc.get("epsilon_opacus_prv")}}]
+    report["notes"] = [n for n in report["notes"] if "no artifact pathways" not in n]
+    report["accountings"] = {}
+    if doc.get("noise"):
+        report["noise"] = doc["noise"]
     return report
