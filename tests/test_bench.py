@@ -240,8 +240,11 @@ def test_run_report_markdown_and_html(tmp_path):
     run = RunDir.open(tmp_path / "run", config={"method": "dpsgd"}, command="privdistill dpsgd")
     run.log(stage="dpsgd", epoch=1, test_accuracy=0.9)
     run.log(stage="dpsgd", epoch=2, test_accuracy=0.95)
+    accounting = {"noise_multiplier": 1.0, "sample_rate": 0.004, "steps": 700, "max_grad_norm": 1.0,
+                  "epsilon_opacus_rdp": 1.0, "epsilon_opacus_prv": 0.6, "epsilon_replace_one_pld": 1.1,
+                  "headline": "Opacus RDP accountant (add/remove-one)"}
     write_privacy_json(run.path, dpsgd_pathways(), method="dpsgd",
-                       extra={"dpsgd_accounting": {"epsilon_opacus_rdp": 1.0}})
+                       extra={"dpsgd_accounting": accounting, "delta": 1e-5})
     run.write_summary(method="dpsgd", dataset="mnist", preset="quick", test_accuracy=0.95, epsilon_paper=1.0,
                       epsilon_strict=1.1, delta=1e-5, audit={"mia": {"attacks": {"loss": {
                           "auc": 0.5, "tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.0, "balanced_accuracy": 0.51}}}})

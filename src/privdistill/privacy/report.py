@@ -323,6 +323,10 @@ def _dpsgd_report(run: Path, doc: dict[str, Any]) -> dict[str, Any]:
     """DP-SGD runs are accounted by Opacus during training (no ledger): the report is rebuilt from the
     figures privacy.json recorded, in the same shape as a ledger run's report."""
     acc = doc["dpsgd_accounting"]
+    needed = ["noise_multiplier", "sample_rate", "steps", "max_grad_norm", "epsilon_replace_one_pld"]
+    missing = [k for k in needed if k not in acc] + ([] if "delta" in doc else ["delta"])
+    if missing:
+        raise RunError(f"{run / PRIVACY_JSON} lacks {missing}: not written by a finished DP-SGD run")
     paper = acc.get("epsilon_opacus_rdp") if "RDP" in acc.get("headline", "RDP") else acc.get("epsilon_opacus_prv")
     strict = acc["epsilon_replace_one_pld"]
     artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()}
