@@ -95,10 +95,19 @@ def test_query_count_from_a_target_epsilon():
 
 
 def test_dgd_refuses_to_start_beyond_max_epsilon(tiny_npz, tmp_path):
-    request = RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=2000"], run_dir=str(tmp_path / "r"))
+    # 250 LNMax queries at b = 40 cost ~3.9 (strict)
+    request = RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=250"], run_dir=str(tmp_path / "r"))
     with pytest.raises(BudgetExceededError):
-        run_dgd(request, max_epsilon=5.0, accounting="strict")
+        run_dgd(request, max_epsilon=2.0, accounting="strict")
     assert not any((tmp_path / "r").glob("student*")), "nothing was trained"
+
+
+def test_dgd_refuses_more_queries_than_samples_before_training(tiny_npz, tmp_path):
+    request = RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=100000"],
+                         run_dir=str(tmp_path / "r"))
+    with pytest.raises(ConfigError, match="leave no unlabelled samples"):
+        run_dgd(request)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["config.yaml"], "nothing was trained"
 
 
 @pytest.mark.slow

@@ -151,6 +151,9 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
 
     # --- privacy plan first: refuse to start rather than exceed --max-epsilon -------------------------
     queries = _plan_queries(cfg)
+    pool_size = (cfg.num_synthetic or len(data.train)) if cfg.inputs == "generator" else cfg.holdout
+    if queries >= pool_size:  # checked again on the real pool below; here before any stage is trained
+        raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
     vote_event = (LNMaxQueries(scale=cfg.laplace_scale, count=queries) if cfg.aggregation == "laplace"
                   else GNMaxQueries(sigma=cfg.gaussian_sigma, count=queries))
     latent_event = LatentLaplace(epsilon1=cfg.epsilon1, dim=s["vae"].latent_dim, clip=cfg.latent_clip)
