@@ -64,7 +64,7 @@ def pate_command(
     ] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
     max_epsilon: o.MaxEpsilon = None,
-    accounting: o.BudgetAccounting = "strict",
+    accounting: o.BudgetAccounting = o.Accounting.strict,
     variant: Annotated[
         Optional[str],
         typer.Option("--variant", help="name suffix of the recorded result (default: the aggregator unless gnmax)"),
@@ -78,7 +78,7 @@ def pate_command(
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
-    s = run_pate(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)
+    s = run_pate(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache, variant=variant)
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{s['queries']} queries, {s['answered']} answered (label accuracy {s['label_accuracy']}); ε covers "
                   f"{s['epsilon_covers']} (δ = {s['delta']:g}). Data-dependent ε {s['epsilon_data_dependent']} "

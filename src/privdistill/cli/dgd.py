@@ -34,7 +34,7 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
                 Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")
             ] = None,
             max_epsilon: o.MaxEpsilon = None,
-            accounting: o.BudgetAccounting = "strict",
+            accounting: o.BudgetAccounting = o.Accounting.strict,
             variant: Annotated[
                 Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
             ] = None,
@@ -51,7 +51,7 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
-    result = run_dgd(request, max_epsilon=max_epsilon, accounting=accounting, cache=not no_cache, variant=variant)
+    result = run_dgd(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache, variant=variant)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary
     Console().print(f"ε covers {s['epsilon_covers']} (δ = {s['delta']:g}, {s['queries']} queries). "

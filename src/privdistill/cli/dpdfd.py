@@ -27,7 +27,7 @@ def command(
         "--max-epsilon", help="hard budget (default: the target); refuse to start or stop cleanly beyond it",
     )] = None,
     accounting: Annotated[
-        Optional[str],
+        Optional[o.Accounting],
         typer.Option("--accounting", help="paper (Theorem 3 as printed) or strict: sets T and enforces the budget"),
     ] = None,
     algorithm: Annotated[
@@ -59,8 +59,9 @@ def command(
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
     from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
 
-    extra = o.section_overrides("dpdfd", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting,
-                                algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)
+    extra = o.section_overrides("dpdfd", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
+                                accounting=accounting and accounting.value, algorithm=algorithm, steps=steps,
+                                max_steps=max_steps, variant=variant)
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)

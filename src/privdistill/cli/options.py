@@ -36,8 +36,13 @@ DataRoot = Annotated[
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
 # the hard budget of the teacher-vote methods (PATE, DGD) and which accounting it is checked under
 MaxEpsilon = Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")]
+class Accounting(str, Enum):
+    paper = "paper"
+    strict = "strict"
+
+
 BudgetAccounting = Annotated[
-    str, typer.Option("--accounting", help="accounting for --max-epsilon: paper or strict")
+    Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")
 ]
 
 

@@ -20,11 +20,6 @@ class Mechanism(str, Enum):
     rr_prior = "rr-prior"
 
 
-class Accounting(str, Enum):
-    paper = "paper"
-    strict = "strict"
-
-
 def srr_command(
     dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
     set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
@@ -41,8 +36,8 @@ def srr_command(
         typer.Option("--max-epsilon", help="refuse to start (or stop) above this epsilon under --accounting"),
     ] = None,
     accounting: Annotated[
-        Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")
-    ] = Accounting.paper,
+        o.Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")
+    ] = o.Accounting.paper,
     setting: Annotated[
         Optional[o.SRRSetting],
         typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)"),
