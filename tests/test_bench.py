@@ -267,3 +267,12 @@ def test_bench_without_a_subcommand_runs_the_matrix(tmp_path, monkeypatch):
     assert "would run: pate --record --no-progress" in " ".join(r.output.split())
     r = CliRunner().invoke(get_app(), ["bench", "teachers", "--help"])
     assert r.exit_code == 0 and "vectorised" in r.output
+
+
+def test_malformed_matrix_file_is_a_clear_error(tmp_path):
+    from privdistill.bench.matrix import load_matrix
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cells: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_matrix(str(bad))

@@ -176,3 +176,11 @@ def test_real_mnist_if_available(data_root):
     prepare("mnist", data_root, source=source, download=False)
     st = status("mnist", data_root)
     assert st.verified and st.train_size == 60000 and st.test_size == 10000
+
+
+def test_image_folder_with_a_corrupt_file_names_it(tmp_path):
+    write_image_folder(tmp_path / "imgs", num_classes=2)
+    bad = next((tmp_path / "imgs").glob("*/*.png"))
+    bad.write_bytes(b"\x89PNG broken")
+    with pytest.raises(DataError, match=f"{bad.name} is not a readable image"):
+        load_data(f"folder:{tmp_path / 'imgs'}")

@@ -72,3 +72,12 @@ def test_without_ray_the_message_says_how_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(PrivdistillError, match=r"pip install 'privdistill\[ray\]'"):
         distributed.require_ray()
+
+
+def test_a_malformed_cluster_address_is_refused_before_ray_starts():
+    from privdistill.engine.distributed import connect
+    from privdistill.errors import ConfigError
+
+    for address in ("bogus", "bogus://x", "ray://host"):
+        with pytest.raises(ConfigError, match="ray://host:port"):
+            connect(address)

@@ -295,3 +295,15 @@ def test_python_api_distils_an_in_memory_teacher(tiny_npz, tmp_path, cache):
     assert all(p["covered"] for art in released.privacy["artifacts"].values() for p in art)
     # the caller's model is left as it was (not moved, not switched to eval mode, weights untouched)
     assert teacher.training and all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+
+
+def test_unreadable_teacher_files_are_clear_errors(tmp_path):
+    from privdistill.errors import ModelError
+    from privdistill.methods.dpdfd import TeacherSpec, load_teacher
+
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a pickle at all")
+    for spec, message in [(TeacherSpec(module_file=str(junk)), "not a torch.save'd module"),
+                          (TeacherSpec(torchvision="resnet18", weights=str(junk)), "not a torch state_dict")]:
+        with pytest.raises(ModelError, match=message):
+            load_teacher(spec, dataset="mnist", channels=1, num_classes=10, device=torch.device("cpu"))

@@ -94,7 +94,12 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
     """Expand a matrix file into cells (`datasets` / `only` filter by dataset and by name: a substring, or
     `=NAME` for exactly that cell)."""
     path = matrix_path(name_or_path)
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"matrix file {path} is not valid YAML: {err}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"matrix file {path} must hold a mapping (preset, datasets, cells)")
     preset = str(doc.get("preset", "quick"))
     runs = Path(runs_dir or doc.get("runs_dir") or f"runs/bench-{preset}")
     default_datasets = list(doc.get("datasets") or [])

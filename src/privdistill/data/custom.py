@@ -112,13 +112,16 @@ def _read_image_folder(directory: Path, image_size: int | None, classes: list[st
         raise DataError(f"{directory}: classes {folder.classes} differ from the training classes {classes}")
     images, labels, size, mode = [], [], None, None
     for path, label in folder.samples:
-        with Image.open(path) as img:  # not folder.loader: it converts everything to RGB
-            if mode is None:
-                mode = "L" if img.mode in ("L", "1", "I;16", "I") else "RGB"
-            img = img.convert(mode)
-            if image_size:
-                img = img.resize((image_size, image_size))
-            t = F.pil_to_tensor(img)
+        try:
+            with Image.open(path) as img:  # not folder.loader: it converts everything to RGB
+                if mode is None:
+                    mode = "L" if img.mode in ("L", "1", "I;16", "I") else "RGB"
+                img = img.convert(mode)
+                if image_size:
+                    img = img.resize((image_size, image_size))
+                t = F.pil_to_tensor(img)
+        except (OSError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError
+            raise DataError(f"{path} is not a readable image ({err})") from None
         if size is None:
             size = tuple(t.shape)
         elif tuple(t.shape) != size:

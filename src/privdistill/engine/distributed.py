@@ -14,6 +14,7 @@ Two deployments:
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict
 
@@ -42,6 +43,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None):
     if not ray.is_initialized():
         kwargs = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
         if address:
+            if not (address in ("auto", "local") or re.fullmatch(r"(ray://)?[\w.\-]+:\d+", address)):
+                raise ConfigError(f"--ray {address!r}: give auto, local, ray://host:port or host:port")
             ray.init(address=address, **kwargs)
         else:
             ray.init(num_cpus=num_cpus, **kwargs)

@@ -398,7 +398,10 @@ def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes:
         path = Path(spec.module_file)
         if not path.is_file():
             raise ConfigError(f"teacher module file {path} does not exist")
-        model = torch.load(path, map_location=device, weights_only=False)
+        try:
+            model = torch.load(path, map_location=device, weights_only=False)
+        except Exception as err:  # unpickling fails in many ways (bad magic, missing classes, truncation)
+            raise ModelError(f"{path} is not a torch.save'd module: {type(err).__name__}: {err}") from None
         if not isinstance(model, nn.Module):
             raise ModelError(f"{path} holds a {type(model).__name__}, not a torch nn.Module "
                              "(save it with torch.save(model, path))")
@@ -413,7 +416,11 @@ def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes:
             model = torchvision.models.get_model(spec.torchvision, weights=None, num_classes=num_classes)
         except (ValueError, TypeError) as err:
             raise ModelError(f"torchvision model {spec.torchvision!r}: {err}") from None
-        state = torch.load(spec.weights, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(spec.weights, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise ModelError(f"--weights {spec.weights} is not a torch state_dict file: {type(err).__name__}: "
+                             f"{err}") from None
         if isinstance(state, dict) and "state_dict" in state:
             state = state["state_dict"]
         try:
