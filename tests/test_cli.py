@@ -39,6 +39,8 @@ def test_train_record_and_eval(tiny_npz, tmp_path, monkeypatch):
     assert result.exit_code == 0 and f"accuracy {summary['test_accuracy']:.4f}" in result.output
     from fabricate import write_npz
 
+    result = runner.invoke(get_app(), ["eval", "run", "--weights", "nosuch"])
+    assert "no nosuch.safetensors; weights in it: model" in str(result.exception)
     rgb = write_npz(tmp_path / "rgb.npz", n=40, num_classes=4, channels=3)
     result = runner.invoke(get_app(), ["eval", "run", "--device", "cpu", "--dataset", f"npz:{rgb}"])
     assert "built for other data" in str(result.exception) and "in_channels 1 (data: 3)" in str(result.exception)

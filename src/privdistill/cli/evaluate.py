@@ -30,6 +30,9 @@ def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")
     name = weights or next((w for w in ("student", "model") if run.has_weights(w)), None)
     if name is None:
         raise RunError(f"{run_dir} holds no student.safetensors or model.safetensors to evaluate")
+    if not run.has_weights(name):
+        present = sorted(p.stem for p in Path(run_dir).glob("*.safetensors"))
+        raise RunError(f"{run_dir} has no {name}.safetensors; weights in it: {', '.join(present) or 'none'}")
     env = Env.from_options(RunOptions(device=device or "auto", progress=False))
     model = run.load_weights(name, device=env.device)
     data = load_data(dataset or config["dataset"], data_root or config.get("run", {}).get("data_root"))
