@@ -54,7 +54,8 @@ def test_user_errors_print_one_line_and_exit_2(tmp_path):
                           (["train", "baseline", "--dataset", "mnist", "--run-dir", str(tmp_path / "typo"),
                             "--resume"], "--resume needs the --run-dir of an earlier run"),
                           (["train", "baseline", "--dataset", "mnist", "--device", "mps"], "not supported"),
-                          (["teachers", "train", "-n", "0"], "Invalid value for '--num-teachers'")):
+                          (["teachers", "train", "-n", "0"], "Invalid value for '--num-teachers'"),
+                          (["teachers", "train", "--laplace-scale", "-1"], "--laplace-scale must be > 0")):
         proc = subprocess.run([sys.executable, "-m", "privdistill", *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -38,7 +38,11 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
                    ] = None,
                    no_cache: NoCache = False) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
+    from privdistill.errors import ConfigError
     from privdistill.methods.teachers import train_teachers_workflow
+
+    if not laplace_scale > 0:
+        raise ConfigError(f"--laplace-scale must be > 0, got {laplace_scale}")
 
     # `or None`: an empty --trainer means "not given"
     extra = o.section_overrides("teachers", num_teachers=num_teachers, trainer=trainer or None)
