@@ -70,6 +70,12 @@ def test_estimate_dpdfd_alg3_flags_not_dp():
     assert doc["artifacts"]["student"]["fully_covered"] is False
 
 
+def test_estimate_with_only_a_target_answers_how_many_queries_it_allows():
+    r = run_json("estimate", "-m", "lnmax", "-b", "40", "--target-epsilon", "10")
+    assert r["calibration"]["strict"]["max_count"] == 1454 and r["mechanisms"][0]["event"]["count"] == 1454
+    assert 9.9 < r["epsilon"]["strict"] <= 10
+
+
 def test_estimate_other_mechanisms():
     srr = run_json("estimate", "-m", "srr", "--epsilon-per-label", "1", "-q", "60000", "-K", "10")
     assert srr["epsilon"]["paper"] == 1.0 and srr["epsilon"]["strict"] > 28000

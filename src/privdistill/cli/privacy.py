@@ -173,12 +173,20 @@ def estimate(
     check_delta(delta)
     if algorithm is None:
         algorithm = 2 if num_teachers > 1 else 1
-    main, events = _build_events(
-        mechanism, queries=queries, steps=steps, laplace_scale=laplace_scale, epsilon0=epsilon0, sigma=sigma,
-        sigma1=sigma1, sigma2=sigma2, threshold=threshold, answered=answered, clip_norm=clip_norm,
-        batch_size=batch_size, num_teachers=num_teachers, granularity=granularity, algorithm=algorithm,
-        dataset_size=dataset_size, num_classes=num_classes, epsilon_per_label=epsilon_per_label,
-        srr_setting=srr_setting, latent_epsilon=latent_epsilon)
+    def build(count):
+        return _build_events(
+            mechanism, queries=count, steps=steps, laplace_scale=laplace_scale, epsilon0=epsilon0, sigma=sigma,
+            sigma1=sigma1, sigma2=sigma2, threshold=threshold, answered=answered, clip_norm=clip_norm,
+            batch_size=batch_size, num_teachers=num_teachers, granularity=granularity, algorithm=algorithm,
+            dataset_size=dataset_size, num_classes=num_classes, epsilon_per_label=epsilon_per_label,
+            srr_setting=srr_setting, latent_epsilon=latent_epsilon)
+
+    if target_epsilon is not None and queries is None and steps is None:
+        # no count given: the question is "how many does the target allow?"; report ε at the strict answer
+        probe, probe_events = build(1)
+        allowed = _calibrate(probe, probe_events[1:], target_epsilon, delta)["strict"]
+        queries = max(1, allowed["max_" + (probe.count_field or "count")])
+    main, events = build(queries)
     method, artifacts = _pathways_for(mechanism, algorithm, srr_setting)
     report = privacy_report(events, delta=delta, artifacts=artifacts, method=method)
     calibration = None
