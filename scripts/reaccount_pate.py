@@ -18,7 +18,9 @@ from pathlib import Path
 
 from privdistill.atomic import atomic_write_json
 from privdistill.methods.pate import _realised_answered_only
-from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.accounting import both as epsilon_both_accountings
+from privdistill.privacy.accounting import merge_events
+from privdistill.privacy.ledger import read_ledger_events
 
 REASON = ("strict Confident-GNMax accounting prices every query as answered (the answered count is chosen "
           "adaptively; answered-only is an odometer reading, now epsilon_realised_answered_only)")
@@ -28,8 +30,9 @@ def reaccount(summary_path: Path) -> tuple[dict, dict]:
     summary = json.loads(summary_path.read_text())
     if summary.get("method") != "pate":
         raise SystemExit(f"{summary_path}: not a PATE summary")
-    ledger = PrivacyLedger(Path(summary["run_dir"]) / "ledger.jsonl", delta=summary["delta"])
-    both = ledger.epsilon_both()
+    # read-only: opening a PrivacyLedger would create a missing ledger and may append config records
+    events, _header = read_ledger_events(Path(summary["run_dir"]) / "ledger.jsonl")  # RunError if missing
+    both = epsilon_both_accountings(merge_events(events), delta=summary["delta"])
     after = {"epsilon_paper": round(both["paper"].value, 4), "epsilon_strict": round(both["strict"].value, 4),
              "epsilon_realised_answered_only": _realised_answered_only(both["strict"])}
     before = {k: summary.get(k) for k in after}

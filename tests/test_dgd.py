@@ -95,7 +95,7 @@ def test_query_count_from_a_target_epsilon():
 
 
 def test_dgd_refuses_to_start_beyond_max_epsilon(tiny_npz, tmp_path):
-    # 250 LNMax queries at b = 40 cost ~3.9 (strict)
+    # 250 LNMax queries at b = 40 cost 3.55 (strict)
     request = RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=250"], run_dir=str(tmp_path / "r"))
     with pytest.raises(BudgetExceededError):
         run_dgd(request, max_epsilon=2.0, accounting="strict")

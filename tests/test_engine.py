@@ -74,9 +74,35 @@ def test_run_dir_refuses_to_overwrite_or_resume_with_another_config(tmp_path):
 
 
 def test_a_run_that_stopped_before_doing_anything_does_not_block_a_corrected_retry(tmp_path):
+    from privdistill.privacy.events import LNMaxQueries
+    from privdistill.privacy.ledger import PrivacyLedger
+
     RunDir.open(tmp_path / "r", config={"teacher": "typo"})  # e.g. the teacher check failed right after
+    PrivacyLedger(tmp_path / "r")  # the budget was checked (header written), nothing spent
     run = RunDir.open(tmp_path / "r", config={"teacher": "fixed"})
     assert run.config() == {"teacher": "fixed"}
+    # but a directory whose ledger records spending is never taken over
+    PrivacyLedger(tmp_path / "r").spend("q", LNMaxQueries(40, 1), lambda: [0])
+    with pytest.raises(RunError, match="already holds a run"):
+        RunDir.open(tmp_path / "r", config={"teacher": "other"})
+
+
+def test_a_run_directory_of_a_live_process_is_never_taken_over(tmp_path):
+    """A run still in its first epoch has written only config.yaml: a second launch must not take it over."""
+    import yaml
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        RunDir.open(tmp_path / "r", config={"lr": 1})
+        doc = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+        doc["pid"] = child.pid  # as if that other, live process had created it
+        (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(doc))
+        with pytest.raises(RunError, match="already holds a run"):
+            RunDir.open(tmp_path / "r", config={"lr": 2})
+    finally:
+        child.kill()
+        child.wait()
+    RunDir.open(tmp_path / "r", config={"lr": 2})  # its owner is gone: an abandoned attempt
 
 
 def _cli(*args, env_extra=None):

@@ -74,6 +74,8 @@ def test_estimate_with_only_a_target_answers_how_many_queries_it_allows():
     r = run_json("estimate", "-m", "lnmax", "-b", "40", "--target-epsilon", "10")
     assert r["calibration"]["strict"]["max_count"] == 1454 and r["mechanisms"][0]["event"]["count"] == 1454
     assert 9.9 < r["epsilon"]["strict"] <= 10
+    res = run("estimate", "-m", "lnmax", "-b", "40", "--target-epsilon", "0.01")
+    assert isinstance(res.exception, PrivacyError) and "allows no lnmax query" in str(res.exception)
 
 
 def test_estimate_other_mechanisms():

@@ -183,9 +183,18 @@ def estimate(
 
     if target_epsilon is not None and queries is None and steps is None:
         # no count given: the question is "how many does the target allow?"; report ε at the strict answer
+        kept_answered, answered = answered, None  # the 1-query probe cannot have answers
         probe, probe_events = build(1)
-        allowed = _calibrate(probe, probe_events[1:], target_epsilon, delta)["strict"]
-        queries = max(1, allowed["max_" + (probe.count_field or "count")])
+        answered = kept_answered
+        strict = _calibrate(probe, probe_events[1:], target_epsilon, delta)["strict"]
+        allowed = strict["max_" + (probe.count_field or "count")]
+        if allowed < 1:
+            raise PrivacyError(f"epsilon {target_epsilon:g} at delta {delta:g} allows no {mechanism.value} "
+                               "query/step with this noise under the strict accounting")
+        if allowed >= 10**12:
+            raise PrivacyError("epsilon does not grow with the count for this mechanism (e.g. label-DP, each label "
+                               "released once): give --queries")
+        queries = allowed
     main, events = build(queries)
     method, artifacts = _pathways_for(mechanism, algorithm, srr_setting)
     report = privacy_report(events, delta=delta, artifacts=artifacts, method=method)

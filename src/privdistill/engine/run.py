@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -67,10 +68,11 @@ class RunDir:
         """
         run = cls(path)
         cfg_path = run.path / "config.yaml"
-        if cfg_path.exists() and {p.name for p in run.path.iterdir()} == {"config.yaml"}:
-            # An earlier attempt stopped at a check before doing anything (no ledger, log, checkpoint or
-            # weights): nothing to protect or resume, so a corrected command may start here afresh.
-            cfg_path.unlink()
+        if cfg_path.exists() and _abandoned_before_doing_anything(run.path):
+            # An earlier attempt stopped at a check before doing anything: nothing to protect or resume, so
+            # a corrected command may start here afresh.
+            for leftover in ("config.yaml", "ledger.jsonl"):
+                (run.path / leftover).unlink(missing_ok=True)
         if cfg_path.exists():
             if not resume:
                 raise RunError(f"run directory {run.path} already holds a run; pass --resume to continue it "
@@ -84,7 +86,7 @@ class RunDir:
                 raise RunError(f"--resume given but {run.path} has no config.yaml: not a run directory")
             run.path.mkdir(parents=True, exist_ok=True)
             doc = {"command": command or command_line(), "created": datetime.now(timezone.utc).isoformat(),
-                   "config": json.loads(json.dumps(config))}
+                   "host": socket.gethostname(), "pid": os.getpid(), "config": json.loads(json.dumps(config))}
             atomic_write_text(cfg_path, yaml.safe_dump(doc, sort_keys=False))
         return run
 
@@ -216,3 +218,28 @@ def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "
 
 def _fmt_eps(eps: float) -> str:
     return f"{eps:g}"
+
+
+def _abandoned_before_doing_anything(path: Path) -> bool:
+    """True if a run directory holds only its config.yaml (and a privacy ledger with no spending), written
+    by a process that is no longer running: an attempt that stopped at a check. A live process's directory
+    (a run still in its first epoch has written nothing else yet) is never taken over."""
+    names = {p.name for p in path.iterdir()}
+    if not names <= {"config.yaml", "ledger.jsonl"}:
+        return False
+    ledger = path / "ledger.jsonl"
+    if ledger.exists() and any('"spend"' in line for line in ledger.read_text().splitlines()):
+        return False
+    doc = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    pid, host = doc.get("pid"), doc.get("host")
+    if pid is None or host != socket.gethostname():
+        return False  # owner unknown or on another machine: cannot tell whether it still runs
+    if pid == os.getpid():
+        return True  # written earlier by this very process (a retry from Python)
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by someone else
+        return False
+    return False

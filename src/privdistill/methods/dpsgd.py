@@ -273,7 +273,7 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
     eps = epsilons(sigma, sample_rate, steps_taken, cfg.delta)
     accounting = {
         "noise_multiplier": round(sigma, 6), "sample_rate": sample_rate, "steps": steps_taken,
-        "max_grad_norm": cfg.max_grad_norm, "expected_batch_size": cfg.batch_size,
+        "accountant": cfg.accountant, "max_grad_norm": cfg.max_grad_norm, "expected_batch_size": cfg.batch_size,
         "epsilon_opacus_rdp": round(eps["rdp"], 4), "epsilon_opacus_prv": round(eps["prv"], 4),
         "epsilon_replace_one_pld": round(eps["replace_one"], 4),
         "headline": (f"Opacus {cfg.accountant.upper()} accountant (add/remove-one), calibrated by "

@@ -327,7 +327,9 @@ def _dpsgd_report(run: Path, doc: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in needed if k not in acc] + ([] if "delta" in doc else ["delta"])
     if missing:
         raise RunError(f"{run / PRIVACY_JSON} lacks {missing}: not written by a finished DP-SGD run")
-    paper = acc.get("epsilon_opacus_rdp") if "RDP" in acc.get("headline", "RDP") else acc.get("epsilon_opacus_prv")
+    # the paper column is Opacus's figure under the run's accountant (older runs: read from the headline)
+    accountant = acc.get("accountant") or ("prv" if "PRV" in acc.get("headline", "") else "rdp")
+    paper = acc.get(f"epsilon_opacus_{accountant}")
     strict = acc["epsilon_replace_one_pld"]
     artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()}
     report = privacy_report([], delta=float(doc["delta"]), artifacts=artifacts, method="dpsgd",
