@@ -39,12 +39,12 @@ def require_ray():
 
 def connect(address: str | None = None, *, num_cpus: int | None = None):
     """Join a cluster (`address="auto"` or "ray://host:port"), or start a local one."""
+    if address and not (address in ("auto", "local") or re.fullmatch(r"(ray://)?[\w.\-]+:\d+", address)):
+        raise ConfigError(f"--ray {address!r}: give auto, local, ray://host:port or host:port")
     ray = require_ray()
     if not ray.is_initialized():
         kwargs = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
         if address:
-            if not (address in ("auto", "local") or re.fullmatch(r"(ray://)?[\w.\-]+:\d+", address)):
-                raise ConfigError(f"--ray {address!r}: give auto, local, ray://host:port or host:port")
             ray.init(address=address, **kwargs)
         else:
             ray.init(num_cpus=num_cpus, **kwargs)
