@@ -121,19 +121,21 @@ def load_preset(name: str) -> dict[str, Any]:
     return merged
 
 
-def load_yaml_file(path: str | Path | None) -> dict[str, Any]:
+def load_yaml_file(path: str | Path | None, *, what: str = "config file",
+                   holds: str = "sections") -> dict[str, Any]:
+    """A YAML mapping from `path` ({} for None), or a ConfigError naming `what` the file is."""
     if path is None:
         return {}
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} " + ("is a directory, not a YAML file" if path.is_dir()
-                                                    else "does not exist"))
+        raise ConfigError(f"{what} {path} " + ("is a directory, not a YAML file" if path.is_dir()
+                                              else "does not exist"))
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+        raise ConfigError(f"{what} {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(f"{what} {path} must hold a mapping of {holds}, got {type(data).__name__}")
     return data
 
 

@@ -41,8 +41,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import yaml
-
+from privdistill.config import load_yaml_file
 from privdistill.errors import ConfigError
 
 CPU_LOCK = os.environ.get("PRIVDISTILL_CPU_LOCK", "/tmp/privdistill-cpu.lock")
@@ -94,12 +93,7 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
     """Expand a matrix file into cells (`datasets` / `only` filter by dataset and by name: a substring, or
     `=NAME` for exactly that cell)."""
     path = matrix_path(name_or_path)
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"matrix file {path} is not valid YAML: {err}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"matrix file {path} must hold a mapping (preset, datasets, cells)")
+    doc = load_yaml_file(path, what="matrix file", holds="preset, datasets and cells")
     preset = str(doc.get("preset", "quick"))
     runs = Path(runs_dir or doc.get("runs_dir") or f"runs/bench-{preset}")
     default_datasets = list(doc.get("datasets") or [])
@@ -107,7 +101,7 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
     if doc.get("cells_from"):  # the paper matrix runs the quick matrix's cells at its own preset
         if entries:
             raise ConfigError(f"{path}: give either cells or cells_from, not both")
-        entries = (yaml.safe_load(matrix_path(str(doc["cells_from"])).read_text()) or {}).get("cells") or []
+        entries = load_yaml_file(matrix_path(str(doc["cells_from"])), what="matrix file").get("cells") or []
     cells: list[Cell] = []
     seen: set[str] = set()
     for i, entry in enumerate(entries):
