@@ -152,8 +152,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------- resolve
-def _layers(preset: str, dataset: str | None, user: dict[str, Any], overrides: dict[str, dict[str, Any]]):
-    base = load_preset(preset)
+def _layers(base: dict[str, Any], dataset: str | None, user: dict[str, Any], overrides: dict[str, dict[str, Any]]):
     layers = [base]
     if dataset:
         layers.append((base.get("by_dataset") or {}).get(dataset, {}))
@@ -234,14 +233,15 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
                      config_file: str | Path | None = None,
                      overrides: list[str] | dict | None = None) -> dict[str, Any]:
     """Resolve every requested section; returns {name: dataclass instance}."""
+    base = load_preset(preset)
     user = load_yaml_file(config_file)
-    _check_user_sections(user, sections, preset, config_file)
+    _check_user_sections(user, sections, base, config_file)
     parsed = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     stray = sorted(set(parsed) - set(sections))
     if stray:
         raise ConfigError(f"--set names unknown section(s) {stray}; this command has {sorted(sections)}")
     merged: dict[str, dict[str, Any]] = {name: {} for name in sections}
-    for layer in _layers(preset, dataset, user, parsed):
+    for layer in _layers(base, dataset, user, parsed):
         for name in sections:
             block = layer.get(name) or {}
             if not isinstance(block, dict):
@@ -250,11 +250,11 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
     return {name: build_section(cls, merged[name], name) for name, cls in sections.items()}
 
 
-def _check_user_sections(user: dict[str, Any], sections: dict[str, type], preset: str,
+def _check_user_sections(user: dict[str, Any], sections: dict[str, type], base: dict[str, Any],
                          config_file: str | Path | None) -> None:
-    """A --config file may carry sections for other commands (the presets do), but a section no command
-    has is a typo that would otherwise be ignored silently."""
-    known = set(load_preset(preset)) | set(sections)
+    """A --config file may carry sections for other commands (the preset `base` does), but a section no
+    command has is a typo that would otherwise be ignored silently."""
+    known = set(base) | set(sections)
     per_dataset = user.get("by_dataset") or {}
     if not isinstance(per_dataset, dict):
         raise ConfigError(f"{config_file}: by_dataset must map dataset names to sections")
