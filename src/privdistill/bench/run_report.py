@@ -37,12 +37,12 @@ def _fmt(v: Any) -> str:
 
 def privacy_text(run: RunDir, summary: dict[str, Any]) -> str:
     """The privacy report as plain text, whatever kind of run this is."""
-    pj = run.path / "privacy.json"
-    if (run.path / "ledger.jsonl").is_file() or (pj.is_file() and "dpsgd_accounting" in pj.read_text()):
-        from privdistill.privacy.report import render_text, run_report
+    from privdistill.privacy.report import has_run_report, render_text, run_report
 
+    if has_run_report(run.path):
         return render_text(run_report(run.path))
     lines = []
+    pj = run.path / "privacy.json"
     doc = json.loads(pj.read_text()) if pj.is_file() else {}
     if summary.get("method") == "baseline" or (not doc and summary.get("epsilon_strict") is None):
         lines.append("No differential-privacy guarantee: " + str(summary.get("privacy") or

@@ -285,34 +285,44 @@ def render_text(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def has_run_report(run_dir: str | os.PathLike) -> bool:
+    """Whether `run_report` can describe this run: it has a privacy ledger, or is a DP-SGD run (Opacus's
+    accounting in privacy.json)."""
+    run = Path(run_dir)
+    return (run / LEDGER_NAME).exists() or "dpsgd_accounting" in _privacy_doc(run)
+
+
+def _privacy_doc(run: Path) -> dict[str, Any]:
+    """RUN_DIR/privacy.json ({} if the run wrote none)."""
+    pj = run / PRIVACY_JSON
+    if not pj.exists():
+        return {}
+    try:
+        return json.loads(pj.read_text())
+    except ValueError as err:
+        raise RunError(f"{pj} is not valid JSON: {err}") from None
+
+
 def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dict[str, Any]:
-    """The report of a run directory: ``ledger.jsonl`` (required) and ``privacy.json`` (optional)."""
+    """The report of a run directory: ``ledger.jsonl`` (or, for DP-SGD, Opacus's figures in privacy.json)
+    and ``privacy.json`` (optional)."""
     run = Path(run_dir)
     if not run.is_dir():
         raise RunError(f"{run} is not a directory")
+    doc = _privacy_doc(run)
     if not (run / LEDGER_NAME).exists():
-        if (run / PRIVACY_JSON).exists() and "dpsgd_accounting" in (run / PRIVACY_JSON).read_text():
-            return _dpsgd_report(run, json.loads((run / PRIVACY_JSON).read_text()))
+        if "dpsgd_accounting" in doc:
+            return _dpsgd_report(run, doc)
         raise RunError(f"{run} has no {LEDGER_NAME}: this run recorded no privacy mechanism "
                        "(or it is not a run directory)")
     events, header = read_ledger_events(run)
     if delta is None:
         delta = float(header["delta"]) if header and "delta" in header else 1e-5
-    artifacts = None
-    method = None
-    noise = None
-    pj = run / PRIVACY_JSON
-    if pj.exists():
-        try:
-            doc = json.loads(pj.read_text())
-        except ValueError as err:
-            raise RunError(f"{pj} is not valid JSON: {err}") from None
-        method = doc.get("method")
-        artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()}
-        noise = doc.get("noise")
-    report = privacy_report(events, delta=delta, artifacts=artifacts, method=method, title=f"Privacy report: {run}")
-    if noise:
-        report["noise"] = noise
+    artifacts = {k: [Pathway.from_dict(p) for p in v] for k, v in (doc.get("artifacts") or {}).items()} or None
+    report = privacy_report(events, delta=delta, artifacts=artifacts, method=doc.get("method"),
+                            title=f"Privacy report: {run}")
+    if doc.get("noise"):
+        report["noise"] = doc["noise"]
     if header:
         report["ledger"] = {"accounting_enforced": header.get("accounting"), "max_epsilon": header.get("max_epsilon"),
                             "records": len(events)}
