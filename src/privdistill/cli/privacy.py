@@ -173,7 +173,7 @@ def estimate(
     check_delta(delta)
     if algorithm is None:
         algorithm = 2 if num_teachers > 1 else 1
-    def build(count):
+    def build(count, answered):
         return _build_events(
             mechanism, queries=count, steps=steps, laplace_scale=laplace_scale, epsilon0=epsilon0, sigma=sigma,
             sigma1=sigma1, sigma2=sigma2, threshold=threshold, answered=answered, clip_norm=clip_norm,
@@ -183,9 +183,7 @@ def estimate(
 
     if target_epsilon is not None and queries is None and steps is None:
         # no count given: the question is "how many does the target allow?"; report ε at the strict answer
-        kept_answered, answered = answered, None  # the 1-query probe cannot have answers
-        probe, probe_events = build(1)
-        answered = kept_answered
+        probe, probe_events = build(1, answered=None)  # a 1-query probe cannot carry --answered
         strict = _calibrate(probe, probe_events[1:], target_epsilon, delta)["strict"]
         allowed = strict["max_" + (probe.count_field or "count")]
         if allowed < 1:
@@ -195,7 +193,7 @@ def estimate(
             raise PrivacyError("epsilon does not grow with the count for this mechanism (e.g. label-DP, each label "
                                "released once): give --queries")
         queries = allowed
-    main, events = build(queries)
+    main, events = build(queries, answered)
     method, artifacts = _pathways_for(mechanism, algorithm, srr_setting)
     report = privacy_report(events, delta=delta, artifacts=artifacts, method=method)
     calibration = None
