@@ -152,7 +152,7 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
     # --- privacy plan first: refuse to start rather than exceed --max-epsilon -------------------------
     queries = _plan_queries(cfg)
     pool_size = (cfg.num_synthetic or len(data.train)) if cfg.inputs == "generator" else cfg.holdout
-    if queries >= pool_size:  # checked again on the real pool below; here before any stage is trained
+    if queries >= pool_size:  # the pool below has exactly this size; checked here, before any stage is trained
         raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
     vote_event = (LNMaxQueries(scale=cfg.laplace_scale, count=queries) if cfg.aggregation == "laplace"
                   else GNMaxQueries(sigma=cfg.gaussian_sigma, count=queries))
@@ -185,8 +185,6 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
 
     # --- split: queries (labelled by the private aggregation) and the unlabelled rest -------------------
     perm = torch.randperm(len(pool), generator=env.generator(_SPLIT_STREAM))
-    if queries >= len(pool):
-        raise ConfigError(f"{queries} queries leave no unlabelled samples out of {len(pool)}")
     query_images, rest_images = pool[perm[:queries]], pool[perm[queries:]]
     noise_seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
     fresh: dict[str, Any] = {}
