@@ -34,16 +34,16 @@ DataRoot = Annotated[
     typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)"),
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
-# the hard budget of the teacher-vote methods (PATE, DGD) and which accounting it is checked under
-MaxEpsilon = Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")]
+
+
 class Accounting(str, Enum):
     paper = "paper"
     strict = "strict"
 
 
-BudgetAccounting = Annotated[
-    Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")
-]
+# the hard budget of the teacher-vote methods (PATE, DGD) and which accounting it is checked under
+MaxEpsilon = Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")]
+BudgetAccounting = Annotated[Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")]
 
 
 class SRRSetting(str, Enum):

@@ -130,10 +130,10 @@ class SRRConfig:
         def check(cond: bool, msg: str) -> None:
             if not cond:
                 raise ConfigError(msg)
+
         check_model_name(self.student_model, "srr.student_model")
         if self.student_model_label_dp:
             check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
-
         check(self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}")
         check(self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
         check(math.isfinite(self.epsilon) and self.epsilon > 0, f"epsilon (per label) must be > 0, got {self.epsilon}")
