@@ -188,7 +188,7 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
 
     torch.manual_seed(env.generator(_INIT_STREAM).initial_seed())
     model = create_model(cfg.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
-                         image_size=data.image_size[0])
+                         image_size=data.image_size[0]).to(env.device)  # trained in fp32: no autocast
     for module in model.modules():  # Opacus's backward hooks refuse in-place ops on hooked outputs
         if isinstance(module, nn.ReLU):
             module.inplace = False
@@ -198,7 +198,9 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
     if errors:
         raise ConfigError(f"model {cfg.model!r} is not DP-SGD compatible (e.g. BatchNorm): {errors[0]}")
     optimizer = _make_optimizer(model, cfg)
-    sample_gen, noise_gen = torch.Generator(), torch.Generator()
+    # Poisson sampling runs in the CPU loader; Opacus draws the noise on the parameters' device, so the noise
+    # generator lives there.
+    sample_gen, noise_gen = torch.Generator(), torch.Generator(device=env.device)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train.images, train.labels),
                                          batch_size=cfg.batch_size, generator=sample_gen)
     with warnings.catch_warnings():
@@ -246,6 +248,7 @@ def run_dpsgd(request: RunRequest, *, variant: str | None = None) -> dict[str, A
                 for g, lr in zip(dp_optimizer.param_groups, base_lrs):
                     g["lr"] = lr * _lr_factor(cfg, step, total)
                 x = augment_batch(to_float(x), cfg.augment, env.generator(_AUGMENT_STREAM, epoch, i))
+                x, y = x.to(env.device), y.to(env.device)
                 dp_optimizer.zero_grad(set_to_none=True)
                 if len(x):
                     loss = F.cross_entropy(dp_model(x), y)
