@@ -76,3 +76,10 @@ def test_batchnorm_models_are_refused(tiny_npz, tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _run(tiny_npz, tmp_path, "bn", ["dpsgd.model=paper-cnn-bn"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_trains_on_cuda_with_autocast_evaluation(tiny_npz, tmp_path):
+    # On an H100 the model stayed on the CPU and the first (bf16-autocast) evaluation crashed.
+    s = _run(tiny_npz, tmp_path, "cuda", ["run.device=cuda", "run.precision=bf16", "dpsgd.epochs=1"])
+    assert s["device"].startswith("cuda") and 0.0 <= s["test_accuracy"] <= 1.0
