@@ -49,8 +49,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         if precision == "fp16" and device.type == "cpu":
             raise ConfigError("fp16 autocast is for CUDA; use bf16 or fp32 on the CPU")
         return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cuda":  # not fp16: no loop uses loss scaling, and DPDFD's per-logit gradients underflow it
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
@@ -88,6 +88,10 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     elif torch.cuda.is_available():
         torch.backends.cudnn.benchmark = True
+    if torch.cuda.is_available():
+        # fp32 regions stay fp32 (PATE's VAT probe, the decoder Jacobian of the tangent perturbation): cuDNN
+        # would otherwise run their convolutions in TF32, with fp16's 10 mantissa bits.
+        torch.backends.cudnn.allow_tf32 = False
 
 
 def derived_generator(seed: int, *stream: int, device: torch.device | str = "cpu") -> torch.Generator:

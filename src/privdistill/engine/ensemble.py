@@ -83,7 +83,8 @@ class TeacherEnsemble(nn.Module):
     def __init__(self, base: nn.Module, params: dict[str, torch.Tensor],
                  buffers: dict[str, torch.Tensor] | None = None):
         super().__init__()
-        self.base = [copy.deepcopy(base).to("meta")]  # a list: keeps the template out of state_dict
+        # a list keeps the template out of state_dict; eval: BatchNorm teachers vote with their stored statistics
+        self.base = [copy.deepcopy(base).eval().to("meta")]
         self.names = list(params)
         for i, name in enumerate(self.names):
             self.register_buffer(f"p{i}", params[name].detach())

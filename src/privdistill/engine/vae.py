@@ -48,6 +48,8 @@ def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir |
         optimizer.load_state_dict(state["optimizer"])
         start, elapsed = state["step"], state["elapsed"]
         torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and env.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], env.device)
     t0 = time.perf_counter()
     n = len(images)
     per_epoch = max(1, n // cfg.batch_size)
@@ -59,7 +61,7 @@ def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir |
             epoch, pos = divmod(step, per_epoch)
             perm = torch.randperm(n, generator=env.generator(_VAE_STREAM, epoch))
             x = env.place_batch(to_float(images[perm[pos * cfg.batch_size:(pos + 1) * cfg.batch_size]]))
-            # The reparameterisation noise uses the global RNG; its state is checkpointed for exact resume.
+            # The reparameterisation noise uses the global RNG (the device's); its state is checkpointed.
             recon, mu, logvar = vae(x)
             loss = vae_loss(recon.float(), x, mu.float(), logvar.float(), beta=cfg.kl_weight)
             optimizer.zero_grad(set_to_none=True)
@@ -71,7 +73,9 @@ def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir |
                 if done < cfg.steps:
                     run.save_checkpoint({"vae": vae.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
                                          "elapsed": elapsed + time.perf_counter() - t0,
-                                         "torch_rng": torch.get_rng_state()}, "vae-checkpoint")
+                                         "torch_rng": torch.get_rng_state(),  # randn_like draws on the device:
+                                         "cuda_rng": torch.cuda.get_rng_state(env.device)
+                                         if env.device.type == "cuda" else None}, "vae-checkpoint")
             bar.advance(1, loss=float(loss.detach()))
     vae.eval()
     with torch.no_grad():

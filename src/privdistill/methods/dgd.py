@@ -230,7 +230,9 @@ def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting
         target_epsilon=cfg.epsilon, queries=queries, aggregation=cfg.aggregation, inputs=cfg.inputs,
         latent_noise=cfg.latent_noise, variant=variant, max_epsilon=max_epsilon, accounting=accounting,
         stages=stage_refs, student_training=train_stats, **diagnostics)
-    return DGDResult(student=student, generator=generator, summary=summary,
+    # on the CPU, as every other method returns its released models
+    return DGDResult(student=student.cpu().eval(), generator=None if generator is None else generator.cpu().eval(),
+                     summary=summary,
                      privacy={k: v.to_dict() if hasattr(v, "to_dict") else str(v) for k, v in both.items()})
 
 
