@@ -236,3 +236,16 @@ def test_teacher_stage_interrupted_during_evaluation_is_not_retrained(tiny, tmp_
     info = stage.info()
     assert ensemble.num_teachers == 4 and info["num_teachers"] == 4 and info["wall_seconds"] > 0
     assert 0 <= info["noisy_ensemble_accuracy"] <= 1 and info["laplace_scale"] == 40.0
+
+
+def test_loop_trained_batchnorm_teachers_keep_their_running_statistics(tiny):
+    # The loop trainer is what the vectorised one's refusal recommends for BatchNorm models; it used to drop
+    # their buffers, so such an ensemble failed when it voted.
+    env = Env.cpu()
+    ensemble, _ = train_teachers(tiny.train, teacher_cfg(model="resnet18", trainer="loop", num_teachers=2, steps=2),
+                                 env)
+    _, buffers = ensemble.stacked()
+    means = [v for k, v in buffers.items() if k.endswith("running_mean")]
+    assert means and all(m.abs().sum() > 0 for m in means), "running statistics were updated and kept"
+    votes = ensemble.votes(tiny.test.images[:8].float().div(127.5).sub(1))
+    assert votes.shape == (8, tiny.num_classes) and int(votes.sum()) == 8 * 2

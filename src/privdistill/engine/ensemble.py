@@ -38,6 +38,7 @@ class EnsembleWarning(UserWarning):
 
 _TEACHER_INIT_STREAM = 11
 _TEACHER_EPOCH_STREAM = 12
+_BUFFER_PREFIX = "buffer:"  # marks buffers among a trained chunk's stacked tensors (the loop trainer keeps them)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class TeacherEnsemble(nn.Module):
     def __init__(self, base: nn.Module, params: dict[str, torch.Tensor],
                  buffers: dict[str, torch.Tensor] | None = None):
         super().__init__()
-        # a list keeps the template out of state_dict; eval: BatchNorm teachers vote with their stored statistics
+        # a list keeps the template out of state_dict; eval: BatchNorm teachers vote with their running statistics
         self.base = [copy.deepcopy(base).eval().to("meta")]
         self.names = list(params)
         for i, name in enumerate(self.names):
@@ -342,7 +343,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
             chunks.append(params)
     wall = time.perf_counter() - started
     stacked = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
-    ensemble = TeacherEnsemble(template, stacked)
+    buffers = {k[len(_BUFFER_PREFIX):]: stacked.pop(k) for k in list(stacked) if k.startswith(_BUFFER_PREFIX)}
+    ensemble = TeacherEnsemble(template, stacked, buffers)
     stats = {"num_teachers": cfg.num_teachers, "trainer": cfg.trainer, "chunk_size": chunk,
              "wall_seconds": round(wall, 1), "teachers_per_minute": round(cfg.num_teachers / wall * 60, 2),
              "partition_sizes": [int(sizes.min()), int(sizes.max())],
@@ -398,8 +400,8 @@ def _train_chunk_loop(models, train, partitions, sizes, rng_ids, cfg: TeacherTra
             optimizer.step()
             bar.advance(1, loss=float(loss.detach()))
         trained.append(model)
-    params, _ = stack_module_state(trained)
-    return params
+    params, buffers = stack_module_state(trained)  # buffers: BatchNorm running statistics, kept for voting
+    return {**params, **{_BUFFER_PREFIX + k: v for k, v in buffers.items()}}
 
 
 @torch.no_grad()
