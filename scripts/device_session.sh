@@ -5,15 +5,18 @@
 #
 # Needs, in the ignored folder .gpu/ of the checkout: whl/ (dp-accounting, dm-tree, opacus, typer and its
 # dependencies as wheels for the machine's Python), data/MNIST/raw and data/FashionMNIST/raw (the .gz files),
-# optionally stages/ (cached stages from an earlier call).
+# commit (the output of `git describe --always --dirty` here: the copy there has no .git), optionally
+# stages/ (cached stages from an earlier call). See docs/developing.md.
 # usage: bash scripts/device_session.sh BUDGET_SECONDS CELL... (a cell named `probe` runs teacher_chunk_probe.py)
 T0=$(date +%s); BUDGET=$1; shift
 nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PRIVDISTILL_SOURCES=$PWD/.gpu/data PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile . 2>&1 | grep -v WARN
-if [ -d .gpu/stages ]; then mkdir -p ~/.cache/privdistill/stages && cp -r .gpu/stages/* ~/.cache/privdistill/stages/; fi
-python3 -m pytest -q -p no:cacheprovider tests/test_privacy_mechanisms.py -k cuda 2>&1 | tail -2
+export PRIVDISTILL_GIT_COMMIT=$(cat .gpu/commit 2>/dev/null)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile . || exit 1
+STAGES=$(python3 -c "from privdistill.engine.cache import default_cache_root as r; print(r() / 'stages')") || exit 1
+if [ -d .gpu/stages ]; then mkdir -p "$STAGES" && cp -r .gpu/stages/* "$STAGES/"; fi
+python3 -m pytest -q -p no:cacheprovider tests/test_privacy_mechanisms.py tests/test_dpsgd.py -k cuda 2>&1 | tail -2
 echo "setup $(( $(date +%s) - T0 ))s"
 for c in "$@"; do
   left=$(( BUDGET - ($(date +%s) - T0) ))
@@ -24,11 +27,16 @@ for c in "$@"; do
     continue
   fi
   timeout -k 5 $left privdistill bench run --preset paper --no-audit --no-report --no-lock --only "=$c" > "/tmp/bench-$c.log" 2>&1
-  echo "rc $? after $(( $(date +%s) - T0 ))s"
+  rc=$?
+  echo "rc $rc after $(( $(date +%s) - T0 ))s"
+  [ $rc -ne 0 ] && tail -5 "/tmp/bench-$c.log"
   grep -h -E "accuracy|epsilon|ε|Error|error|wall" "runs/bench-paper/$c.log" 2>/dev/null | tail -12
 done
-tar czf "$OUT/paper.tgz" results/paper runs/bench-paper 2>/dev/null
-cd ~/.cache/privdistill/stages || exit 0
-tar czf "$OUT/stages.tgz" $(ls -d baseline-* generator-* vae-* 2>/dev/null)
-tar czf "$OUT/stagemeta.tgz" $(ls */stage.json */metrics.jsonl 2>/dev/null)
-grep -h -E '"stage"|build_seconds' */stage.json
+# results and run directories without their weights (the results' summaries are what is recorded)
+tar czf "$OUT/paper.tgz" --exclude='*.safetensors' --exclude='*.pt' results/paper runs/bench-paper 2>/dev/null
+cd "$STAGES" 2>/dev/null || exit 0
+small=$(ls -d baseline-* generator-* vae-* 2>/dev/null)
+[ -n "$small" ] && tar czf "$OUT/stages.tgz" $small
+ls */stage.json >/dev/null 2>&1 && tar czf "$OUT/stagemeta.tgz" */stage.json $(ls */metrics.jsonl 2>/dev/null)
+grep -h -E '"stage"|build_seconds' */stage.json 2>/dev/null
+exit 0

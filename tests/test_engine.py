@@ -161,3 +161,14 @@ def test_unsupported_devices_are_refused_before_training(name, message):
     with pytest.raises(ConfigError, match=message):
         select_device(name)
     assert select_device("cpu").type == "cpu"
+
+
+def test_git_commit_outside_a_checkout_comes_from_the_environment(monkeypatch):
+    # An install without .git (the offline GPU machine) records the commit its installer passed on.
+    from privdistill.engine import run as run_module
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 128, "", "not a repo"))
+    monkeypatch.delenv("PRIVDISTILL_GIT_COMMIT", raising=False)
+    assert run_module.git_commit() is None
+    monkeypatch.setenv("PRIVDISTILL_GIT_COMMIT", "abc123")
+    assert run_module.git_commit() == "abc123"

@@ -89,8 +89,8 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     elif torch.cuda.is_available():
         torch.backends.cudnn.benchmark = True
     if torch.cuda.is_available():
-        # fp32 regions stay fp32 (PATE's VAT probe, the decoder Jacobian of the tangent perturbation): cuDNN
-        # would otherwise run their convolutions in TF32, with fp16's 10 mantissa bits.
+        # Every fp32 convolution stays fp32 (DP-SGD, --precision fp32, and inside bf16 runs PATE's VAT probe and
+        # the decoder Jacobian of the tangent perturbation): cuDNN would otherwise use TF32 (10 mantissa bits).
         torch.backends.cudnn.allow_tf32 = False
 
 

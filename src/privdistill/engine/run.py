@@ -33,17 +33,18 @@ SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accura
 
 
 def git_commit() -> str | None:
-    """The commit of the code that ran (with '-dirty' if it had uncommitted changes), if in a checkout."""
+    """The commit of the code that ran (with '-dirty' if it had uncommitted changes), if in a checkout; else
+    $PRIVDISTILL_GIT_COMMIT (set by whoever installed a copy without .git, e.g. scripts/device_session.sh)."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         if sha.returncode != 0:
-            return None
+            return os.environ.get("PRIVDISTILL_GIT_COMMIT") or None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=5)
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("PRIVDISTILL_GIT_COMMIT") or None
 
 
 def command_line() -> str:
