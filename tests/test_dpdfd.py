@@ -207,6 +207,7 @@ def test_direct_training_learns_and_is_not_dp_under_strict(tiny_npz, tmp_path, c
     assert s["test_accuracy"] > 0.8 and s["epsilon_strict"] == "inf" and s["variant"] == "direct"
     privacy = json.loads((tmp_path / "d" / "privacy.json").read_text())
     assert [p["covered"] for p in privacy["artifacts"]["student"]] == [True, False]
+    assert s["not_covered"] == [privacy["artifacts"]["student"][1]["via"]], "the summary names it too"
 
 
 def test_multi_teacher_and_budget_refusals(tiny_npz, tmp_path, cache):

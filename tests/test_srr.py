@@ -125,6 +125,7 @@ def test_data_free_run_records_labels_and_reports_both_epsilons(tiny_npz, tmp_pa
     privacy = json.loads((run / "privacy.json").read_text())
     assert privacy["artifacts"]["generator"][0]["covered"] is False
     assert any(not p["covered"] for p in privacy["artifacts"]["student"])
+    assert summary["not_covered"] == [p["via"] for p in privacy["artifacts"]["student"] if not p["covered"]]
     assert (tmp_path / "results" / "custom" / "srr-npz-tiny-eps1.json").is_file() or \
         (tmp_path / "results" / "quick" / "srr-npz-tiny-eps1.json").is_file()
     assert not (run / "synthetic").exists(), "stage images are removed once the run has finished"
@@ -144,6 +145,7 @@ def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
     assert summary["test_accuracy"] > 0.5
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert set(privacy["artifacts"]) == {"student"}
+    assert summary["not_covered"] == [p["via"] for p in privacy["artifacts"]["student"] if not p["covered"]]
     rr = train_srr(request(tiny_npz, tmp_path / "rr", "srr.setting=label-dp", "srr.mechanism=rr",
                            "srr.epsilon=2", "srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn"))
     assert rr["variant"] == "label-dp-rr" and rr["epsilon_strict"] == pytest.approx(2.0, abs=1e-4)

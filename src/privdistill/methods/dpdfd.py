@@ -799,6 +799,7 @@ def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache:
         test_accuracy=round(accuracy, 4),
         baseline_accuracy=None if baseline_accuracy is None else round(float(baseline_accuracy), 4),
         epsilon_paper=_round_eps(eps["paper"]), epsilon_strict=_round_eps(eps["strict"]), delta=cfg.delta,
+        not_covered=[p.via for p in arts["student"] if not p.covered],
         target_epsilon=cfg.epsilon, accounting=cfg.accounting, steps=result.steps_done, planned_steps=plan.steps,
         steps_allowed=allowed, variant=auto_variant(cfg), algorithm=cfg.algorithm, sigma=round(plan.sigma, 6),
         clip_norm=plan.clip_norm, batch_size=cfg.batch_size, granularity=cfg.granularity, operation=cfg.operation,

@@ -537,6 +537,7 @@ def train_srr(request: RunRequest, *, max_epsilon: float | None = None, accounti
         noise_secure=noise["secure"],
         test_accuracy=round(accuracy, 4), baseline_accuracy=round(teacher_accuracy, 4),
         epsilon_paper=_num(eps_paper), epsilon_strict=_num(eps_strict), delta=cfg.delta,
+        not_covered=[p.via for p in artifacts["student"] if not p.covered],
         target_epsilon=cfg.epsilon, variant=variant if variant is not None else default_variant(cfg),
         setting=cfg.setting, mechanism=cfg.mechanism, stages=cfg.stages, num_labels=total,
         threshold=threshold, student_model=cfg.student_for_setting, teacher_model=teacher_cfg.model,
