@@ -249,3 +249,12 @@ def test_python_api_returns_the_released_models_and_report(tiny_npz, tmp_path, c
     assert released.summary["epsilon_paper"] == 1 and released.summary["setting"] == "data-free"
     assert released.student(torch.zeros(2, 1, 28, 28)).shape == (2, 10) and released.generator is not None
     assert {"student", "generator"} <= set(released.privacy["artifacts"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rr_with_prior_runs_on_cuda_tensors_with_a_cpu_generator():
+    prior = torch.softmax(torch.randn(64, 10), dim=1).cuda()
+    labels = torch.randint(0, 10, (64,)).cuda()
+    out = release_labels("rr-prior", prior, labels, epsilon=1.0, threshold=None,
+                         generator=torch.Generator().manual_seed(0))
+    assert out.device.type == "cuda" and out.shape == (64,)

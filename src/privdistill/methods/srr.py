@@ -182,11 +182,16 @@ def rr_on_sets(in_set: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
     k = in_set.sum(dim=1).to(torch.float64)
     y_in = in_set.gather(1, labels[:, None]).squeeze(1)
     p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))  # e^ε/(e^ε + k − 1), 1 when k = 1
-    u = torch.rand((n,), generator=generator, dtype=torch.float64)
+    dev = in_set.device  # draws on the generator's device, then moved: any device pairing works
+
+    def uniform(*shape):
+        return torch.rand(shape, generator=generator, dtype=torch.float64, device=generator.device).to(dev)
+
+    u = uniform(n)
     keep = y_in & (u < p_keep)
     allowed = in_set.clone()
-    allowed[torch.arange(n), labels] &= ~y_in
-    scores = torch.rand((n, k_classes), generator=generator, dtype=torch.float64)
+    allowed[torch.arange(n, device=dev), labels] &= ~y_in
+    scores = uniform(n, k_classes)
     scores = torch.where(allowed, scores, torch.full_like(scores, -1.0))
     other = scores.argmax(dim=1)
     # k = 1 and y in I: keep with probability 1 (allowed is empty, `other` is never used)
@@ -198,7 +203,7 @@ def rr_with_prior_sets(prior: torch.Tensor, epsilon: float) -> torch.Tensor:
     k* = argmax_k e^ε/(e^ε + k − 1) · Σ_{j in top k} prior_j (ties: the smallest k). Returns [N, K] bool."""
     n, k_classes = prior.shape
     sorted_p, order = torch.sort(prior.double(), dim=1, descending=True, stable=True)
-    ks = torch.arange(1, k_classes + 1, dtype=torch.float64)
+    ks = torch.arange(1, k_classes + 1, dtype=torch.float64, device=prior.device)
     weight = 1.0 / (1.0 + (ks - 1.0) * math.exp(-epsilon))
     objective = sorted_p.cumsum(dim=1) * weight
     k_star = objective.argmax(dim=1) + 1  # argmax returns the first maximum: the smallest k
