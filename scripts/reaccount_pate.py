@@ -23,7 +23,7 @@ from privdistill.privacy.accounting import merge_events
 from privdistill.privacy.ledger import read_ledger_events
 
 REASON = ("strict Confident-GNMax accounting prices every query as answered (the answered count is chosen "
-          "adaptively; answered-only is an odometer reading, now epsilonrealised_answered_only)")
+          "adaptively; answered-only is an odometer reading, now epsilon_realised_answered_only)")
 
 
 def reaccount(summary_path: Path) -> tuple[dict, dict]:
@@ -34,7 +34,7 @@ def reaccount(summary_path: Path) -> tuple[dict, dict]:
     events, _header = read_ledger_events(Path(summary["run_dir"]) / "ledger.jsonl")  # RunError if missing
     both = epsilon_both_accountings(merge_events(events), delta=summary["delta"])
     after = {"epsilon_paper": round(both["paper"].value, 4), "epsilon_strict": round(both["strict"].value, 4),
-             "epsilonrealised_answered_only": realised_answered_only(both["strict"])}
+             "epsilon_realised_answered_only": realised_answered_only(both["strict"])}
     before = {k: summary.get(k) for k in after}
     return before, after
 

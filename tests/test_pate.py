@@ -59,6 +59,10 @@ def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path
     assert event.count == s["queries"]
     if aggregation == "confident-gnmax":
         assert event.answered == s["answered"] <= s["queries"]
+        # the answered-only odometer reading is reported, never above the guarantee
+        assert 0 < s["epsilon_realised_answered_only"] <= s["epsilon_strict"] + 1e-9
+    else:
+        assert s["epsilon_realised_answered_only"] is None
     assert s["not_covered"], "the held-out slice's own records are not protected: said so"
     assert (run_dir / "student.safetensors").is_file() and (run_dir / "privacy.json").is_file()
 

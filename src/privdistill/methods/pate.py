@@ -221,7 +221,7 @@ def run_pate(request: RunRequest, *, max_epsilon: float | None = None, accountin
         prep, request, method="pate", wall_seconds=time.perf_counter() - prep.started, noise_secure=noise["secure"],
         test_accuracy=round(accuracy, 4), baseline_accuracy=None, target_epsilon=cfg.epsilon,
         epsilon_paper=round(both["paper"].value, 4), epsilon_strict=round(both["strict"].value, 4), delta=cfg.delta,
-        epsilonrealised_answered_only=realised_answered_only(both["strict"]),
+        epsilon_realised_answered_only=realised_answered_only(both["strict"]),
         epsilon_data_dependent=None if dependent.data_dependent is None else round(dependent.data_dependent, 4),
         epsilon_data_dependent_note="PATE data-dependent bound from the recorded votes: a function of the private "
                                     "data, NOT releasable without the smooth-sensitivity step (not implemented)",
@@ -238,8 +238,8 @@ def run_pate(request: RunRequest, *, max_epsilon: float | None = None, accountin
 
 def realised_answered_only(strict: EpsilonResult) -> float | None:
     """Confident-GNMax: strict ε counting only the answered queries (an odometer reading, not a guarantee)."""
-    values = [e.details["epsilonrealised_answered_only"] for e in strict.events
-              if "epsilonrealised_answered_only" in e.details]
+    values = [e.details["epsilon_realised_answered_only"] for e in strict.events
+              if "epsilon_realised_answered_only" in e.details]
     return round(values[0], 4) if len(values) == 1 else None
 
 
