@@ -7,7 +7,7 @@
 # dependencies as wheels for the machine's Python), data/MNIST/raw and data/FashionMNIST/raw (the .gz files),
 # commit (the output of `git describe --always --dirty` here: the copy there has no .git), optionally
 # stages/ (cached stages from an earlier call). See docs/developing.md.
-# usage: bash scripts/device_session.sh BUDGET_SECONDS CELL... (a cell named `probe` runs teacher_chunk_probe.py)
+# usage: bash scripts/device_session.sh BUDGET_SECONDS CELL... (a cell named `probe` times the teacher trainers)
 T0=$(date +%s); BUDGET=$1; shift
 nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
@@ -23,7 +23,12 @@ for c in "$@"; do
   if [ $left -lt 20 ]; then echo "=== no time left for $c"; continue; fi
   echo "=== $c (budget left ${left}s) $(date +%T)"
   if [ "$c" = probe ]; then
-    timeout -k 5 $(( left < 150 ? left : 150 )) python3 scripts/teacher_chunk_probe.py 2>&1 | grep -v Warn
+    for chunk in 250 50; do  # vectorised in one chunk and in the paper preset's chunks of 50, then the loop
+      timeout -k 5 $(( left < 150 ? left : 150 )) privdistill bench teachers -d mnist -n 250 --steps 40 \
+        --trainers vectorized --chunk-size $chunk --device cuda -o "$OUT/teachers-chunk$chunk.json"
+    done
+    timeout -k 5 60 privdistill bench teachers -d mnist -n 5 --steps 40 --trainers loop --device cuda \
+      -o "$OUT/teachers-loop.json"
     continue
   fi
   timeout -k 5 $left privdistill bench run --preset paper --no-audit --no-report --no-lock --only "=$c" > "/tmp/bench-$c.log" 2>&1

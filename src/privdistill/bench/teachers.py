@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,7 +28,8 @@ def bench_teachers(dataset: str = "mnist", *, num_teachers: int = 250, steps: in
     for trainer in trainers:
         cfg = TeacherTraining(num_teachers=num_teachers, model=model, steps=steps, batch_size=batch_size, lr=1e-3,
                               trainer=trainer, chunk_size=chunk_size)
-        if env.device.type == "cuda":
+        if env.device.type == "cuda":  # untimed warm-up: cuDNN autotunes its kernels on the first steps
+            train_teachers(data.train, replace(cfg, steps=min(5, steps)), env)
             torch.cuda.synchronize()
         started = time.perf_counter()
         _, stats = train_teachers(data.train, cfg, env)
