@@ -17,7 +17,7 @@ export PRIVDISTILL_GIT_COMMIT=$(cat .gpu/commit 2>/dev/null)
 # cell's teachers resume there from their last finished chunk); .gpu/ would be replaced by the next carry.
 export PRIVDISTILL_CACHE=${PRIVDISTILL_CACHE:-$PWD/runs/stage-cache}
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile . || exit 1
-STAGES=$(python3 -c "from privdistill.engine.cache import default_cache_root as r; print(r() / 'stages')") || exit 1
+STAGES=$(python3 -c "from privdistill.engine.cache import default_cache_root as r; print(r())") || exit 1
 if [ -d .gpu/stages ]; then mkdir -p "$STAGES" && cp -r .gpu/stages/* "$STAGES/"; fi
 python3 -m pytest -q -p no:cacheprovider tests/test_privacy_mechanisms.py tests/test_dpsgd.py -k cuda 2>&1 | tail -2
 echo "setup $(( $(date +%s) - T0 ))s"
@@ -40,8 +40,9 @@ for c in "$@"; do
   [ $rc -ne 0 ] && tail -5 "/tmp/bench-$c.log"
   grep -h -E "accuracy|epsilon|ε|Error|error|wall" "runs/bench-paper/$c.log" 2>/dev/null | tail -12
 done
-# results and run directories without their weights (the results' summaries are what is recorded)
-tar czf "$OUT/paper.tgz" --exclude='*.safetensors' --exclude='*.pt' results/paper runs/bench-paper 2>/dev/null
+# Results and run directories without weights or ledger arrays (the summaries are what is recorded). Pack
+# them every call: results/paper/ is not ignored, so the next call's copy of this checkout replaces it.
+tar czf "$OUT/paper.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.npy' results/paper runs/bench-paper 2>/dev/null
 cd "$STAGES" 2>/dev/null || exit 0
 small=$(ls -d baseline-* generator-* vae-* 2>/dev/null)
 [ -n "$small" ] && tar czf "$OUT/stages.tgz" $small
