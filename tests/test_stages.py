@@ -1,5 +1,7 @@
 """Issue 4: stage cache, teacher ensembles (vectorised == loop), data-free generator learning."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -8,7 +10,15 @@ from privdistill.data import load_data
 from privdistill.data.dataset import to_uint8
 from privdistill.engine import Env, RunDir
 from privdistill.engine.cache import StageCache
-from privdistill.engine.datafree import BatchNormStatistics, GeneratorTraining, datafree_loss, generate, train_generator
+from privdistill.engine.datafree import (
+    BatchNormStatistics,
+    GeneratorCollapseWarning,
+    GeneratorTraining,
+    datafree_loss,
+    generate,
+    train_generator,
+    warn_if_collapsed,
+)
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
 from privdistill.engine.stages import Stages
 from privdistill.errors import ConfigError, DataError, ModelError
@@ -249,3 +259,30 @@ def test_loop_trained_batchnorm_teachers_keep_their_running_statistics(tiny):
     assert means and all(m.abs().sum() > 0 for m in means), "running statistics were updated and kept"
     votes = ensemble.votes(tiny.test.images[:8].float().div(127.5).sub(1))
     assert votes.shape == (8, tiny.num_classes) and int(votes.sum()) == 8 * 2
+
+
+def test_a_mode_collapsed_generator_warns_when_built_and_when_reused(tiny, tmp_path):
+    # A classifier that answers "1" whatever it sees: no generator can spread its samples over the classes.
+    env = Env.cpu(seed=0)
+    constant = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28).eval()
+    head = [m for m in constant.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.copy_(torch.nn.functional.one_hot(torch.tensor(1), 10).float() * 20)
+    cfg = GeneratorTraining(loss="dgd", rounds=1, steps_per_round=3, batch_size=8, width=16)
+    stages = Stages(StageCache(tmp_path / "cache"), env, tiny, RunDir.open(tmp_path / "r", config={}))
+    with pytest.warns(GeneratorCollapseWarning, match="mode-collapsed"):
+        _, built = stages.generator(constant, "constant-1", cfg)
+    assert built.info()["class_balance"] < 0.01
+    with pytest.warns(GeneratorCollapseWarning):
+        _, again = stages.generator(constant, "constant-1", cfg)
+    assert again.reused
+
+
+def test_collapse_threshold_spares_balanced_generators():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        assert warn_if_collapsed({"entropy": 2.29}, 10, "balanced") == pytest.approx(2.29 / 2.302585, rel=1e-4)
+        assert warn_if_collapsed({"one_hot": 0.1}, 10, "no entropy logged") is None
+    with pytest.warns(GeneratorCollapseWarning, match="0.64"):
+        warn_if_collapsed({"entropy": 1.48}, 10, "the H100 generator of 2026-11-23")

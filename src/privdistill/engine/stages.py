@@ -20,7 +20,7 @@ from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import DataSplits
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
-from privdistill.engine.datafree import GeneratorTraining, generate, train_generator
+from privdistill.engine.datafree import GeneratorTraining, class_balance, generate, train_generator, warn_if_collapsed
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import evaluate, train_classifier
@@ -115,11 +115,13 @@ class Stages:
             gen, stats = train_generator(classifier, cfg, self.env, channels=channels, image_size=size, run=run)
             run.save_weights("generator", gen)
             run.remove_checkpoint("generator-checkpoint")
-            return stats
+            return {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes)}
 
         material = {"classifier": classifier_key, "config": to_plain(cfg), "seed": self.env.seed,
                     "precision": self.env.precision, "shape": [channels, size]}
         stage = self._get("generator", material, build)
+        # checked on every use, so a cached collapsed generator warns again (stages made before the check too)
+        warn_if_collapsed(stage.info().get("final", {}), self.data.num_classes, f"generator stage {stage.key}")
         gen = stage.run.load_weights("generator", device=self.env.device)
         return gen, stage
 
