@@ -201,8 +201,12 @@ def _num(x: Any, digits: int = 3) -> str:
     return "-" if x is None else f"{float(x):.{digits}f}"
 
 
+# The methods whose records state an ε (their summaries carry `not_covered`), in the tables' order.
+DP_METHODS = ("dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr")
+
+
 def _order(r: dict) -> tuple:
-    methods = ["audit-control", "baseline", "dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr"]
+    methods = ["audit-control", "baseline", *DP_METHODS]
     m = r.get("method")
     return (r.get("dataset") or "", methods.index(m) if m in methods else len(methods), m or "",
             -(r.get("target_epsilon") or 0), r.get("variant") or "")
@@ -293,8 +297,7 @@ def _covered(r: dict) -> str:
 
 def bench_table(results: list[dict]) -> str:
     """The reproduction matrix side by side with the papers: every method, dataset and ε in one table."""
-    rows = sorted((r for r in results
-                   if r.get("method") in ("baseline", "dpsgd", "pate", "dgd", "dgd+", "dpdfd", "srr")),
+    rows = sorted((r for r in results if r.get("method") == "baseline" or r.get("method") in DP_METHODS),
                   key=_order)
 
     return table(rows, [
