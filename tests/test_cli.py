@@ -26,10 +26,15 @@ def test_data_lists_where_each_dataset_is(data_root):
 
 def test_train_record_and_eval(tiny_npz, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(get_app(), ["train", "baseline", "--dataset", f"npz:{tiny_npz}", "--run-dir", "run",
-                                       "--set", "baseline.model=small-cnn", "--set", "baseline.epochs=3",
-                                       "--set", "baseline.batch_size=32", "--precision", "fp32", "--record"])
+    train = ["train", "baseline", "--dataset", f"npz:{tiny_npz}", "--set", "baseline.model=small-cnn",
+             "--set", "baseline.epochs=3", "--set", "baseline.batch_size=32", "--precision", "fp32"]
+    result = runner.invoke(get_app(), [*train, "--run-dir", "run", "--record"])
     assert result.exit_code == 0, result.output
+    assert "Reused the cached baseline stage" not in result.output
+    again = runner.invoke(get_app(), [*train, "--run-dir", "run-again"])  # same stage key: the cache answers
+    assert again.exit_code == 0, again.output
+    notice = " ".join(again.output.split())  # rich wraps lines at the terminal width
+    assert "Reused the cached baseline stage" in notice and "no training ran now" in notice
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["method"] == "baseline" and summary["epsilon_strict"] is None and summary["delta"] is None
     assert summary["test_accuracy"] > 0.5

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from privdistill.cli import options as o
-from privdistill.cli.display import show_summary
+from privdistill.cli.display import console, show_summary
 
 app = typer.Typer(help="Train reference models.", no_args_is_help=True)
 
@@ -27,7 +27,14 @@ def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, run_dir=run_dir,
                             resume=resume, record=record, seed=seed, device=device, precision=precision,
                             data_root=data_root, no_progress=no_progress)
-    show_summary(train_baseline(request, cache=not no_cache))
+    summary = train_baseline(request, cache=not no_cache)
+    show_summary(summary)
+    stage = summary.get("baseline_stage") or {}
+    if stage.get("reused"):
+        # Otherwise the table's wall_seconds reads as this run's time, and a user expecting a fresh model is misled.
+        console.print(f"[yellow]Reused the cached baseline stage[/] {stage.get('path')}: no training ran now; "
+                      "wall_seconds is that stage's original training time. --no-cache trains afresh.",
+                      highlight=False)
 
 
 @app.command("audit-control")
