@@ -37,8 +37,15 @@ def test_ray_tasks_train_the_same_teachers_as_local_training(local_ray, tiny_npz
     local, _ = train_teachers(data.train, cfg(), env)
     remote, stats = train_teachers_ray(data.train, cfg(), env, chunk_size=2)
     assert stats["ray_tasks"] == 2
+    # Same partitions, seeds and steps: the same teachers. Bit equality is not asserted: a Ray worker is another
+    # process whose CPU kernels may sum in another order (seen on an AVX512-BF16 EPYC: 1e-5 apart after 15
+    # steps). A wrong partition, seed or step count moves a tensor by about its own norm, not by 1e-3 of it.
     for k in local.names:
-        assert torch.allclose(local.stacked()[0][k], remote.stacked()[0][k], atol=1e-5), k
+        a, b = local.stacked()[0][k], remote.stacked()[0][k]
+        assert float((a - b).norm()) <= 1e-3 * float(a.norm()) + 1e-6, k
+    x = data.test.batch(torch.arange(60))[0]
+    agree = (local.votes(x).argmax(1) == remote.votes(x).argmax(1)).float().mean()
+    assert agree >= 0.95, "the two ensembles vote alike"
 
 
 def test_clients_keep_their_data_and_answer_with_votes_only(local_ray, tiny_npz):

@@ -244,7 +244,10 @@ def test_teacher_stage_interrupted_during_evaluation_is_not_retrained(tiny, tmp_
     monkeypatch.setattr(stages_module, "train_teachers", no_training)
     ensemble, stage = Stages(cache, env, tiny, run).teachers(cfg)
     info = stage.info()
-    assert ensemble.num_teachers == 4 and info["num_teachers"] == 4 and info["wall_seconds"] > 0
+    # the training statistics of the interrupted build were kept (not the "time not recorded" fallback); the
+    # time itself can round to 0.0 s on a fast CPU, so only its presence is asserted
+    assert ensemble.num_teachers == 4 and info["num_teachers"] == 4
+    assert info["wall_seconds"] is not None and info["wall_seconds"] >= 0 and "note" not in info
     assert 0 <= info["noisy_ensemble_accuracy"] <= 1 and info["laplace_scale"] == 40.0
 
 

@@ -103,7 +103,7 @@ def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, a
     stacked = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
     stats = {"num_teachers": cfg.num_teachers, "trainer": f"ray/{cfg.trainer}", "chunk_size": chunk,
              "ray_tasks": len(futures), "wall_seconds": round(wall, 1),
-             "teachers_per_minute": round(cfg.num_teachers / wall * 60, 2)}
+             "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2)}
     return TeacherEnsemble(template, stacked), stats
 
 

@@ -26,6 +26,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from privdistill.atomic import atomic_write_bytes
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
+from privdistill.engine import streams
 from privdistill.engine.context import Env
 from privdistill.engine.progress import progress_bar
 from privdistill.errors import ConfigError, DataError, ModelError
@@ -36,8 +37,6 @@ class EnsembleWarning(UserWarning):
     """A teacher ensemble that trains, but worse than it could (e.g. partitions missing classes)."""
 
 
-_TEACHER_INIT_STREAM = 11
-_TEACHER_EPOCH_STREAM = 12
 _BUFFER_PREFIX = "buffer:"  # marks buffers among a trained chunk's stacked tensors (the loop trainer keeps them)
 
 
@@ -231,7 +230,7 @@ def make_partitions(train: ImageDataset, cfg: TeacherTraining) -> list[torch.Ten
 def _init_teachers(cfg: TeacherTraining, train: ImageDataset, count: int, first: int, env: Env) -> list[nn.Module]:
     models = []
     for i in range(first, first + count):
-        torch.manual_seed(env.generator(_TEACHER_INIT_STREAM, i).initial_seed())
+        torch.manual_seed(env.generator(streams.TEACHER_INIT, i).initial_seed())
         models.append(create_model(cfg.model, kind="classifier", in_channels=train.channels,
                                    num_classes=train.num_classes, image_size=train.image_size[0]))
     return models
@@ -244,7 +243,7 @@ def _epoch_orders(sizes: torch.Tensor, rng_ids: torch.Tensor, epoch: int, env: E
     alone, in any chunk, or inside a client actor."""
     orders = torch.zeros(len(sizes), int(sizes.max()), dtype=torch.long)
     for row, (size, tid) in enumerate(zip(sizes.tolist(), rng_ids.tolist())):
-        orders[row, :size] = torch.randperm(size, generator=env.generator(_TEACHER_EPOCH_STREAM, tid, epoch))
+        orders[row, :size] = torch.randperm(size, generator=env.generator(streams.TEACHER_EPOCH, tid, epoch))
     return orders
 
 
@@ -346,7 +345,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     buffers = {k[len(_BUFFER_PREFIX):]: stacked.pop(k) for k in list(stacked) if k.startswith(_BUFFER_PREFIX)}
     ensemble = TeacherEnsemble(template, stacked, buffers)
     stats = {"num_teachers": cfg.num_teachers, "trainer": cfg.trainer, "chunk_size": chunk,
-             "wall_seconds": round(wall, 1), "teachers_per_minute": round(cfg.num_teachers / wall * 60, 2),
+             "wall_seconds": round(wall, 3),
+             "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
              "partition_sizes": [int(sizes.min()), int(sizes.max())],
              "partitions_missing_classes": len(lacking)}
     return ensemble, stats
