@@ -22,10 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.engine import streams
 from privdistill.engine.context import Env
 from privdistill.errors import ConfigError
-
-_START_STREAM = 91
 
 
 @dataclass
@@ -65,7 +64,7 @@ def invert(model: nn.Module, *, num_classes: int, shape: tuple[int, int, int], c
     device = next(model.parameters()).device
     n = cfg.restarts * num_classes
     target = torch.arange(num_classes).repeat(cfg.restarts).to(device)
-    g = env.generator(_START_STREAM)
+    g = env.generator(streams.INVERSION_START)
     if cfg.start == "noise":
         base = torch.atanh(torch.rand(n, *shape, generator=g).mul(1.8).sub(0.9))
     else:

@@ -45,6 +45,7 @@ from privdistill.atomic import atomic_torch_save
 from privdistill.audits.metrics import attack_metrics
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float
+from privdistill.engine import streams
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
@@ -53,7 +54,6 @@ from privdistill.errors import ConfigError
 from privdistill.models import create_model
 
 SHADOWS_VERSION = "1"
-_SPLIT_STREAM, _ASSIGN_STREAM, _SHADOW_SEED_STREAM = 81, 82, 83
 
 
 @dataclass
@@ -116,8 +116,9 @@ def audit_split(data: DataSplits, cfg: AuditConfig) -> AuditSplit:
         raise ConfigError(f"audit needs {cfg.members} members (of {len(candidates)} private training examples) and "
                           f"{cfg.nonmembers} non-members (of {n_test} test examples); lower audit.members/nonmembers")
     env = Env.cpu(seed=cfg.split_seed)
-    members = candidates[torch.randperm(len(candidates), generator=env.generator(_SPLIT_STREAM, 0))[:cfg.members]]
-    nonmembers = torch.randperm(n_test, generator=env.generator(_SPLIT_STREAM, 1))[:cfg.nonmembers]
+    order = torch.randperm(len(candidates), generator=env.generator(streams.MEMBERSHIP_SPLIT, 0))
+    members = candidates[order[:cfg.members]]
+    nonmembers = torch.randperm(n_test, generator=env.generator(streams.MEMBERSHIP_SPLIT, 1))[:cfg.nonmembers]
     return AuditSplit(members.sort().values, nonmembers.sort().values)
 
 
@@ -151,10 +152,10 @@ def logit_confidence(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 # ------------------------------------------------------------------------------------------- shadows
 def _assignment(n_shadows: int, n_audit: int, n_rest: int, env: Env) -> tuple[torch.Tensor, torch.Tensor]:
     """in_audit [S, A]: each audit example IN for exactly S/2 shadows; in_rest [S, R]: Bernoulli(1/2)."""
-    g = env.generator(_ASSIGN_STREAM, 0)
+    g = env.generator(streams.MEMBERSHIP_ASSIGN, 0)
     ranks = torch.rand(n_audit, n_shadows, generator=g).argsort(dim=1).argsort(dim=1)  # a permutation per example
     in_audit = (ranks < n_shadows // 2).T.contiguous()
-    in_rest = torch.rand(n_shadows, n_rest, generator=env.generator(_ASSIGN_STREAM, 1)) < 0.5
+    in_rest = torch.rand(n_shadows, n_rest, generator=env.generator(streams.MEMBERSHIP_ASSIGN, 1)) < 0.5
     return in_audit, in_rest
 
 
@@ -181,7 +182,7 @@ def shadow_stage(data: DataSplits, split: AuditSplit, cfg: AuditConfig, shadow_c
                 images = torch.cat([data.train.images[sub], audit_images[in_audit[i]]])
                 labels = torch.cat([data.train.labels[sub], audit_labels[in_audit[i]]])
                 train = ImageDataset(images, labels, data.num_classes, name=f"shadow {i}")
-                seed = int(env.generator(_SHADOW_SEED_STREAM, i).initial_seed() % (2 ** 31))
+                seed = int(env.generator(streams.MEMBERSHIP_SHADOW_SEED, i).initial_seed() % (2 ** 31))
                 shadow_env = Env(device=env.device, precision=env.precision, seed=seed, progress=env.progress)
                 torch.manual_seed(seed)
                 model = create_model(shadow_cfg.model, kind="classifier", in_channels=data.channels,

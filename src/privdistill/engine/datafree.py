@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from privdistill.data.dataset import to_uint8
+from privdistill.engine import streams
 from privdistill.engine.context import Env
 from privdistill.engine.progress import progress_bar
 from privdistill.engine.run import RunDir
@@ -39,8 +40,6 @@ from privdistill.errors import ConfigError, ModelError
 from privdistill.models import create_model
 
 LOSS_DEFAULTS = {"dgd": (5.0, 0.1), "dpdfd": (1.0, 1.0), "srr": (5.0, 10.0)}
-_LATENT_STREAM = 21
-_SYNTHETIC_STREAM = 22
 
 
 @dataclass
@@ -195,7 +194,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
     classifier = env.place(classifier).eval()
     for p in classifier.parameters():
         p.requires_grad_(False)
-    torch.manual_seed(env.generator(_LATENT_STREAM, -1).initial_seed())
+    torch.manual_seed(env.generator(streams.GENERATOR_LATENT, -1).initial_seed())
     generator = env.place(build_generator(cfg, channels, image_size)).train()
     optimizer = torch.optim.Adam(generator.parameters(), lr=cfg.lr)
     alpha, beta = cfg.weights
@@ -215,7 +214,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                 lr = cfg.lr * cfg.lr_decay ** (step // (cfg.lr_decay_every * cfg.steps_per_round))
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                z = torch.randn(cfg.batch_size, cfg.latent_dim, generator=env.generator(_LATENT_STREAM, step))
+                z = torch.randn(cfg.batch_size, cfg.latent_dim, generator=env.generator(streams.GENERATOR_LATENT, step))
                 with env.autocast():
                     x = generator(z.to(env.device))
                     loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn)
@@ -261,7 +260,7 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
     out = []
     for i, start in enumerate(range(0, n, batch_size)):
         m = min(batch_size, n - start)
-        z = torch.randn(m, generator.latent_dim, generator=env.generator(_SYNTHETIC_STREAM, stream, i))
+        z = torch.randn(m, generator.latent_dim, generator=env.generator(streams.SYNTHETIC, stream, i))
         with env.autocast():
             x = generator(z.to(env.device)).float()
         out.append((to_uint8(x) if quantise else x).cpu())

@@ -17,13 +17,11 @@ from torch import nn
 
 from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.context import Env
 from privdistill.engine.progress import progress_bar
 from privdistill.engine.run import RunDir
-
-_EPOCH_STREAM = 1  # random-stream identifiers (see Env.generator)
-_AUGMENT_STREAM = 2
 
 
 @dataclass
@@ -61,7 +59,7 @@ def batch_indices(n: int, batch_size: int, step: int, env: Env) -> torch.Tensor:
     """Indices of batch `step`: epochs are seeded permutations, so any step can be recomputed alone."""
     per_epoch = max(1, n // batch_size)  # drop the last partial batch: every step sees a full batch
     epoch, pos = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=env.generator(_EPOCH_STREAM, epoch))
+    perm = torch.randperm(n, generator=env.generator(streams.TRAINER_EPOCH, epoch))
     return perm[pos * batch_size: (pos + 1) * batch_size] if n >= batch_size else perm
 
 
@@ -122,7 +120,7 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
         for step in range(start_step, steps):
             idx = batch_indices(len(train), cfg.batch_size, step, env)
             x, y = train.batch(idx)
-            x = augment_batch(x, cfg.augment, env.generator(_AUGMENT_STREAM, step))
+            x = augment_batch(x, cfg.augment, env.generator(streams.TRAINER_AUGMENT, step))
             x, y = env.place_batch(x), y.to(env.device)
             with env.autocast():
                 logits = model(x)

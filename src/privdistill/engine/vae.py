@@ -9,14 +9,13 @@ import torch
 from torch import nn
 
 from privdistill.data.dataset import to_float
+from privdistill.engine import streams
 from privdistill.engine.context import Env
 from privdistill.engine.progress import progress_bar
 from privdistill.engine.run import RunDir
 from privdistill.errors import ConfigError
 from privdistill.models import create_model
 from privdistill.models.vae import vae_loss
-
-_VAE_STREAM = 31
 
 
 @dataclass
@@ -37,7 +36,7 @@ class VAETraining:
 
 def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir | None = None) -> tuple[nn.Module, dict]:
     """Fit a conv VAE to `images` (uint8 [N, C, H, W]); resumable from `vae-checkpoint`."""
-    torch.manual_seed(env.generator(_VAE_STREAM, -1).initial_seed())
+    torch.manual_seed(env.generator(streams.VAE_EPOCH, -1).initial_seed())
     vae = env.place(create_model("conv-vae", kind="vae", in_channels=images.shape[1], image_size=images.shape[2],
                                  latent_dim=cfg.latent_dim)).train()
     optimizer = torch.optim.Adam(vae.parameters(), lr=cfg.lr)
@@ -59,7 +58,7 @@ def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir |
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * max(0.0, 1.0 - step / cfg.steps)
             epoch, pos = divmod(step, per_epoch)
-            perm = torch.randperm(n, generator=env.generator(_VAE_STREAM, epoch))
+            perm = torch.randperm(n, generator=env.generator(streams.VAE_EPOCH, epoch))
             x = env.place_batch(to_float(images[perm[pos * cfg.batch_size:(pos + 1) * cfg.batch_size]]))
             # The reparameterisation noise uses the global RNG (the device's); its state is checkpointed.
             recon, mu, logvar = vae(x)

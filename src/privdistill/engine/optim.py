@@ -1,0 +1,54 @@
+"""Optimisers and learning-rate schedules: the one place every training loop gets them from.
+
+    optimizer = make_optimizer(model.parameters(), "adam", lr=1e-3, weight_decay=0.0)
+    schedule = make_schedule(optimizer, "linear", total_steps)   # a torch LambdaLR: step() after each update
+
+A schedule is a torch.optim.lr_scheduler.LambdaLR over `lr_factor`, so its state travels in checkpoints
+(`schedule.state_dict()`) and a resumed loop continues the same curve. Loops that set the rate by hand
+(`set_lr`) use the same factor and so the same floating-point learning rates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from privdistill.errors import ConfigError
+
+OPTIMIZERS = ("adam", "sgd")
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def make_optimizer(params: Iterable, name: str, *, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                   betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
+    """Adam (with `betas`) or SGD with momentum; `weight_decay` is L2 added to the gradient (torch's)."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+
+
+def lr_factor(kind: str, step: int, total: int) -> float:
+    """The factor on the initial rate at 0-based `step` of `total`: the papers' linear decay to 0, a cosine
+    decay to 0, or constant."""
+    if kind == "linear":
+        return max(0.0, 1.0 - step / max(1, total))
+    if kind == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(1, total)))
+    if kind == "constant":
+        return 1.0
+    raise ConfigError(f"lr schedule must be one of {SCHEDULES}, got {kind!r}")
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    lr_factor(kind, 0, total)  # refuse an unknown kind now, not at the first step
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(kind, step, total))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, kind: str, step: int, total: int) -> None:
+    """Set every group's rate for `step` (loops whose step counter is not the scheduler's)."""
+    for group in optimizer.param_groups:
+        group["lr"] = base_lr * lr_factor(kind, step, total)

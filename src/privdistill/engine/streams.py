@@ -1,0 +1,78 @@
+"""The table of random streams: every random draw of a run comes from `Env.generator(STREAM, *counters)`.
+
+A stream id names one purpose (the batches of an epoch, the latent codes of a step, ...); together with the
+run's seed and counters (epoch, step, stage) it fixes the draw, so a resumed run replays the same batches
+without saving any RNG state. Two purposes that can meet in one run must never share an id, or their draws
+would be correlated. The engine's ids are unique across the whole table; a method's ids are unique within
+that method and never collide with the engine's. Methods that never run in the same process or run directory
+(DPDFD and DP-SGD, SRR and PATE) reuse numbers: the values are kept as they were first recorded, because
+changing one changes every result that depends on it. `tests/test_streams.py` checks these rules.
+"""
+
+from __future__ import annotations
+
+# --- engine (shared by every method) ---------------------------------------------------------------------
+TRAINER_EPOCH = 1  # supervised training: the permutation of each epoch
+TRAINER_AUGMENT = 2  # supervised training: augmentation of each step
+TEACHER_INIT = 11  # teacher ensembles: initial weights of each teacher
+TEACHER_EPOCH = 12  # teacher ensembles: each teacher's permutation of each epoch
+GENERATOR_LATENT = 21  # data-free generator learning: latent codes of each step
+SYNTHETIC = 22  # synthetic sets drawn from a trained generator
+VAE_EPOCH = 31  # VAE training: the permutation of each epoch
+
+ENGINE = {"TRAINER_EPOCH": TRAINER_EPOCH, "TRAINER_AUGMENT": TRAINER_AUGMENT, "TEACHER_INIT": TEACHER_INIT,
+          "TEACHER_EPOCH": TEACHER_EPOCH, "GENERATOR_LATENT": GENERATOR_LATENT, "SYNTHETIC": SYNTHETIC,
+          "VAE_EPOCH": VAE_EPOCH}
+
+# --- methods ---------------------------------------------------------------------------------------------
+DGD_SPLIT = 41  # queries / unlabelled split of the pool; (41, 1): the held-out public slice (DGD Fig. 7, PATE)
+DGD_LABELLED = 42  # student: labelled batch of each step
+DGD_UNLABELLED = 43  # student: unlabelled latent codes of each step
+DGD_PERTURB = 44  # student: tangent / normal perturbation directions
+DGD_INIT = 45  # student: initial weights
+
+DPDFD_LATENT = 61  # latent codes z of each step
+DPDFD_NOISE_SEED = 62  # the seed of each ledger chunk's Gaussian noise
+DPDFD_SAMPLE = 63  # Alg. 3: Poisson sample of each step
+DPDFD_STUDENT_INIT = 64
+DPDFD_GENERATOR_INIT = 65
+
+DPSGD_INIT = 61  # (never in a run with DPDFD)
+DPSGD_SAMPLE = 62
+DPSGD_NOISE = 63
+DPSGD_AUGMENT = 64
+
+SRR_INIT = 71
+SRR_LATENT = 72  # latent codes of each stage's synthetic inputs
+SRR_EPOCH = 73  # student batches of each stage
+SRR_AUGMENT = 74
+SRR_FINETUNE = 75  # generator fine-tuning batches
+SRR_NOISE = 76  # label noise of each stage
+SRR_ORDER = 77  # label-dp: the order in which private records are labelled
+
+PATE_QUERIES = 71  # (never in a run with SRR) which public images are queried
+PATE_LABELLED = 72
+PATE_UNLABELLED = 73
+PATE_VAT = 74
+PATE_INIT = 75
+
+MEMBERSHIP_SPLIT = 81  # audits: members / non-members
+MEMBERSHIP_ASSIGN = 82  # audits: shadow models' halves
+MEMBERSHIP_SHADOW_SEED = 83
+INVERSION_START = 91  # audits: model inversion's starting points
+
+METHODS = {
+    "dgd": {"DGD_SPLIT": DGD_SPLIT, "DGD_LABELLED": DGD_LABELLED, "DGD_UNLABELLED": DGD_UNLABELLED,
+            "DGD_PERTURB": DGD_PERTURB, "DGD_INIT": DGD_INIT},
+    "dpdfd": {"DPDFD_LATENT": DPDFD_LATENT, "DPDFD_NOISE_SEED": DPDFD_NOISE_SEED, "DPDFD_SAMPLE": DPDFD_SAMPLE,
+              "DPDFD_STUDENT_INIT": DPDFD_STUDENT_INIT, "DPDFD_GENERATOR_INIT": DPDFD_GENERATOR_INIT},
+    "dpsgd": {"DPSGD_INIT": DPSGD_INIT, "DPSGD_SAMPLE": DPSGD_SAMPLE, "DPSGD_NOISE": DPSGD_NOISE,
+              "DPSGD_AUGMENT": DPSGD_AUGMENT},
+    "srr": {"SRR_INIT": SRR_INIT, "SRR_LATENT": SRR_LATENT, "SRR_EPOCH": SRR_EPOCH, "SRR_AUGMENT": SRR_AUGMENT,
+            "SRR_FINETUNE": SRR_FINETUNE, "SRR_NOISE": SRR_NOISE, "SRR_ORDER": SRR_ORDER},
+    # PATE shares DGD's held-out split on purpose (one teacher ensemble serves both, DGD Fig. 7)
+    "pate": {"DGD_SPLIT": DGD_SPLIT, "PATE_QUERIES": PATE_QUERIES, "PATE_LABELLED": PATE_LABELLED,
+             "PATE_UNLABELLED": PATE_UNLABELLED, "PATE_VAT": PATE_VAT, "PATE_INIT": PATE_INIT},
+    "audits": {"MEMBERSHIP_SPLIT": MEMBERSHIP_SPLIT, "MEMBERSHIP_ASSIGN": MEMBERSHIP_ASSIGN,
+               "MEMBERSHIP_SHADOW_SEED": MEMBERSHIP_SHADOW_SEED, "INVERSION_START": INVERSION_START},
+}
