@@ -70,3 +70,33 @@ def test_unknown_student_model_is_refused_when_the_config_is_read(module, cls, k
     section = getattr(importlib.import_module(f"privdistill.methods.{module}"), cls)
     with pytest.raises(ConfigError, match="unknown classifier model 'nosuchnet'; available: .*paper-cnn"):
         build_section(section, {key: "nosuchnet"}, "student")
+
+
+def test_command_line_text_is_read_by_the_type_of_the_field_it_sets():
+    from dataclasses import dataclass
+    from typing import Optional
+
+    @dataclass
+    class Section:
+        variant: Optional[str] = None
+        name: str = ""
+        flag: bool = False
+        count: int = 0
+        rate: float = 0.0
+        limit: Optional[float] = 1.0
+
+    text = parse_overrides(["s.variant=no", "s.name=1e-3", "s.flag=no", "s.count=3", "s.rate=1e-5", "s.limit=null"])
+    built = build_section(Section, text["s"], "s")
+    assert built == Section(variant="no", name="1e-3", flag=False, count=3, rate=1e-5, limit=None)
+    assert parse_overrides(["s.variant="])["s"]["variant"] == "" and build_section(
+        Section, parse_overrides(["s.variant="])["s"], "s").variant is None
+
+
+def test_typed_overrides_reach_the_sections_as_given():
+    from privdistill.config import normalize_overrides
+
+    assert normalize_overrides({"baseline.epochs": 3, "run": {"seed": 1}}) == {"baseline": {"epochs": 3},
+                                                                               "run": {"seed": 1}}
+    resolved = resolve_sections({"baseline": ClassifierTraining}, preset="quick",
+                                overrides={"baseline.model": "small-cnn", "baseline.epochs": 0.5})
+    assert resolved["baseline"].model == "small-cnn" and resolved["baseline"].epochs == 0.5

@@ -139,16 +139,61 @@ def load_yaml_file(path: str | Path | None, *, what: str = "config file",
     return data
 
 
+class CommandLineText(str):
+    """A value as typed after `--set section.key=`: read by the type of the field it sets (a `str` field keeps
+    the text as typed, so `--set dpdfd.variant=no` is the string "no", not YAML's False), never parsed twice."""
+
+
+_NULL_TEXT = ("", "null", "Null", "NULL", "~")
+
+
 def parse_overrides(items: list[str] | None) -> dict[str, dict[str, Any]]:
-    """['baseline.epochs=3', 'run.seed=1'] -> {'baseline': {'epochs': 3}, 'run': {'seed': 1}}."""
+    """['baseline.epochs=3', 'run.seed=1'] -> {'baseline': {'epochs': '3'}, 'run': {'seed': '1'}}, the values
+    kept as CommandLineText until the section's dataclass says what type they are."""
     out: dict[str, dict[str, Any]] = {}
     for item in items or []:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
         key, value = item.split("=", 1)
         section, field_name = key.split(".", 1)
-        out.setdefault(section.strip(), {})[field_name.strip()] = yaml.safe_load(value) if value != "" else None
+        out.setdefault(section.strip(), {})[field_name.strip()] = CommandLineText(value)
     return out
+
+
+def normalize_overrides(overrides: list[str] | dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Overrides in any of their three forms -> {section: {key: value}}:
+
+    * command-line strings ``["dgd.queries=1300"]`` (values read by the field's type, see CommandLineText);
+    * typed values by dotted key ``{"dgd.queries": 1300}`` (the Python API: no detour through text);
+    * typed values by section ``{"dgd": {"queries": 1300}}``.
+    """
+    if not overrides:
+        return {}
+    if isinstance(overrides, (list, tuple)):
+        return parse_overrides(list(overrides))
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        if "." in key:
+            section, field_name = key.split(".", 1)
+            out.setdefault(section, {})[field_name] = value
+        elif isinstance(value, dict):
+            out.setdefault(key, {}).update(value)
+        else:
+            raise ConfigError(f"override {key!r} needs the form section.key (e.g. dgd.queries)")
+    return out
+
+
+def _read_text(text: CommandLineText, hint: Any) -> Any:
+    """Command-line text -> the value it means for a field of type `hint`."""
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in _UNIONS else (hint,)
+    if text in _NULL_TEXT and (type(None) in allowed or hint is Any):
+        return None
+    if str in allowed:
+        return str(text)
+    try:
+        return yaml.safe_load(text) if text != "" else None
+    except yaml.YAMLError:
+        return str(text)
 
 
 # --------------------------------------------------------------------------------------------- resolve
@@ -180,14 +225,19 @@ def build_section(cls: type[T], values: dict[str, Any], section: str) -> T:
     return obj
 
 
+_UNIONS = (typing.Union, getattr(__import__("types"), "UnionType", None))
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
+    if isinstance(value, CommandLineText):
+        value = _read_text(value, hint)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if value is None:
         if type(None) in args or hint is Any:
             return None
         raise ConfigError(f"{where} cannot be empty")
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in _UNIONS:
         for arg in args:
             if arg is type(None):
                 continue
@@ -236,7 +286,7 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
     base = load_preset(preset)
     user = load_yaml_file(config_file)
     _check_user_sections(user, sections, base, config_file)
-    parsed = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    parsed = normalize_overrides(overrides)
     stray = sorted(set(parsed) - set(sections))
     if stray:
         raise ConfigError(f"--set names unknown section(s) {stray}; this command has {sorted(sections)}")

@@ -37,13 +37,13 @@ def audit_command(
     each run's summary.json (and results/<preset>/ with --record)."""
     from privdistill.audits.audit import audit_run
 
-    extra = []
+    extra: dict = {}
     if no_mia:
-        extra.append("audit.mia=false")
+        extra["audit.mia"] = False
     if no_inversion:
-        extra.append("audit.inversion=false")
+        extra["audit.inversion"] = False
     if shadows is not None:
-        extra.append(f"audit.shadows={shadows}")
+        extra["audit.shadows"] = shadows
     overrides = o.run_overrides(set_, extra=extra, device=device, data_root=data_root, no_progress=no_progress)
     table = Table(title="membership inference (members: training data, non-members: test data)")
     for col in ("run", "attack", "AUC", "TPR @ 1% FPR", "loss-attack AUC", "inversion corr.", "seconds"):

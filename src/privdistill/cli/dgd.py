@@ -47,7 +47,7 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
     extra = o.section_overrides("dgd", epsilon=epsilon, queries=queries, delta=delta, aggregation=aggregation,
                                 inputs=inputs)
     if no_latent_noise:
-        extra.append("dgd.latent_noise=false")
+        extra["dgd.latent_noise"] = False
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)

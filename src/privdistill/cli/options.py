@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -53,14 +53,15 @@ class SRRSetting(str, Enum):
     label_dp = "label-dp"
 
 
-def section_overrides(section: str, **values) -> list[str]:
-    """`section.key=value` for every dedicated option the user gave (None: not given, the preset decides)."""
-    return [f"{section}.{key}={value}" for key, value in values.items() if value is not None]
+def section_overrides(section: str, **values) -> dict[str, Any]:
+    """{"section.key": value} for every dedicated option the user gave (None: not given, the preset decides).
+    The values stay typed: only `--set` text is read by the field's type (config.CommandLineText)."""
+    return {f"{section}.{key}": value for key, value in values.items() if value is not None}
 
 
 def run_request(*, dataset: str, preset: str, config: Path | None, overrides: list[str] | None, run_dir: Path | None,
-                resume: bool, record: bool, extra: Sequence[str] = (), seed=None, device=None, precision=None,
-                data_root=None, no_progress: bool = False):
+                resume: bool, record: bool, extra: Mapping[str, Any] | None = None, seed=None, device=None,
+                precision=None, data_root=None, no_progress: bool = False):
     """The RunRequest every method command builds from the shared options above (``extra``: see run_overrides)."""
     from privdistill.methods.common import RunRequest
 
@@ -70,14 +71,17 @@ def run_request(*, dataset: str, preset: str, config: Path | None, overrides: li
                       run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
 
 
-def run_overrides(overrides: list[str] | None, *, extra: Sequence[str] = (), seed=None, device=None, precision=None,
-                  data_root=None, no_progress=False) -> list[str]:
+def run_overrides(overrides: list[str] | None, *, extra: Mapping[str, Any] | None = None, seed=None, device=None,
+                  precision=None, data_root=None, no_progress=False) -> dict[str, Any]:
     """--set overrides, then ``extra`` (a command's dedicated options, from section_overrides), then the shared
-    options folded into the `run` section."""
-    out = list(overrides or []) + list(extra)
-    for key, value in (("seed", seed), ("device", device), ("precision", precision), ("data_root", data_root)):
-        if value is not None:
-            out.append(f"run.{key}={value}")
+    options folded into the `run` section; later wins. Returns {"section.key": value}."""
+    from privdistill.config import parse_overrides
+
+    out: dict[str, Any] = {f"{section}.{key}": value for section, block in parse_overrides(overrides).items()
+                           for key, value in block.items()}
+    out.update(extra or {})
+    out.update(section_overrides("run", seed=seed, device=device, precision=precision,
+                                 data_root=str(data_root) if data_root is not None else None))
     if no_progress:
-        out.append("run.progress=false")
+        out["run.progress"] = False
     return out

@@ -72,8 +72,7 @@ def generator_train(teacher: Annotated[
     """Train a generator against a fixed classifier, write N samples + a grid, report their quality."""
     from privdistill.methods.datafree import GeneratorRequest, train_generator_workflow
 
-    extra = [f"generator.loss={loss}"] if loss else []
-    extra += [f"generator.num_samples={samples}"] if samples else []
+    extra = o.section_overrides("generator", loss=loss or None, num_samples=samples or None)
     req = GeneratorRequest(teacher=str(teacher), preset=preset, config_file=str(config) if config else None,
                            overrides=o.run_overrides(set_, extra=extra, seed=seed, device=device,
                                                      precision=precision, data_root=data_root, no_progress=no_progress),

@@ -21,7 +21,7 @@ class RunRequest:
     dataset: str
     preset: str = "quick"
     config_file: str | None = None
-    overrides: list[str] | dict = field(default_factory=list)
+    overrides: list[str] | dict[str, Any] = field(default_factory=dict)  # see config.normalize_overrides
     run_dir: str | None = None
     resume: bool = False
     record: bool = False
@@ -82,15 +82,20 @@ class MethodAPI:
     """Shared shape of the methods' Python API: options in the constructor, the private data in `fit`.
 
     `dataset` is a name (mnist, fashion-mnist, cifar10, svhn) or a source string (`npz:PATH`, `folder:DIR`);
-    `overrides` are `section.key=value` strings as on the command line (`--set`)."""
+    `overrides`: typed values by dotted key (`{"student.steps": 300}`), or `section.key=value` strings as on
+    the command line (`--set`); keyword options go to the method's section, typed as given."""
 
     section = ""  # the configuration section the keyword options go to
 
-    def __init__(self, dataset: str | None = None, *, preset: str = "quick", overrides: list[str] | None = None,
-                 run_dir: str | None = None, record: bool = False, **options: Any):
+    def __init__(self, dataset: str | None = None, *, preset: str = "quick",
+                 overrides: list[str] | dict[str, Any] | None = None, run_dir: str | None = None,
+                 record: bool = False, **options: Any):
+        from privdistill.config import normalize_overrides
+
         self.dataset, self.preset, self.run_dir, self.record = dataset, preset, run_dir, record
-        self.overrides = list(overrides or []) + [f"{self.section}.{k}={v}" for k, v in options.items()
-                                                  if v is not None]
+        self.overrides = {f"{section}.{key}": value for section, block in normalize_overrides(overrides).items()
+                          for key, value in block.items()}
+        self.overrides.update({f"{self.section}.{k}": v for k, v in options.items() if v is not None})
 
     def request(self, dataset: str | None) -> RunRequest:
         from privdistill.errors import ConfigError
