@@ -1,0 +1,218 @@
+"""The one run skeleton every method plugs into, and what every run returns.
+
+    plan      the method prices what it will spend (events still to spend, given what the ledger holds)
+    check     the ledger refuses to start beyond the budget, before any model is trained
+    train     the method's algorithm (its stages, its loop), spending through the ledger
+    release   the runner evaluates the student, writes its weights (and the generator's)
+    report    privacy.json (what ε covers, per released artifact), ε under both accountings, summary.json
+
+A method is a `Method` subclass: its name, its config sections (the `budget` and `run` sections are added
+for every method), and `plan` / `train` / `report`. `Method.run(request)` returns a `RunResult`, the same
+typed value for every method, from Python and from the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from torch import nn
+
+from privdistill.engine import RunDir
+from privdistill.engine.cache import StageCache
+from privdistill.engine.stages import Stages
+from privdistill.engine.trainer import evaluate
+from privdistill.errors import ConfigError
+from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
+from privdistill.privacy.events import PrivacyEvent
+from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.report import Pathway, noise_source, write_privacy_json
+
+ACCOUNTINGS = ("strict", "paper")
+
+
+# ============================================================================================ budget
+@dataclass
+class Budget:
+    """Config section `budget`, the same for every private method: what the user asks to spend.
+
+    `epsilon` is the target under `accounting`: the method sizes its plan (queries, steps, noise, per-label
+    ε) so that the ε of the whole run under that accounting does not exceed it. `max_epsilon` is the hard
+    limit the privacy ledger enforces under the same accounting (None: the target). The default accounting
+    is `strict`, a correct (ε, δ) for the private training set; `paper` reproduces a paper's own formula
+    and is only used when asked for (docs/privacy.md says where each paper's analysis fails)."""
+
+    epsilon: Optional[float] = None
+    max_epsilon: Optional[float] = None
+    delta: float = 1e-5
+    accounting: str = "strict"
+
+    def validate(self) -> None:
+        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ConfigError(f"epsilon must be a finite number > 0, got {self.epsilon}")
+        if self.max_epsilon is not None and not self.max_epsilon > 0:
+            raise ConfigError(f"max_epsilon must be > 0, got {self.max_epsilon}")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
+        if self.accounting not in ACCOUNTINGS:
+            raise ConfigError(f"accounting must be strict or paper, got {self.accounting!r}")
+
+    @property
+    def limit(self) -> float | None:
+        """The ε the ledger never lets the run exceed (under `accounting`)."""
+        return self.max_epsilon if self.max_epsilon is not None else self.epsilon
+
+
+def round_epsilon(x: float) -> float | str:
+    """Every summary prints ε the same way: 6 significant decimals, "inf" for no guarantee."""
+    return "inf" if math.isinf(x) else round(float(x), 6)
+
+
+# ============================================================================================ result
+@dataclass
+class RunResult:
+    """What every method returns: the released student (and generator, where the method releases one), the
+    run's summary (accuracy, ε under both accountings, what ε covers) and its privacy report (privacy.json)."""
+
+    student: nn.Module
+    generator: nn.Module | None
+    summary: dict[str, Any]
+    privacy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> str:
+        return self.summary["run_dir"]
+
+    @classmethod
+    def from_run(cls, summary: dict[str, Any] | str) -> "RunResult":
+        """Load what a finished run released, from its directory (or its summary): weights, privacy.json."""
+        run = RunDir.existing(summary if isinstance(summary, str) else summary["run_dir"])
+        summary = run.summary() if isinstance(summary, str) else summary
+        report = run.path / "privacy.json"
+        student = run.load_weights("student" if run.has_weights("student") else "model").eval()
+        generator = run.load_weights("generator").eval() if run.has_weights("generator") else None
+        return cls(student=student, generator=generator, summary=summary,
+                   privacy=json.loads(report.read_text()) if report.is_file() else {})
+
+
+# ============================================================================================ method
+@dataclass
+class Context:
+    """What a method's plan, train and report see: the resolved sections, the environment, the run
+    directory, the data, the cached stages and the budget."""
+
+    prep: Prepared
+    request: RunRequest
+    stages: Stages
+    budget: Budget
+    inputs: dict[str, Any] = field(default_factory=dict)  # what the caller passed besides the request
+
+    def __getattr__(self, name: str) -> Any:  # env, run, data, dataset, sections: those of the prepared run
+        return getattr(self.prep, name)
+
+    def section(self, name: str) -> Any:
+        return self.prep.sections[name]
+
+
+@dataclass
+class Plan:
+    """What a method will spend: the events not yet in the ledger (checked before anything trains)."""
+
+    remaining: list[PrivacyEvent]
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)  # the method's own numbers (queries, T, sigma, ...)
+
+
+@dataclass
+class Trained:
+    """What a method's train step hands back to the runner."""
+
+    student: nn.Module
+    generator: nn.Module | None = None
+    baseline_accuracy: float | None = None
+    wall_seconds: float | None = None  # training time of all invocations (None: since this one started)
+    fields: dict[str, Any] = field(default_factory=dict)  # the method's own summary fields
+
+
+@dataclass
+class Report:
+    """What ε covers and how it is stated: the released artifacts' pathways and the privacy.json extras."""
+
+    pathways: dict[str, list[Pathway]]
+    secure_noise: bool
+    noise_option: str  # the config key that switches to OS-entropy noise
+    statement: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more privacy.json fields
+    epsilon: dict[str, float] | None = None  # ε by accounting when it is not the ledger's (DP-SGD: Opacus)
+    fields: dict[str, Any] = field(default_factory=dict)  # more summary fields
+
+
+class Method:
+    """A method: `name`, config `sections`, and the three steps the runner calls."""
+
+    name: str = ""
+    sections: dict[str, type] = {}
+    uses_ledger: bool = True  # False: the method keeps its own record (DP-SGD: Opacus's accountant)
+    weights_name: str = "student"  # the released model's file in the run directory (DP-SGD: "model")
+
+    def plan(self, ctx: Context, ledger: PrivacyLedger | None) -> Plan:
+        raise NotImplementedError
+
+    def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger | None) -> Trained:
+        raise NotImplementedError
+
+    def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger | None) -> Report:
+        raise NotImplementedError
+
+    def summary_name(self, ctx: Context) -> str:
+        """The method name written into summary.json (DGD with Gaussian votes is "dgd+")."""
+        return self.name
+
+    def run(self, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
+        return execute(self, request, cache=cache, **inputs)
+
+
+def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
+    prep = prepare_run(method.name, request, {"budget": Budget, **method.sections})
+    budget: Budget = prep.sections["budget"]
+    ctx = Context(prep=prep, request=request, stages=Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run),
+                  budget=budget, inputs=inputs)
+    ledger = (PrivacyLedger(prep.run.path, max_epsilon=budget.limit, accounting=budget.accounting,
+                            delta=budget.delta) if method.uses_ledger else None)
+    plan = method.plan(ctx, ledger)
+    if ledger is not None:
+        ledger.check_can_start(plan.remaining)  # refuse before anything trains
+
+    trained = method.train(ctx, plan, ledger)
+    student = trained.student
+    accuracy = evaluate(student, prep.data.test, prep.env)
+    prep.run.save_weights(method.weights_name, student, metadata={"method": method.name})
+    if trained.generator is not None:
+        prep.run.save_weights("generator", trained.generator, metadata={"method": method.name})
+
+    report = method.report(ctx, plan, trained, ledger)
+    noise = noise_source(report.secure_noise, report.noise_option)
+    extra = dict(report.extra)
+    if report.statement is not None:
+        extra["statement"] = report.statement
+    write_privacy_json(prep.run.path, report.pathways, method=method.name, noise=noise, extra=extra)
+    if report.epsilon is not None:
+        eps = report.epsilon
+    else:
+        eps = {name: r.value for name, r in ledger.epsilon_both().items()}
+    wall = trained.wall_seconds if trained.wall_seconds is not None else time.perf_counter() - prep.started
+    summary = finish_run(
+        prep, request, method=method.summary_name(ctx), wall_seconds=wall,
+        test_accuracy=round(accuracy, 4),
+        baseline_accuracy=None if trained.baseline_accuracy is None else round(float(trained.baseline_accuracy), 4),
+        epsilon_paper=round_epsilon(eps["paper"]), epsilon_strict=round_epsilon(eps["strict"]), delta=budget.delta,
+        target_epsilon=budget.epsilon, max_epsilon=budget.max_epsilon, accounting=budget.accounting,
+        noise_secure=noise["secure"], not_covered=[p.via for p in report.pathways["student"] if not p.covered],
+        plan_notes=plan.notes, **{**trained.fields, **report.fields})
+    privacy = json.loads((prep.run.path / "privacy.json").read_text())
+    return RunResult(student=student.cpu().eval(),
+                     generator=None if trained.generator is None else trained.generator.cpu().eval(),
+                     summary=summary, privacy=privacy)
