@@ -42,7 +42,7 @@ def test_logit_confidence_is_the_log_odds_of_the_true_class():
 
 def test_split_is_seeded_equal_sized_and_avoids_the_public_slice(tiny_npz):
     from privdistill.data import load_data
-    from privdistill.methods.pate import public_indices
+    from privdistill.engine.holdout import public_indices
 
     data = load_data(f"npz:{tiny_npz}")
     cfg = AuditConfig(members=50, nonmembers=50, holdout=100, shadows=2)

@@ -14,7 +14,8 @@ from privdistill.engine.manifold import (
 )
 from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.dgd import DGD, DGDConfig, _plan_queries, run_dgd
+from privdistill.methods.dgd import DGD, DGDConfig, plan_queries, run_dgd
+from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 
 TINY = ["baseline.model=small-cnn", "baseline.epochs=2", "baseline.batch_size=32",
@@ -84,21 +85,22 @@ def test_adversarial_directions_change_the_features_more_than_random_ones():
 
 def test_query_count_from_a_target_epsilon():
     # Strict (dp-accounting RDP of Laplace noisy argmax, b = 40): 1300 queries cost 9.34, 27 cost 0.98.
-    assert 1300 <= _plan_queries(DGDConfig(epsilon=10.0)) < 1500
-    assert 27 <= _plan_queries(DGDConfig(epsilon=1.0)) < 30
-    assert _plan_queries(DGDConfig(epsilon=10.0, calibration="paper")) < 1300, "the printed formula is looser"
-    assert _plan_queries(DGDConfig(queries=750, epsilon=1.0)) == 750
+    assert 1300 <= plan_queries(DGDConfig(), Budget(epsilon=10.0)) < 1500
+    assert 27 <= plan_queries(DGDConfig(), Budget(epsilon=1.0)) < 30
+    assert plan_queries(DGDConfig(), Budget(epsilon=10.0, accounting="paper")) < 1300, "the printed formula is looser"
+    assert plan_queries(DGDConfig(queries=750), Budget(epsilon=1.0)) == 750
     with pytest.raises(ConfigError, match="allows no query"):
-        _plan_queries(DGDConfig(epsilon=0.01))
+        plan_queries(DGDConfig(), Budget(epsilon=0.01))
     with pytest.raises(ConfigError, match="either dgd.queries"):
-        DGDConfig().validate()
+        plan_queries(DGDConfig(), Budget())
 
 
 def test_dgd_refuses_to_start_beyond_max_epsilon(tiny_npz, tmp_path):
     # 250 LNMax queries at b = 40 cost 3.55 (strict)
-    request = RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=250"], run_dir=str(tmp_path / "r"))
+    request = RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "r"),
+                         overrides=TINY + ["dgd.queries=250", "budget.max_epsilon=2.0", "budget.accounting=strict"])
     with pytest.raises(BudgetExceededError):
-        run_dgd(request, max_epsilon=2.0, accounting="strict")
+        run_dgd(request)
     assert not any((tmp_path / "r").glob("student*")), "nothing was trained"
 
 
@@ -131,9 +133,9 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
 
     # Resuming the finished run spends nothing more and reproduces the student exactly; a budget just above
     # what was spent lets it resume (the recorded uses are not planned a second time).
-    again = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=40", "run.device=cpu"],
-                               run_dir=str(run_dir), resume=True),
-                    max_epsilon=1.01 * s["epsilon_strict"], accounting="strict")
+    again = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir), resume=True,
+                               overrides=TINY + ["dgd.queries=40", "run.device=cpu", "budget.accounting=strict",
+                                                 f"budget.max_epsilon={1.01 * s['epsilon_strict']}"]))
     ledger2 = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert len([r for r in ledger2 if r.get("kind") == "spend"]) == 2, "no budget spent twice"
     assert again.summary["epsilon_strict"] == s["epsilon_strict"]

@@ -4,9 +4,11 @@ resume reuses the recorded answers, VAT."""
 import pytest
 import torch
 
+from privdistill.engine.holdout import holdout_split, public_indices
 from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.pate import PATEConfig, holdout_split, plan_queries, public_indices, run_pate, vat_loss
+from privdistill.methods.pate import PATEConfig, plan_queries, run_pate, vat_loss
+from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
 
@@ -19,27 +21,28 @@ TINY = ["teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=1
 
 
 def test_query_plan_from_epsilon_and_the_public_slice():
-    n, notes = plan_queries(PATEConfig(aggregation="gnmax", epsilon=1.0), available=10000)
+    n, notes = plan_queries(PATEConfig(aggregation="gnmax"), Budget(epsilon=1.0), available=10000)
     assert 45 <= n <= 50 and not notes  # GNMax σ = 40: 48 queries at ε = 1 (strict, δ = 1e-5)
-    n, notes = plan_queries(PATEConfig(aggregation="gnmax", epsilon=10.0), available=1000)
+    n, notes = plan_queries(PATEConfig(aggregation="gnmax"), Budget(epsilon=10.0), available=1000)
     assert n == 1000 and "all of them are queried" in notes[0]
     # Confident-GNMax is planned as if every query were answered: never more queries than GNMax at equal σ2
-    conf, _ = plan_queries(PATEConfig(aggregation="confident-gnmax", epsilon=1.0), available=10000)
+    conf, _ = plan_queries(PATEConfig(aggregation="confident-gnmax"), Budget(epsilon=1.0), available=10000)
     assert conf <= 48
     with pytest.raises(ConfigError, match="allows no"):
-        plan_queries(PATEConfig(aggregation="gnmax", epsilon=0.01, sigma=1.0), available=10)
+        plan_queries(PATEConfig(aggregation="gnmax", sigma=1.0), Budget(epsilon=0.01), available=10)
 
 
 def test_the_public_slice_is_dgds_holdout_and_disjoint_from_the_private_part(tiny_npz):
     from privdistill.data import load_data
-    from privdistill.engine import Env
-    from privdistill.methods.dgd import _holdout_split
+    from privdistill.engine import Env, streams
 
     data = load_data(f"npz:{tiny_npz}")
     env = Env.cpu(seed=3)
     private, public = holdout_split(data, 80, env)
-    dgd_private, dgd_public = _holdout_split(data, 80, env)
-    assert torch.equal(public.images, dgd_public.images) and len(private) == len(data.train) - 80
+    # DGD's Fig. 7 split, as DGD drew it before both used engine/holdout.py: the first 80 of the permutation
+    dgd_public = data.train.images[torch.randperm(len(data.train), generator=env.generator(streams.DGD_SPLIT, 1))[:80]
+                                   .sort().values]
+    assert torch.equal(public.images, dgd_public) and len(private) == len(data.train) - 80
     idx = public_indices(len(data.train), 80, seed=3)
     assert torch.equal(data.train.images[idx], public.images)
 
@@ -48,7 +51,8 @@ def test_the_public_slice_is_dgds_holdout_and_disjoint_from_the_private_part(tin
 def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path, aggregation):
     run_dir = tmp_path / aggregation
     s = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + [f"pate.aggregation={aggregation}",
-                                                                         "pate.epsilon=10"], run_dir=str(run_dir)))
+                                                                         "budget.epsilon=10"], run_dir=str(run_dir))
+                 ).summary
     assert s["method"] == "pate" and s["aggregation"] == aggregation
     assert s["variant"] == (None if aggregation == "gnmax" else aggregation)
     assert s["epsilon_strict"] <= 10.0 + 1e-9, "planned within the target (data-independent)"
@@ -68,11 +72,12 @@ def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path
 
 
 def test_resume_reuses_the_recorded_answers(tiny_npz, tmp_path):
-    overrides = TINY + ["pate.aggregation=confident-gnmax", "pate.epsilon=10"]
+    overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10"]
     run_dir = tmp_path / "run"
-    first = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(run_dir)))
+    first = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(run_dir))).summary
     (run_dir / "summary.json").unlink()
-    again = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(run_dir), resume=True))
+    again = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(run_dir),
+                                resume=True)).summary
     assert len(PrivacyLedger(run_dir)) == 1, "nothing spent twice"
     assert again["answered"] == first["answered"] and again["epsilon_strict"] == first["epsilon_strict"]
     assert again["test_accuracy"] == first["test_accuracy"]

@@ -51,7 +51,7 @@ def _public_slice_overlap(summary: dict, config: dict, members, n_train: int) ->
         holdout = (config.get("dgd") or {}).get("holdout")
     else:
         return None
-    from privdistill.methods.pate import public_indices
+    from privdistill.engine.holdout import public_indices
 
     seed = (config.get("run") or {}).get("seed", 0)
     public = set(public_indices(n_train, int(holdout), int(seed)).tolist())

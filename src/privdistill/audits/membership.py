@@ -108,7 +108,7 @@ def audit_split(data: DataSplits, cfg: AuditConfig) -> AuditSplit:
     n_train, n_test = len(data.train), len(data.test)
     excluded = torch.zeros(n_train, dtype=torch.bool)
     if 0 < cfg.holdout < n_train:
-        from privdistill.methods.pate import public_indices
+        from privdistill.engine.holdout import public_indices
 
         excluded[public_indices(n_train, cfg.holdout, cfg.split_seed)] = True
     candidates = torch.nonzero(~excluded).flatten()

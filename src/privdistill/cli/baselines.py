@@ -53,18 +53,16 @@ def pate_command(
     run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
     device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
     no_progress: o.NoProgress = False,
-    epsilon: Annotated[
-        Optional[float], typer.Option("--epsilon", "-e", help="target ε, data-independent (sets the number of queries)")
-    ] = None,
+    epsilon: o.Epsilon = None,
     queries: Annotated[
         Optional[int], typer.Option("--queries", "-q", min=1, help="number of queries (overrides --epsilon)")
     ] = None,
     aggregation: Annotated[
         Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")
     ] = None,
-    delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
+    delta: o.Delta = None,
     max_epsilon: o.MaxEpsilon = None,
-    accounting: o.BudgetAccounting = o.Accounting.strict,
+    accounting: o.BudgetAccounting = None,
     variant: Annotated[
         Optional[str],
         typer.Option("--variant", help="name suffix of the recorded result (default: the aggregator unless gnmax)"),
@@ -74,11 +72,12 @@ def pate_command(
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
     from privdistill.methods.pate import run_pate
 
-    extra = o.section_overrides("pate", epsilon=epsilon, queries=queries, aggregation=aggregation, delta=delta)
+    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
+             **o.section_overrides("pate", queries=queries, aggregation=aggregation, variant=variant)}
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
-    s = run_pate(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache, variant=variant)
+    s = run_pate(request, cache=not no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{s['queries']} queries, {s['answered']} answered (label accuracy {s['label_accuracy']}); ε covers "
                   f"{s['epsilon_covers']} (δ = {s['delta']:g}). Data-dependent ε {s['epsilon_data_dependent']} "

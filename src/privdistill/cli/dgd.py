@@ -15,15 +15,12 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
             set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
             seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
             no_progress: o.NoProgress = False,
-            epsilon: Annotated[
-                Optional[float],
-                typer.Option("--epsilon", "-e", help="target ε of the vote channel (sets the number of queries)"),
-            ] = None,
+            epsilon: o.Epsilon = None,
             queries: Annotated[
                 Optional[int],
                 typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
             ] = None,
-            delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
+            delta: o.Delta = None,
             aggregation: Annotated[
                 Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")
             ] = None,
@@ -34,7 +31,7 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
                 Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")
             ] = None,
             max_epsilon: o.MaxEpsilon = None,
-            accounting: o.BudgetAccounting = o.Accounting.strict,
+            accounting: o.BudgetAccounting = None,
             variant: Annotated[
                 Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
             ] = None,
@@ -44,14 +41,14 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
     from privdistill.methods.dgd import run_dgd
 
-    extra = o.section_overrides("dgd", epsilon=epsilon, queries=queries, delta=delta, aggregation=aggregation,
-                                inputs=inputs)
+    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
+             **o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs, variant=variant)}
     if no_latent_noise:
         extra["dgd.latent_noise"] = False
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
-    result = run_dgd(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache, variant=variant)
+    result = run_dgd(request, cache=not no_cache)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary
     Console().print(f"ε covers {s['epsilon_covers']} (δ = {s['delta']:g}, {s['queries']} queries). "

@@ -41,9 +41,20 @@ class Accounting(str, Enum):
     strict = "strict"
 
 
-# the hard budget of the teacher-vote methods (PATE, DGD) and which accounting it is checked under
-MaxEpsilon = Annotated[Optional[float], typer.Option("--max-epsilon", help="refuse to spend more than this")]
-BudgetAccounting = Annotated[Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")]
+# The budget, the same for every private method (section `budget`, see methods/runner.py: Budget).
+Epsilon = Annotated[Optional[float], typer.Option(
+    "--epsilon", "-e", help="target ε under --accounting (budget.epsilon): the method sizes its plan to fit it")]
+Delta = Annotated[Optional[float], typer.Option("--delta", help="δ (budget.delta, default 1e-5)")]
+MaxEpsilon = Annotated[Optional[float], typer.Option(
+    "--max-epsilon", help="hard limit the privacy ledger enforces (budget.max_epsilon; default: the target)")]
+BudgetAccounting = Annotated[Optional[Accounting], typer.Option(
+    "--accounting", help="strict (default: a correct (ε, δ) for the private data) or paper (the paper's own "
+                         "formula, for reproduction): what the target and the limit are measured in")]
+
+
+def budget_overrides(*, epsilon=None, delta=None, max_epsilon=None, accounting=None) -> dict[str, Any]:
+    return section_overrides("budget", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
+                             accounting=accounting.value if isinstance(accounting, Enum) else accounting)
 
 
 class SRRSetting(str, Enum):

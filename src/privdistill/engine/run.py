@@ -32,6 +32,11 @@ SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accura
                 "epsilon_strict", "delta", "wall_seconds", "device", "git_commit", "command")
 
 
+# What a resumed run may change: the ledger's hard limit (the ledger records the change and keeps pricing every
+# spend against the limit in force); everything else would mix two experiments.
+CHANGEABLE_ON_RESUME = frozenset({"budget.max_epsilon"})
+
+
 def git_commit() -> str | None:
     """The commit of the code that ran (with '-dirty' if it had uncommitted changes), if in a checkout; else
     $PRIVDISTILL_GIT_COMMIT (set by whoever installed a copy without .git, e.g. scripts/device_session.sh)."""
@@ -79,7 +84,8 @@ class RunDir:
                 raise RunError(f"run directory {run.path} already holds a run; pass --resume to continue it "
                                "or choose another --run-dir")
             previous = yaml.safe_load(cfg_path.read_text()) or {}
-            diff = _diff(previous.get("config", {}), json.loads(json.dumps(config)))
+            diff = [k for k in _diff(previous.get("config", {}), json.loads(json.dumps(config)))
+                    if k not in CHANGEABLE_ON_RESUME]
             if diff:
                 raise RunError(f"cannot resume {run.path}: its configuration differs in {', '.join(diff)}")
         else:

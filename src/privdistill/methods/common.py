@@ -78,12 +78,16 @@ class Released:
                    summary=summary, privacy=json.loads(report.read_text()) if report.is_file() else {})
 
 
+BUDGET_KEYWORDS = ("epsilon", "max_epsilon", "delta", "accounting")
+
+
 class MethodAPI:
     """Shared shape of the methods' Python API: options in the constructor, the private data in `fit`.
 
     `dataset` is a name (mnist, fashion-mnist, cifar10, svhn) or a source string (`npz:PATH`, `folder:DIR`);
     `overrides`: typed values by dotted key (`{"student.steps": 300}`), or `section.key=value` strings as on
-    the command line (`--set`); keyword options go to the method's section, typed as given."""
+    the command line (`--set`); `epsilon`, `max_epsilon`, `delta` and `accounting` go to the `budget` section,
+    other keyword options to the method's section, typed as given."""
 
     section = ""  # the configuration section the keyword options go to
 
@@ -95,6 +99,8 @@ class MethodAPI:
         self.dataset, self.preset, self.run_dir, self.record = dataset, preset, run_dir, record
         self.overrides = {f"{section}.{key}": value for section, block in normalize_overrides(overrides).items()
                           for key, value in block.items()}
+        # the budget keywords are the same for every method: they go to the `budget` section
+        self.overrides.update({f"budget.{k}": options.pop(k) for k in BUDGET_KEYWORDS if options.get(k) is not None})
         self.overrides.update({f"{self.section}.{k}": v for k, v in options.items() if v is not None})
 
     def request(self, dataset: str | None) -> RunRequest:

@@ -29,44 +29,39 @@ Readings of what the paper leaves open (each configurable):
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import ClassifierTraining, check_model_name
-from privdistill.data.dataset import DataSplits, ImageDataset, to_float
-from privdistill.engine import RunDir, evaluate, predict_logits
-from privdistill.engine.cache import StageCache
+from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.engine import RunDir, evaluate, predict_logits, streams
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
+from privdistill.engine.holdout import holdout_split
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
-from privdistill.engine.stages import Stages, file_digest
+from privdistill.engine.stages import file_digest
 from privdistill.engine.student_loop import StudentLoop, sample_batch
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
-from privdistill.methods.common import MethodAPI, Released, RunRequest, finish_run, prepare_run
+from privdistill.methods.common import MethodAPI, RunRequest
+from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
-from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
-from privdistill.privacy.report import dgd_pathways, noise_source, write_privacy_json
-
-_SPLIT_STREAM, _LABEL_STREAM, _UNLABEL_STREAM, _PERTURB_STREAM, _INIT_STREAM = 41, 42, 43, 44, 45
+from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
+from privdistill.privacy.report import dgd_pathways
 
 
 @dataclass
 class DGDConfig:
-    """Config section `dgd`: the privacy mechanisms and the data split."""
+    """Config section `dgd`: the privacy mechanisms and the data split (the target ε: section `budget`)."""
 
-    epsilon: float | None = None  # target ε (vote channel) when `queries` is 0
-    queries: int = 0  # |D̂s|; 0: calibrated from `epsilon` under `calibration`
-    calibration: str = "strict"  # accounting used to derive |D̂s| from ε: strict | paper
-    delta: float = 1e-5
+    queries: int = 0  # |D̂s|; 0: the most the budget's target ε allows under its accounting
     aggregation: str = "laplace"  # laplace (DGD) | gaussian (DGD+)
     laplace_scale: float = 40.0  # b = 2/ε0
     gaussian_sigma: float = 40.0
@@ -76,22 +71,15 @@ class DGDConfig:
     inputs: str = "generator"  # generator | private-holdout (Fig. 7)
     holdout: int = 10000  # size of the held-out "public" slice for inputs=private-holdout
     num_synthetic: int = 0  # 0: as many as the private training set (paper)
-    noise_seed: int | None = None  # seed of the privacy noise (default: run seed); secure noise ignores it
+    noise_seed: Optional[int] = None  # seed of the privacy noise (default: run seed); secure noise ignores it
     secure_noise: bool = False
+    variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
 
     def validate(self) -> None:
         if self.queries < 0:
             raise ConfigError("dgd.queries must be >= 0")
-        if self.queries == 0 and self.epsilon is None:
-            raise ConfigError("give either dgd.queries (|D̂s|) or a target dgd.epsilon (--epsilon)")
-        if self.epsilon is not None and self.epsilon <= 0:
-            raise ConfigError(f"dgd.epsilon must be > 0, got {self.epsilon}")
-        if not 0 < self.delta < 1:
-            raise ConfigError(f"dgd.delta must lie in (0, 1), got {self.delta}")
         if self.aggregation not in ("laplace", "gaussian"):
             raise ConfigError("dgd.aggregation must be laplace or gaussian")
-        if self.calibration not in ("strict", "paper"):
-            raise ConfigError("dgd.calibration must be strict or paper")
         if self.inputs not in ("generator", "private-holdout"):
             raise ConfigError("dgd.inputs must be generator or private-holdout")
         if min(self.laplace_scale, self.gaussian_sigma, self.epsilon1, self.latent_clip) <= 0:
@@ -129,133 +117,121 @@ class StudentConfig:
             raise ConfigError("student.perturbation must be adversarial or random")
 
 
-SECTIONS = {"baseline": ClassifierTraining, "teachers": TeacherTraining, "generator": GeneratorTraining,
-            "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig}
-
-
 # the ledger keys of the two mechanism uses a run spends budget on
 QUERIES_KEY, LATENT_KEY = "dgd/queries", "dgd/latent-codes"
 
-# what run_dgd returns: the student and generator as trained, the summary, ε under both accountings
-DGDResult = Released
-
 
 # ------------------------------------------------------------------------------------------ the method
-def run_dgd(request: RunRequest, *, max_epsilon: float | None = None, accounting: str = "strict",
-            cache: bool = True, variant: str | None = None) -> DGDResult:
-    prep = prepare_run("dgd", request, SECTIONS)
-    s = prep.sections
-    cfg: DGDConfig = s["dgd"]
-    env, run, data = prep.env, prep.run, prep.data
-    stages = Stages(StageCache(enabled=cache), env, data, run)
+class DGDMethod(Method):
+    name = "dgd"
+    sections = {"baseline": ClassifierTraining, "teachers": TeacherTraining, "generator": GeneratorTraining,
+                "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig}
 
-    # --- privacy plan first: refuse to start rather than exceed --max-epsilon -------------------------
-    queries = _plan_queries(cfg)
-    pool_size = (cfg.num_synthetic or len(data.train)) if cfg.inputs == "generator" else cfg.holdout
-    if queries >= pool_size:  # the pool below has exactly this size; checked here, before any stage is trained
-        raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
-    vote_event = (LNMaxQueries(scale=cfg.laplace_scale, count=queries) if cfg.aggregation == "laplace"
-                  else GNMaxQueries(sigma=cfg.gaussian_sigma, count=queries))
-    latent_event = LatentLaplace(epsilon1=cfg.epsilon1, dim=s["vae"].latent_dim, clip=cfg.latent_clip)
-    planned = {QUERIES_KEY: vote_event} | ({LATENT_KEY: latent_event} if cfg.latent_noise else {})
-    ledger = PrivacyLedger(run.path / "ledger.jsonl", max_epsilon=max_epsilon, accounting=accounting, delta=cfg.delta)
-    # On resume the recorded uses are already in the ledger's total: plan only what is still to be spent.
-    ledger.check_can_start([event for key, event in planned.items() if key not in ledger])
+    def summary_name(self, ctx: Context) -> str:
+        return "dgd" if ctx.section("dgd").aggregation == "laplace" else "dgd+"
 
-    # --- discriminative and generative streams (cached stages) -----------------------------------------
-    generator = None
-    stage_refs: dict[str, Any] = {}
-    if cfg.inputs == "generator":
-        baseline, baseline_stage = stages.baseline(s["baseline"])
-        generator, gen_stage = stages.generator(baseline, file_digest(baseline_stage.path / "model.safetensors"),
-                                                s["generator"])
-        n = cfg.num_synthetic or len(data.train)
-        pool, pool_stage = stages.synthetic(generator, gen_stage, n)
-        teachers, teachers_stage = stages.teachers(s["teachers"])
-        baseline_accuracy = evaluate(baseline, data.test, env)
-        stage_refs.update(baseline=baseline_stage.ref(), generator=gen_stage.ref(), synthetic=pool_stage.ref())
-        pool_key = pool_stage.key
-    else:  # Fig. 7: a held-out slice of D plays the public unlabelled data; teachers learn on the rest
-        private, public = _holdout_split(data, cfg.holdout, env)
-        teachers, teachers_stage = stages.teachers_on(private, s["teachers"])
-        pool, pool_key = public.images, f"holdout:{public.fingerprint()}"
-        baseline_accuracy = None
-    vae, vae_stage = stages.vae(pool, pool_key, s["vae"])
-    stage_refs.update(teachers=teachers_stage.ref(), vae=vae_stage.ref())
+    def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
+        """|D̂s| from the target ε (or as given); refused here, before any stage trains, if it cannot fit."""
+        cfg: DGDConfig = ctx.section("dgd")
+        queries = plan_queries(cfg, ctx.budget)
+        pool_size = (cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator" else cfg.holdout
+        if queries >= pool_size:  # the pool below has exactly this size
+            raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
+        events = {QUERIES_KEY: vote_event(cfg, queries)}
+        if cfg.latent_noise:
+            events[LATENT_KEY] = LatentLaplace(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
+                                               clip=cfg.latent_clip)
+        # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
+        return Plan(remaining=[e for key, e in events.items() if key not in recorded],
+                    details={"queries": queries, "events": events})
 
-    # --- split: queries (labelled by the private aggregation) and the unlabelled rest -------------------
-    perm = torch.randperm(len(pool), generator=env.generator(_SPLIT_STREAM))
-    query_images, rest_images = pool[perm[:queries]], pool[perm[queries:]]
-    noise_seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
-    fresh: dict[str, Any] = {}
+    def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
+        cfg: DGDConfig = ctx.section("dgd")
+        env, data, stages, queries = ctx.env, ctx.data, ctx.stages, plan.details["queries"]
+        # --- discriminative and generative streams (cached stages)
+        generator, baseline, baseline_accuracy, refs = None, None, None, {}
+        if cfg.inputs == "generator":
+            baseline, baseline_stage = stages.baseline(ctx.section("baseline"))
+            generator, gen_stage = stages.generator(baseline, file_digest(baseline_stage.path / "model.safetensors"),
+                                                    ctx.section("generator"))
+            pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train))
+            teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
+            baseline_accuracy = evaluate(baseline, data.test, env)
+            refs.update(baseline=baseline_stage.ref(), generator=gen_stage.ref(), synthetic=pool_stage.ref())
+            pool_key = pool_stage.key
+        else:  # Fig. 7: a held-out slice of D plays the public unlabelled data; teachers learn on the rest
+            private, public = holdout_split(data, cfg.holdout, env)
+            teachers, teachers_stage = stages.teachers_on(private, ctx.section("teachers"))
+            pool, pool_key = public.images, f"holdout:{public.fingerprint()}"
+        vae, vae_stage = stages.vae(pool, pool_key, ctx.section("vae"))
+        refs.update(teachers=teachers_stage.ref(), vae=vae_stage.ref())
 
-    def answer_queries() -> LedgerAnswer:
-        fresh["answer"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
-        return fresh["answer"]
+        # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes
+        perm = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))
+        query_images, rest_images = pool[perm[:queries]], pool[perm[queries:]]
+        noise_seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
+        fresh: dict[str, Any] = {}
 
-    labels = torch.as_tensor(ledger.spend(QUERIES_KEY, vote_event, answer_queries)).long()
-    diagnostics = {}
-    if cfg.inputs == "generator":  # evaluation only: reads the non-private baseline, never released
-        agree = _agreement_with_baseline(baseline, query_images, labels, fresh.get("answer"), env)
-        diagnostics = {"query_agreement_with_baseline": agree,
-                       "query_agreement_note": "evaluation only: compares the teachers' labels on the queried "
-                       "synthetic samples with the non-private baseline's; not covered by any epsilon"}
-    codes = _latent_codes(vae, rest_images, cfg, env, ledger, latent_event, noise_seed)
+        def answer_queries() -> LedgerAnswer:
+            fresh["answer"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
+            return fresh["answer"]
 
-    # --- semi-supervised student ------------------------------------------------------------------------
-    student_cfg: StudentConfig = s["student"]
-    torch.manual_seed(env.generator(_INIT_STREAM).initial_seed())
-    student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
-                           num_classes=data.num_classes, image_size=data.image_size[0])
-    labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
-    student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=run, test=data.test)
-    accuracy = evaluate(student, data.test, env)
-    run.save_weights("student", student)
-    if generator is not None:
-        run.save_weights("generator", generator)
+        labels = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY],
+                                              answer_queries)).long()
+        diagnostics = {}
+        if baseline is not None:  # evaluation only: reads the non-private baseline, never released
+            diagnostics = {"query_agreement_with_baseline": _agreement_with_baseline(
+                baseline, query_images, labels, fresh.get("answer"), env),
+                "query_agreement_note": "evaluation only: compares the teachers' labels on the queried synthetic "
+                                        "samples with the non-private baseline's; not covered by any epsilon"}
+        codes = _latent_codes(vae, rest_images, cfg, env, ledger, plan.details["events"].get(LATENT_KEY), noise_seed)
 
-    # --- privacy report and summary ---------------------------------------------------------------------
-    artifacts = dgd_pathways(aggregation=cfg.aggregation,
-                             inputs="generator" if cfg.inputs == "generator" else "held-out-private")
-    noise = noise_source(cfg.secure_noise, "dgd.secure_noise")
-    write_privacy_json(run.path, artifacts, method="dgd", noise=noise)
-    both = ledger.epsilon_both()
-    summary = finish_run(
-        prep, request, method="dgd" if cfg.aggregation == "laplace" else "dgd+",
-        wall_seconds=time.perf_counter() - prep.started, test_accuracy=round(accuracy, 4), noise_secure=noise["secure"],
-        baseline_accuracy=None if baseline_accuracy is None else round(baseline_accuracy, 4),
-        epsilon_paper=round(both["paper"].value, 3), epsilon_strict=round(both["strict"].value, 3), delta=cfg.delta,
-        epsilon_covers="the teacher-vote channel only (strict); paper adds ε1 for the latent noise",
-        not_covered=[p.via for p in artifacts["student"] if not p.covered],
-        target_epsilon=cfg.epsilon, queries=queries, aggregation=cfg.aggregation, inputs=cfg.inputs,
-        latent_noise=cfg.latent_noise, variant=variant, max_epsilon=max_epsilon, accounting=accounting,
-        stages=stage_refs, student_training=train_stats, **diagnostics)
-    # on the CPU, as every other method returns its released models
-    return DGDResult(student=student.cpu().eval(), generator=None if generator is None else generator.cpu().eval(),
-                     summary=summary,
-                     privacy={k: v.to_dict() if hasattr(v, "to_dict") else str(v) for k, v in both.items()})
+        # --- semi-supervised student (Eq. 1)
+        student_cfg: StudentConfig = ctx.section("student")
+        torch.manual_seed(env.generator(streams.DGD_INIT).initial_seed())
+        student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
+                               num_classes=data.num_classes, image_size=data.image_size[0])
+        labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
+        student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=ctx.run,
+                                             test=data.test)
+        return Trained(student=student, generator=generator, baseline_accuracy=baseline_accuracy,
+                       fields={"stages": refs, "student_training": train_stats, **diagnostics})
+
+    def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
+        cfg: DGDConfig = ctx.section("dgd")
+        pathways = dgd_pathways(aggregation=cfg.aggregation,
+                                inputs="generator" if cfg.inputs == "generator" else "held-out-private")
+        return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
+                      fields={"epsilon_covers": "the teacher-vote channel only (strict); paper adds ε1 for the "
+                                                "latent noise",
+                              "queries": plan.details["queries"], "aggregation": cfg.aggregation,
+                              "inputs": cfg.inputs, "latent_noise": cfg.latent_noise, "variant": cfg.variant})
 
 
-def _plan_queries(cfg: DGDConfig) -> int:
+def run_dgd(request: RunRequest, *, cache: bool = True) -> RunResult:
+    """DGD end to end: the released student and generator, the summary, ε under both accountings."""
+    return DGDMethod().run(request, cache=cache)
+
+
+def vote_event(cfg: DGDConfig, count: int) -> LNMaxQueries | GNMaxQueries:
+    return (LNMaxQueries(scale=cfg.laplace_scale, count=count) if cfg.aggregation == "laplace"
+            else GNMaxQueries(sigma=cfg.gaussian_sigma, count=count))
+
+
+def plan_queries(cfg: DGDConfig, budget: Budget) -> int:
+    """|D̂s|: as given, or the most queries whose ε under the budget's accounting fits its target (the paper
+    accounting adds ε1 of the latent noise to the vote channel; the strict one prices the vote channel)."""
     if cfg.queries > 0:
         return cfg.queries
-    template = (LNMaxQueries(scale=cfg.laplace_scale, count=1) if cfg.aggregation == "laplace"
-                else GNMaxQueries(sigma=cfg.gaussian_sigma, count=1))
-    fixed = [LatentLaplace(epsilon1=cfg.epsilon1)] if cfg.latent_noise and cfg.calibration == "paper" else []
-    n = calibration.max_queries(template, target_epsilon=cfg.epsilon, delta=cfg.delta, accounting=cfg.calibration,
-                                fixed=fixed)
+    if budget.epsilon is None:
+        raise ConfigError("give either dgd.queries (|D̂s|) or a target budget.epsilon (--epsilon)")
+    fixed = [LatentLaplace(epsilon1=cfg.epsilon1)] if cfg.latent_noise and budget.accounting == "paper" else []
+    n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
+                                accounting=budget.accounting, fixed=fixed)
     if n < 1:
-        raise ConfigError(f"ε = {cfg.epsilon} at δ = {cfg.delta} allows no query under the {cfg.calibration} "
+        raise ConfigError(f"ε = {budget.epsilon} at δ = {budget.delta} allows no query under the {budget.accounting} "
                           "accounting with this noise; raise ε or the noise scale")
     return n
-
-
-def _holdout_split(data: DataSplits, holdout: int, env: Env) -> tuple[ImageDataset, ImageDataset]:
-    if not 0 < holdout < len(data.train):
-        raise ConfigError(f"dgd.holdout must lie in (0, {len(data.train)}), got {holdout}")
-    perm = torch.randperm(len(data.train), generator=env.generator(_SPLIT_STREAM, 1))
-    return (data.train.subset(perm[holdout:].sort().values, name=f"{data.train.name} (private part)"),
-            data.train.subset(perm[:holdout].sort().values, name=f"{data.train.name} (held-out public slice)"))
 
 
 def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env, seed: int) -> LedgerAnswer:
@@ -285,7 +261,7 @@ def _agreement_with_baseline(baseline: nn.Module, images: torch.Tensor, labels: 
 
 
 def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,
-                  event: LatentLaplace, seed: int) -> torch.Tensor:
+                  event: LatentLaplace | None, seed: int) -> torch.Tensor:
     """VAE means of the unlabelled samples, clipped, perturbed (if enabled) and mapped back into the box."""
     means = []
     with torch.no_grad():
@@ -318,14 +294,14 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
     codes = codes.to(env.device)
     use_unlabelled = cfg.unsupervised and len(codes) > 0
     for step in loop:
-        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(_LABEL_STREAM, step)))
+        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step)))
         with env.autocast():
             loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
         parts = {"ce": float(loss.detach())}
         if use_unlabelled:
-            gen = env.generator(_PERTURB_STREAM, step)
+            gen = env.generator(streams.DGD_PERTURB, step)
             z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size,
-                                   env.generator(_UNLABEL_STREAM, step)).to(env.device)]
+                                   env.generator(streams.DGD_UNLABELLED, step)).to(env.device)]
             with torch.no_grad(), env.autocast():
                 x_hat = env.place_batch(perturber.decode(z).float())
                 clean = student.features(x_hat).float()
@@ -354,21 +330,18 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
 
 # --------------------------------------------------------------------------------------- Python API
 class DGD(MethodAPI):
-    """`DGD(epsilon=10, queries=1300).fit("mnist")` -> Released(student, generator, summary, privacy).
+    """`DGD(epsilon=10, queries=1300).fit("mnist")` -> RunResult(student, generator, summary, privacy).
 
-    Keywords go to the `dgd` section (`queries=1300`, `aggregation="gaussian"`, `inputs="private-holdout"`,
-    ...); anything else through `overrides=["student.steps=300", ...]`. ``max_epsilon`` under ``accounting``
-    refuses a run whose planned queries would spend more.
+    `epsilon`, `max_epsilon`, `delta` and `accounting` go to the `budget` section (default accounting: strict);
+    other keywords to the `dgd` section (`queries=1300`, `aggregation="gaussian"`, `inputs="private-holdout"`,
+    `variant=...`); anything else through `overrides={"student.steps": 300, ...}`.
     """
 
     section = "dgd"
 
-    def __init__(self, dataset: str | None = None, *, epsilon: float | None = None, queries: int | None = None,
-                 max_epsilon: float | None = None, accounting: str = "strict", cache: bool = True,
-                 variant: str | None = None, **options: Any):
-        super().__init__(dataset, epsilon=epsilon, queries=queries, **options)
-        self.max_epsilon, self.accounting, self.cache, self.variant = max_epsilon, accounting, cache, variant
+    def __init__(self, dataset: str | None = None, *, cache: bool = True, **options: Any):
+        super().__init__(dataset, **options)
+        self.cache = cache
 
-    def fit(self, dataset: str | None = None) -> Released:
-        return run_dgd(self.request(dataset), max_epsilon=self.max_epsilon, accounting=self.accounting,
-                       cache=self.cache, variant=self.variant)
+    def fit(self, dataset: str | None = None) -> RunResult:
+        return run_dgd(self.request(dataset), cache=self.cache)

@@ -25,32 +25,30 @@ implemented). The held-out slice's own records get no protection: the ε is for 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import check_model_name
-from privdistill.data.dataset import DataSplits, ImageDataset, to_float
-from privdistill.engine import RunDir, evaluate
-from privdistill.engine.cache import StageCache
+from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.engine import RunDir, streams
 from privdistill.engine.context import Env
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
-from privdistill.engine.stages import Stages
+from privdistill.engine.holdout import holdout_split
 from privdistill.engine.student_loop import StudentLoop, sample_batch
 from privdistill.errors import ConfigError
-from privdistill.methods.common import RunRequest, finish_run, prepare_run
+from privdistill.methods.common import RunRequest
+from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.accounting import EpsilonResult
 from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries, PrivacyEvent, event_from_dict
-from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
-from privdistill.privacy.report import Pathway, noise_source, pate_pathways, write_privacy_json
+from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
+from privdistill.privacy.report import Pathway, pate_pathways
 
-_QUERY_STREAM, _LABEL_STREAM, _UNLABEL_STREAM, _VAT_STREAM, _INIT_STREAM = 71, 72, 73, 74, 75
 AGGREGATIONS = ("lnmax", "gnmax", "confident-gnmax")
 QUERY_KEY = "pate/queries"
 
@@ -60,32 +58,22 @@ class PATEConfig:
     """Config section `pate`: the aggregator and the public slice."""
 
     aggregation: str = "gnmax"  # lnmax (PATE 2017) | gnmax | confident-gnmax (PATE 2018)
-    epsilon: float | None = None  # target ε (data-independent, strict) when `queries` is 0
-    queries: int = 0  # 0: the most queries the target allows (capped by the public slice)
-    calibration: str = "strict"  # accounting used to derive `queries` from ε: strict | paper
-    delta: float = 1e-5
+    queries: int = 0  # 0: the most queries the budget's target ε allows (capped by the public slice)
     laplace_scale: float = 40.0  # LNMax b (PATE 2017 used 20 = 1/γ; 40 = DGD's 2/ε0, comparable with DGD)
     sigma: float = 40.0  # GNMax σ (PATE 2018, MNIST)
     threshold: float = 200.0  # Confident-GNMax T (PATE 2018, MNIST, 250 teachers)
     sigma1: float = 150.0
     sigma2: float = 40.0
     holdout: int = 10000  # size of the held-out public slice (as dgd.holdout)
-    noise_seed: int | None = None
+    noise_seed: Optional[int] = None
     secure_noise: bool = False
+    variant: Optional[str] = None  # the label --record adds to the result's name (default: the aggregator)
 
     def validate(self) -> None:
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"pate.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.queries < 0:
             raise ConfigError("pate.queries must be >= 0")
-        if self.queries == 0 and self.epsilon is None:
-            raise ConfigError("give either pate.queries or a target pate.epsilon (--epsilon)")
-        if self.epsilon is not None and self.epsilon <= 0:
-            raise ConfigError(f"pate.epsilon must be > 0, got {self.epsilon}")
-        if not 0 < self.delta < 1:
-            raise ConfigError("pate.delta must lie in (0, 1)")
-        if self.calibration not in ("strict", "paper"):
-            raise ConfigError("pate.calibration must be strict or paper")
         if min(self.laplace_scale, self.sigma, self.sigma1, self.sigma2) <= 0:
             raise ConfigError("pate noise scales must be > 0")
         if self.holdout < 1:
@@ -133,39 +121,25 @@ def query_event(cfg: PATEConfig, count: int, answered: int | None = None) -> Pri
                                  answered=answered)
 
 
-def plan_queries(cfg: PATEConfig, available: int) -> tuple[int, list[str]]:
-    """Number of queries and notes: `pate.queries`, or the most the target ε allows (worst case: every
-    Confident-GNMax query answered), capped by the public slice."""
+def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, list[str]]:
+    """Number of queries and notes: `pate.queries`, or the most the target ε allows under the budget's
+    accounting (worst case: every Confident-GNMax query answered), capped by the public slice."""
     notes = []
     if cfg.queries > 0:
         n = cfg.queries
     else:
-        n = calibration.max_queries(query_event(cfg, 1), target_epsilon=cfg.epsilon, delta=cfg.delta,
-                                    accounting=cfg.calibration)
+        if budget.epsilon is None:
+            raise ConfigError("give either pate.queries or a target budget.epsilon (--epsilon)")
+        n = calibration.max_queries(query_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
+                                    accounting=budget.accounting)
         if n < 1:
-            raise ConfigError(f"ε = {cfg.epsilon} at δ = {cfg.delta:g} allows no {cfg.aggregation} query under the "
-                              f"{cfg.calibration} accounting with this noise; raise ε or the noise")
+            raise ConfigError(f"ε = {budget.epsilon} at δ = {budget.delta:g} allows no {cfg.aggregation} query under "
+                              f"the {budget.accounting} accounting with this noise; raise ε or the noise")
     if n > available:
         notes.append(f"{n} queries allowed/asked but the public slice has {available} images: all of them are queried "
                      "(ε below the target)")
         n = available
     return n, notes
-
-
-def holdout_split(data: DataSplits, holdout: int, env: Env) -> tuple[ImageDataset, ImageDataset]:
-    """(private part, public slice): DGD's Fig. 7 split (same stream), so the teacher stage is shared."""
-    from privdistill.methods.dgd import _holdout_split
-
-    return _holdout_split(data, holdout, env)
-
-
-def public_indices(n_train: int, holdout: int, seed: int) -> torch.Tensor:
-    """Indices (into the training set) of the public slice of a run with `seed` (for the audits)."""
-    env = Env.cpu(seed=seed)
-    from privdistill.methods.dgd import _SPLIT_STREAM
-
-    perm = torch.randperm(n_train, generator=env.generator(_SPLIT_STREAM, 1))
-    return perm[:holdout].sort().values
 
 
 def pathways(aggregation: str) -> dict[str, list[Pathway]]:
@@ -179,61 +153,70 @@ def pathways(aggregation: str) -> dict[str, list[Pathway]]:
 
 
 # --------------------------------------------------------------------------------------------- method
-def run_pate(request: RunRequest, *, max_epsilon: float | None = None, accounting: str = "strict",
-             cache: bool = True, variant: str | None = None) -> dict[str, Any]:
-    prep = prepare_run("pate", request, SECTIONS)
-    s = prep.sections
-    cfg: PATEConfig = s["pate"]
-    env, run, data = prep.env, prep.run, prep.data
-    private, public = holdout_split(data, cfg.holdout, env)
-    queries, notes = plan_queries(cfg, len(public))
-    ledger = PrivacyLedger(run.path / "ledger.jsonl", max_epsilon=max_epsilon, accounting=accounting, delta=cfg.delta)
-    if QUERY_KEY not in ledger:
-        ledger.check_can_start([query_event(cfg, queries)])  # worst case: refuse before training teachers
+class PATEMethod(Method):
+    name = "pate"
+    sections = {"teachers": TeacherTraining, "pate": PATEConfig, "pate_student": PATEStudentConfig}
 
-    stages = Stages(StageCache(enabled=cache), env, data, run)
-    teachers, teachers_stage = stages.teachers_on(private, s["teachers"])
+    def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
+        cfg: PATEConfig = ctx.section("pate")
+        private, public = holdout_split(ctx.data, cfg.holdout, ctx.env)
+        queries, notes = plan_queries(cfg, ctx.budget, len(public))
+        # worst case (every Confident-GNMax query answered): refused before the teachers train
+        return Plan(remaining=[] if QUERY_KEY in recorded else [query_event(cfg, queries)], notes=notes,
+                    details={"queries": queries, "private": private, "public": public})
 
-    order = torch.randperm(len(public), generator=env.generator(_QUERY_STREAM))
-    query_images = public.images[order[:queries]]
-    labels, answered, event = _answer(ledger, teachers, query_images, cfg, env)
-    keep = labels >= 0
-    labelled = ImageDataset(query_images[keep], labels[keep], data.num_classes, name="answered queries")
-    label_accuracy = (float((labels[keep] == public.labels[order[:queries]][keep]).float().mean())
-                      if keep.any() else None)
+    def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
+        cfg: PATEConfig = ctx.section("pate")
+        env, data = ctx.env, ctx.data
+        private, public, queries = plan.details["private"], plan.details["public"], plan.details["queries"]
+        teachers, teachers_stage = ctx.stages.teachers_on(private, ctx.section("teachers"))
 
-    st: PATEStudentConfig = s["pate_student"]
-    torch.manual_seed(env.generator(_INIT_STREAM).initial_seed())
-    student = create_model(st.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
-                           image_size=data.image_size[0])
-    if len(labelled) == 0:
-        raise ConfigError("no query was answered: nothing to train the student on (lower pate.threshold)")
-    student, train_stats = train_student(student, labelled, public.images, st, env, run=run, test=data.test)
-    accuracy = evaluate(student, data.test, env)
-    run.save_weights("student", student, metadata={"method": "pate"})
+        order = torch.randperm(len(public), generator=env.generator(streams.PATE_QUERIES))
+        query_images = public.images[order[:queries]]
+        labels, answered, event = _answer(ledger, teachers, query_images, cfg, env)
+        keep = labels >= 0
+        labelled = ImageDataset(query_images[keep], labels[keep], data.num_classes, name="answered queries")
+        label_accuracy = (float((labels[keep] == public.labels[order[:queries]][keep]).float().mean())
+                          if keep.any() else None)
 
-    noise = noise_source(cfg.secure_noise, "pate.secure_noise")
-    write_privacy_json(run.path, pathways(cfg.aggregation), method="pate", noise=noise)
-    both = ledger.epsilon_both()
-    dependent = ledger.epsilon(accounting="strict", data_dependent=True)
-    name = {"lnmax": "LNMax", "gnmax": "GNMax", "confident-gnmax": "Confident-GNMax"}[cfg.aggregation]
-    return finish_run(
-        prep, request, method="pate", wall_seconds=time.perf_counter() - prep.started, noise_secure=noise["secure"],
-        test_accuracy=round(accuracy, 4), baseline_accuracy=None, target_epsilon=cfg.epsilon,
-        epsilon_paper=round(both["paper"].value, 4), epsilon_strict=round(both["strict"].value, 4), delta=cfg.delta,
-        epsilon_realised_answered_only=realised_answered_only(both["strict"]),
-        epsilon_data_dependent=None if dependent.data_dependent is None else round(dependent.data_dependent, 4),
-        epsilon_data_dependent_note="PATE data-dependent bound from the recorded votes: a function of the private "
-                                    "data, NOT releasable without the smooth-sensitivity step (not implemented)",
-        epsilon_covers=f"the teacher-vote channel ({name}) for the private part (all but the held-out public slice)",
-        not_covered=[p.via for p in pathways(cfg.aggregation)["student"] if not p.covered],
-        aggregation=cfg.aggregation, queries=queries, answered=int(keep.sum()), public_size=len(public),
-        private_size=len(private), num_teachers=teachers.num_teachers, label_accuracy=None if label_accuracy is None
-        else round(label_accuracy, 4), event=event.to_dict(), plan_notes=notes, variant=variant or _variant(cfg),
-        max_epsilon=max_epsilon, accounting=accounting, stages={"teachers": teachers_stage.ref()},
-        teachers_stage_info={k: v for k, v in teachers_stage.info().items()
-                             if k in ("ensemble_accuracy", "mean_teacher_accuracy", "wall_seconds", "build_seconds")},
-        student_training=train_stats)
+        st: PATEStudentConfig = ctx.section("pate_student")
+        torch.manual_seed(env.generator(streams.PATE_INIT).initial_seed())
+        student = create_model(st.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
+                               image_size=data.image_size[0])
+        if len(labelled) == 0:
+            raise ConfigError("no query was answered: nothing to train the student on (lower pate.threshold)")
+        student, train_stats = train_student(student, labelled, public.images, st, env, run=ctx.run, test=data.test)
+        info = teachers_stage.info()
+        return Trained(student=student, fields={
+            "aggregation": cfg.aggregation, "queries": queries, "answered": int(keep.sum()),
+            "public_size": len(public), "private_size": len(private), "num_teachers": teachers.num_teachers,
+            "label_accuracy": None if label_accuracy is None else round(label_accuracy, 4), "event": event.to_dict(),
+            "variant": cfg.variant or _variant(cfg), "stages": {"teachers": teachers_stage.ref()},
+            "teachers_stage_info": {k: v for k, v in info.items()
+                                    if k in ("ensemble_accuracy", "mean_teacher_accuracy", "wall_seconds",
+                                             "build_seconds")},
+            "student_training": train_stats})
+
+    def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
+        cfg: PATEConfig = ctx.section("pate")
+        strict = ledger.epsilon_both()["strict"]
+        dependent = ledger.epsilon(accounting="strict", data_dependent=True)
+        name = {"lnmax": "LNMax", "gnmax": "GNMax", "confident-gnmax": "Confident-GNMax"}[cfg.aggregation]
+        return Report(pathways=pathways(cfg.aggregation), secure_noise=cfg.secure_noise,
+                      noise_option="pate.secure_noise", fields={
+                          "epsilon_realised_answered_only": realised_answered_only(strict),
+                          "epsilon_data_dependent": None if dependent.data_dependent is None
+                          else round(dependent.data_dependent, 4),
+                          "epsilon_data_dependent_note": "PATE data-dependent bound from the recorded votes: a "
+                          "function of the private data, NOT releasable without the smooth-sensitivity step (not "
+                          "implemented)",
+                          "epsilon_covers": f"the teacher-vote channel ({name}) for the private part (all but the "
+                                            "held-out public slice)"})
+
+
+def run_pate(request: RunRequest, *, cache: bool = True) -> RunResult:
+    """PATE end to end: the released student, the summary, ε under both accountings."""
+    return PATEMethod().run(request, cache=cache)
 
 
 def realised_answered_only(strict: EpsilonResult) -> float | None:
@@ -320,17 +303,17 @@ def train_student(student: nn.Module, labelled: ImageDataset, unlabelled: torch.
                        round_parts=True)
     student = loop.student
     for step in loop:
-        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(_LABEL_STREAM, step)))
+        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.PATE_LABELLED, step)))
         with env.autocast():
             loss = F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
         parts = {"ce": float(loss.detach())}
         if cfg.semi_supervised:
-            idx = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(_UNLABEL_STREAM, step))
+            idx = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(streams.PATE_UNLABELLED, step))
             xu = env.place_batch(to_float(unlabelled[idx]))
             with env.autocast():
                 logits_u = student(xu).float()
             vat = vat_loss(student, xu, logits_u, eps=cfg.vat_eps, xi=cfg.vat_xi,
-                           generator=env.generator(_VAT_STREAM, step), autocast=env.autocast)
+                           generator=env.generator(streams.PATE_VAT, step), autocast=env.autocast)
             probs = F.softmax(logits_u, dim=1)
             entropy = -(probs * F.log_softmax(logits_u, dim=1)).sum(1).mean()
             loss = loss + cfg.vat_weight * vat + cfg.entropy_weight * entropy

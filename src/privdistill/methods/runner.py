@@ -28,7 +28,7 @@ from privdistill.engine.trainer import evaluate
 from privdistill.errors import ConfigError
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
 from privdistill.privacy.events import PrivacyEvent
-from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.ledger import LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway, noise_source, write_privacy_json
 
 ACCOUNTINGS = ("strict", "paper")
@@ -158,7 +158,8 @@ class Method:
     uses_ledger: bool = True  # False: the method keeps its own record (DP-SGD: Opacus's accountant)
     weights_name: str = "student"  # the released model's file in the run directory (DP-SGD: "model")
 
-    def plan(self, ctx: Context, ledger: PrivacyLedger | None) -> Plan:
+    def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
+        """The events still to spend (`recorded`: what an earlier, interrupted invocation already spent)."""
         raise NotImplementedError
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger | None) -> Trained:
@@ -180,11 +181,13 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
     budget: Budget = prep.sections["budget"]
     ctx = Context(prep=prep, request=request, stages=Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run),
                   budget=budget, inputs=inputs)
+    # plan against what an interrupted earlier invocation recorded (read-only: a plan refused by its own
+    # checks leaves no ledger behind), then refuse to start beyond the budget, before anything trains
+    plan = method.plan(ctx, LedgerView.read(prep.run.path))
     ledger = (PrivacyLedger(prep.run.path, max_epsilon=budget.limit, accounting=budget.accounting,
                             delta=budget.delta) if method.uses_ledger else None)
-    plan = method.plan(ctx, ledger)
     if ledger is not None:
-        ledger.check_can_start(plan.remaining)  # refuse before anything trains
+        ledger.check_can_start(plan.remaining)
 
     trained = method.train(ctx, plan, ledger)
     student = trained.student

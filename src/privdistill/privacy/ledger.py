@@ -438,31 +438,52 @@ def _now() -> str:
 
 def read_ledger_events(path: str | os.PathLike) -> tuple[list[PrivacyEvent], dict[str, Any] | None]:
     """Events and header of a ledger, read-only (tolerates a torn last line; no budget, no writes)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / LEDGER_NAME
-    if not path.exists():
-        raise RunError(f"no privacy ledger at {path}")
-    events: list[PrivacyEvent] = []
-    header = None
-    lines = path.read_bytes().split(b"\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            if i == len(lines) - 1:
-                warnings.warn(f"{path}: ignoring an incomplete last record", LedgerWarning, stacklevel=2)
-                break
-            raise RunError(f"{path} line {i + 1} is corrupt; the ledger cannot be trusted") from None
-        if rec.get("kind") == "header":
-            header = dict(rec)
-        elif rec.get("kind") == "config" and header is not None:
-            header["max_epsilon"] = rec.get("max_epsilon")
-        elif rec.get("kind") == "spend":
+    view = LedgerView.read(path, missing_ok=False)
+    return view.events(), view.header
+
+
+class LedgerView:
+    """A read-only view of what a ledger has recorded (keys and events, in order): what a method's plan needs
+    to price only what is still to be spent, without creating or writing the ledger."""
+
+    def __init__(self, spends: list[tuple[str, PrivacyEvent]], header: dict[str, Any] | None):
+        self.spends, self.header = spends, header
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, *, missing_ok: bool = True) -> "LedgerView":
+        path = Path(path)
+        if path.is_dir() or path.suffix != ".jsonl":
+            path = path / LEDGER_NAME
+        if not path.exists():
+            if missing_ok:
+                return cls([], None)
+            raise RunError(f"no privacy ledger at {path}")
+        spends: list[tuple[str, PrivacyEvent]] = []
+        header = None
+        lines = path.read_bytes().split(b"\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
             try:
-                events.append(event_from_dict(rec["event"]))
-            except (PrivacyError, KeyError, TypeError) as err:
-                raise RunError(f"{path} line {i + 1}: unreadable event ({err})") from None
-    return events, header
+                rec = json.loads(line.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                if i == len(lines) - 1:
+                    warnings.warn(f"{path}: ignoring an incomplete last record", LedgerWarning, stacklevel=3)
+                    break
+                raise RunError(f"{path} line {i + 1} is corrupt; the ledger cannot be trusted") from None
+            if rec.get("kind") == "header":
+                header = dict(rec)
+            elif rec.get("kind") == "config" and header is not None:
+                header["max_epsilon"] = rec.get("max_epsilon")
+            elif rec.get("kind") == "spend":
+                try:
+                    spends.append((rec["key"], event_from_dict(rec["event"])))
+                except (PrivacyError, KeyError, TypeError) as err:
+                    raise RunError(f"{path} line {i + 1}: unreadable event ({err})") from None
+        return cls(spends, header)
+
+    def __contains__(self, key: str) -> bool:
+        return any(k == key for k, _ in self.spends)
+
+    def events(self) -> list[PrivacyEvent]:
+        return [event for _, event in self.spends]
