@@ -12,16 +12,16 @@ from privdistill.methods.dpsgd import epsilons, run_dpsgd, steps_per_epoch, stri
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 TINY = ["dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "dpsgd.lr=0.1", "run.progress=false",
-        "run.precision=fp32"]
+        "run.precision=fp32", "budget.epsilon=10", "budget.accounting=paper"]
 
 
 def _run(tiny_npz, tmp_path, name, extra=(), resume=False):
     return run_dpsgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + list(extra), run_dir=str(tmp_path / name),
-                                resume=resume))
+                                resume=resume)).summary
 
 
 def test_epsilon_matches_the_target_within_opacus_tolerance(tiny_npz, tmp_path):
-    s = _run(tiny_npz, tmp_path, "rdp", ["dpsgd.epsilon=4"])
+    s = _run(tiny_npz, tmp_path, "rdp", ["budget.epsilon=4"])
     a = s["dpsgd_accounting"]
     # make_private_with_epsilon's binary search stops within epsilon_tolerance = 0.01 below the target
     assert 4 - 0.011 <= s["epsilon_paper"] <= 4 + 1e-9

@@ -73,7 +73,7 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "pate-lnmax": (["pate"], ["--epsilon", "10", "--aggregation", "lnmax", "--accounting", "strict"], _PATE),
     "pate-confident-gnmax": (["pate"], ["--epsilon", "10", "--aggregation", "confident-gnmax",
                                         "--accounting", "strict"], _PATE),
-    "dpsgd": (["dpsgd"], ["--epsilon", "5"], _DPSGD),
+    "dpsgd": (["dpsgd"], ["--epsilon", "5", "--accounting", "paper"], _DPSGD),  # Opacus calibration
 }
 
 RUN_OPTIONS = ["run.precision=fp32", "run.progress=false", "run.threads=1", "run.device=cpu"]

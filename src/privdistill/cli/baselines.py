@@ -18,14 +18,14 @@ def dpsgd_command(
     run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
     device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
     no_progress: o.NoProgress = False,
-    epsilon: Annotated[Optional[float], typer.Option("--epsilon", "-e", help="target ε (dpsgd.epsilon)")] = None,
-    delta: Annotated[Optional[float], typer.Option("--delta", help="δ (default 1e-5)")] = None,
+    epsilon: o.Epsilon = None,
+    delta: o.Delta = None,
+    accounting: Annotated[Optional[o.Accounting], typer.Option(
+        "--accounting", help="strict (default: σ calibrated on the replace-one ε) or paper (Opacus's "
+                             "make_private_with_epsilon under --accountant, add/remove-one, as DP-SGD papers report)",
+    )] = None,
     accountant: Annotated[
-        Optional[str], typer.Option("--accountant", help="Opacus accountant that calibrates σ: rdp or prv")
-    ] = None,
-    calibration: Annotated[
-        Optional[str],
-        typer.Option("--calibration", help="opacus (make_private_with_epsilon) or strict (replace-one ε)"),
+        Optional[str], typer.Option("--accountant", help="Opacus accountant for --accounting paper: rdp or prv")
     ] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="training epochs (dpsgd.epochs)")] = None,
     variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result")] = None,
@@ -33,12 +33,12 @@ def dpsgd_command(
     """DP-SGD through Opacus: the paper CNN trained on the private data with clipped, noised gradients."""
     from privdistill.methods.dpsgd import run_dpsgd
 
-    extra = o.section_overrides("dpsgd", epsilon=epsilon, delta=delta, accountant=accountant, calibration=calibration,
-                                epochs=epochs)
+    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, accounting=accounting),
+             **o.section_overrides("dpsgd", accountant=accountant, epochs=epochs, variant=variant)}
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
-    s = run_dpsgd(request, variant=variant)
+    s = run_dpsgd(request).summary
     show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
     a = s["dpsgd_accounting"]
     console.print(f"σ = {a['noise_multiplier']:g}, q = {a['sample_rate']:.4g}, {a['steps']} steps, "

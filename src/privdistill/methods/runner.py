@@ -213,7 +213,8 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
         baseline_accuracy=None if trained.baseline_accuracy is None else round(float(trained.baseline_accuracy), 4),
         epsilon_paper=round_epsilon(eps["paper"]), epsilon_strict=round_epsilon(eps["strict"]), delta=budget.delta,
         target_epsilon=budget.epsilon, max_epsilon=budget.max_epsilon, accounting=budget.accounting,
-        noise_secure=noise["secure"], not_covered=[p.via for p in report.pathways["student"] if not p.covered],
+        noise_secure=noise["secure"],
+        not_covered=[p.via for p in report.pathways[method.weights_name] if not p.covered],
         plan_notes=plan.notes, **{**trained.fields, **report.fields})
     privacy = json.loads((prep.run.path / "privacy.json").read_text())
     return RunResult(student=student.cpu().eval(),
