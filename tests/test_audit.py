@@ -141,7 +141,7 @@ def test_audit_run_end_to_end_records_the_numbers(tiny_npz, tmp_path, monkeypatc
 
 def test_positive_control_memorises_exactly_the_audit_members(tiny_npz, tmp_path, monkeypatch):
     from privdistill.audits.audit import audit_run
-    from privdistill.methods.baseline import train_audit_control
+    from privdistill.audits.control import train_audit_control
     from privdistill.methods.common import RunRequest
 
     monkeypatch.chdir(tmp_path)

@@ -45,7 +45,7 @@ def audit_control(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", conf
     """Overfit a classifier on the membership audit's members only (no privacy): the attacks' positive control.
     Audit it like any run (`privdistill audit RUN_DIR`): if the attacks cannot find its members either, they are
     too weak at this scale to say anything about the private models."""
-    from privdistill.methods.baseline import train_audit_control
+    from privdistill.audits.control import train_audit_control
 
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, run_dir=run_dir,
                             resume=resume, record=record, seed=seed, device=device, precision=precision,

@@ -2,15 +2,16 @@
 
     from privdistill.methods import DGD, DPDFD, SRR
     released = DGD(epsilon=10, queries=1300).fit("mnist")      # or DPDFD(teacher=model, epsilon=10), SRR(epsilon=1)
-    released.student, released.generator, released.summary["epsilon_strict"], released.privacy
+    released.student, released.generator, released.summary["epsilon_strict"], released.privacy  # a RunResult
 
 Loaded on first use (PEP 562), so importing one module of this package does not import every method.
 """
 
 from importlib import import_module
 
-_EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "Released": "common", "RunRequest": "common"}
-__all__ = ["DGD", "DPDFD", "Released", "RunRequest", "SRR"]
+_EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "RunResult": "runner", "Released": "runner",
+            "RunRequest": "common", "Budget": "runner"}
+__all__ = ["DGD", "DPDFD", "SRR", "Budget", "Released", "RunRequest", "RunResult"]
 
 
 def __getattr__(name: str):

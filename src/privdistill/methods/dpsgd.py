@@ -97,7 +97,7 @@ def epsilons(noise_multiplier: float, sample_rate: float, steps: int, delta: flo
     and dp-accounting's PLD with the replace-one relation (the project's strict relation)."""
     from opacus.accountants import create_accountant
 
-    from privdistill.privacy.accounting import _pld_poisson_gaussian_replace_one
+    from privdistill.privacy.accounting import pld_poisson_gaussian_replace_one
 
     out: dict[str, float] = {}
     if steps == 0:
@@ -108,7 +108,7 @@ def epsilons(noise_multiplier: float, sample_rate: float, steps: int, delta: flo
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "optimal order is the largest alpha" at tiny ε
             out[name] = float(acc.get_epsilon(delta=delta))
-    out["replace_one"] = _pld_poisson_gaussian_replace_one(float(noise_multiplier), float(sample_rate), int(steps),
+    out["replace_one"] = pld_poisson_gaussian_replace_one(float(noise_multiplier), float(sample_rate), int(steps),
                                                            float(delta))
     return out
 
@@ -116,10 +116,10 @@ def epsilons(noise_multiplier: float, sample_rate: float, steps: int, delta: flo
 def strict_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float, steps: int,
                             tolerance: float = 0.005) -> float:
     """Least σ (to `tolerance` in ε, on the safe side) whose replace-one PLD ε is <= target."""
-    from privdistill.privacy.accounting import _pld_poisson_gaussian_replace_one
+    from privdistill.privacy.accounting import pld_poisson_gaussian_replace_one
 
     def eps(sigma: float) -> float:
-        return _pld_poisson_gaussian_replace_one(float(sigma), float(sample_rate), int(steps), float(delta))
+        return pld_poisson_gaussian_replace_one(float(sigma), float(sample_rate), int(steps), float(delta))
 
     lo, hi = 0.0, 1.0
     while eps(hi) > target_epsilon:

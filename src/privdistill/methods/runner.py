@@ -98,6 +98,9 @@ class RunResult:
                    privacy=json.loads(report.read_text()) if report.is_file() else {})
 
 
+Released = RunResult  # its name before every method returned one
+
+
 # ============================================================================================ method
 @dataclass
 class Context:

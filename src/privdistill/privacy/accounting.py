@@ -255,7 +255,7 @@ def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> tuple[float, float | None]:
 
 
 @functools.lru_cache(maxsize=256)
-def _pld_poisson_gaussian_replace_one(noise_multiplier: float, q: float, steps: int, delta: float) -> float:
+def pld_poisson_gaussian_replace_one(noise_multiplier: float, q: float, steps: int, delta: float) -> float:
     from dp_accounting.pld import pld_privacy_accountant
 
     if steps == 0:
@@ -359,7 +359,7 @@ def _strict_term(ev: PrivacyEvent, delta: float, details: bool = True) -> _Term:
             t.notes.append("Alg. 3 back-propagates the noisy output gradient through the model's Jacobian at "
                            "the PRIVATE input, which is not privatised: not DP as written (student: not covered)")
             if details:  # the PLD computation is slow for long runs: only for breakdowns
-                channel = _pld_poisson_gaussian_replace_one(ev.sigma, q, ev.steps, delta)
+                channel = pld_poisson_gaussian_replace_one(ev.sigma, q, ev.steps, delta)
                 t.details.update(noise_multiplier=m, sampling_rate=q, gradient_channel_epsilon=channel)
                 t.notes.append(f"the noisy-gradient channel alone (Poisson rate q={q:.4g}, row sensitivity 2C vs "
                                f"noise sigma*C, dp-accounting PLD, replace-one) has epsilon {channel:.4g}")
