@@ -13,11 +13,9 @@ from privdistill.cli.display import show_summary
 console = Console()
 
 
+@o.run_command
 def dpsgd_command(
-    dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None, set_: o.Overrides = None,
-    run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
-    device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
-    no_progress: o.NoProgress = False,
+    run: o.RunArgs,
     epsilon: o.Epsilon = None,
     delta: o.Delta = None,
     accounting: Annotated[Optional[o.Accounting], typer.Option(
@@ -35,9 +33,7 @@ def dpsgd_command(
 
     extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, accounting=accounting),
              **o.section_overrides("dpsgd", accountant=accountant, epochs=epochs, variant=variant)}
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
-                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
-                            precision=precision, data_root=data_root, no_progress=no_progress)
+    request = run.request(extra)
     s = run_dpsgd(request).summary
     show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
     a = s["dpsgd_accounting"]
@@ -48,11 +44,9 @@ def dpsgd_command(
                   highlight=False)
 
 
+@o.run_command
 def pate_command(
-    dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None, set_: o.Overrides = None,
-    run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
-    device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
-    no_progress: o.NoProgress = False,
+    run: o.RunArgs,
     epsilon: o.Epsilon = None,
     queries: Annotated[
         Optional[int], typer.Option("--queries", "-q", min=1, help="number of queries (overrides --epsilon)")
@@ -74,9 +68,7 @@ def pate_command(
 
     extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
              **o.section_overrides("pate", queries=queries, aggregation=aggregation, variant=variant)}
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
-                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
-                            precision=precision, data_root=data_root, no_progress=no_progress)
+    request = run.request(extra)
     s = run_pate(request, cache=not no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{s['queries']} queries, {s['answered']} answered (label accuracy {s['label_accuracy']}); ε covers "

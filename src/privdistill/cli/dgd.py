@@ -11,33 +11,33 @@ from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
 
 
-def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
-            set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
-            seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
-            no_progress: o.NoProgress = False,
-            epsilon: o.Epsilon = None,
-            queries: Annotated[
-                Optional[int],
-                typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
-            ] = None,
-            delta: o.Delta = None,
-            aggregation: Annotated[
-                Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")
-            ] = None,
-            no_latent_noise: Annotated[
-                bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
-            ] = False,
-            inputs: Annotated[
-                Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")
-            ] = None,
-            max_epsilon: o.MaxEpsilon = None,
-            accounting: o.BudgetAccounting = None,
-            variant: Annotated[
-                Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
-            ] = None,
-            no_cache: Annotated[
-                bool, typer.Option("--no-cache", help="build every stage inside this run")
-            ] = False) -> None:
+@o.run_command
+def command(
+    run: o.RunArgs,
+    epsilon: o.Epsilon = None,
+    queries: Annotated[
+        Optional[int],
+        typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
+    ] = None,
+    delta: o.Delta = None,
+    aggregation: Annotated[
+        Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")
+    ] = None,
+    no_latent_noise: Annotated[
+        bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
+    ] = False,
+    inputs: Annotated[
+        Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")
+    ] = None,
+    max_epsilon: o.MaxEpsilon = None,
+    accounting: o.BudgetAccounting = None,
+    variant: Annotated[
+        Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="build every stage inside this run")
+    ] = False,
+) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
     from privdistill.methods.dgd import run_dgd
 
@@ -45,9 +45,7 @@ def command(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.
              **o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs, variant=variant)}
     if no_latent_noise:
         extra["dgd.latent_noise"] = False
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
-                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
-                            precision=precision, data_root=data_root, no_progress=no_progress)
+    request = run.request(extra)
     result = run_dgd(request, cache=not no_cache)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary

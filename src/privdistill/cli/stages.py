@@ -22,21 +22,21 @@ NoCache = Annotated[bool, typer.Option("--no-cache", help="build every stage ins
 
 
 @teachers_app.command("train")
-def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
-                   set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False,
-                   record: o.Record = False, seed: o.Seed = None, device: o.Device = None,
-                   precision: o.Precision = None, data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
-                   num_teachers: Annotated[Optional[int], typer.Option(
-                       "--num-teachers", "-n", min=1, help="teachers, one per disjoint partition (default: preset)")
-                   ] = None,
-                   trainer: Annotated[Optional[str], typer.Option("--trainer", help="vectorized or loop")] = None,
-                   laplace_scale: Annotated[
-                       float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")
-                   ] = 40.0,
-                   ray_address: Annotated[
-                       Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")
-                   ] = None,
-                   no_cache: NoCache = False) -> None:
+@o.run_command
+def teachers_train(
+    run: o.RunArgs,
+    num_teachers: Annotated[Optional[int], typer.Option(
+        "--num-teachers", "-n", min=1, help="teachers, one per disjoint partition (default: preset)")
+    ] = None,
+    trainer: Annotated[Optional[str], typer.Option("--trainer", help="vectorized or loop")] = None,
+    laplace_scale: Annotated[
+        float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")
+    ] = 40.0,
+    ray_address: Annotated[
+        Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")
+    ] = None,
+    no_cache: NoCache = False,
+) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
     from privdistill.errors import ConfigError
     from privdistill.methods.teachers import train_teachers_workflow
@@ -46,9 +46,7 @@ def teachers_train(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", con
 
     # `or None`: an empty --trainer means "not given"
     extra = o.section_overrides("teachers", num_teachers=num_teachers, trainer=trainer or None)
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
-                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
-                            precision=precision, data_root=data_root, no_progress=no_progress)
+    request = run.request(extra)
     summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache,
                                       ray_address=ray_address)
     show_summary(summary, title=f"{summary['num_teachers']} teachers on {summary['dataset']}")

@@ -14,20 +14,14 @@ app = typer.Typer(help="Train reference models.", no_args_is_help=True)
 
 
 @app.command("baseline")
-def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
-             set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
-             seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
-             no_progress: o.NoProgress = False,
-             no_cache: Annotated[
+@o.run_command
+def baseline(run: o.RunArgs, no_cache: Annotated[
                  bool, typer.Option("--no-cache", help="train inside this run; do not share the stage")
              ] = False) -> None:
     """Train the classifier directly on all private data (no privacy): the accuracy to beat."""
     from privdistill.methods.baseline import train_baseline
 
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
-    summary = train_baseline(request, cache=not no_cache)
+    summary = train_baseline(run.request(), cache=not no_cache)
     show_summary(summary)
     stage = summary.get("baseline_stage") or {}
     if stage.get("reused"):
@@ -38,16 +32,11 @@ def baseline(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o
 
 
 @app.command("audit-control")
-def audit_control(dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
-                  set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False,
-                  record: o.Record = False, seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None,
-                  data_root: o.DataRoot = None, no_progress: o.NoProgress = False) -> None:
+@o.run_command
+def audit_control(run: o.RunArgs) -> None:
     """Overfit a classifier on the membership audit's members only (no privacy): the attacks' positive control.
     Audit it like any run (`privdistill audit RUN_DIR`): if the attacks cannot find its members either, they are
     too weak at this scale to say anything about the private models."""
     from privdistill.audits.control import train_audit_control
 
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, run_dir=run_dir,
-                            resume=resume, record=record, seed=seed, device=device, precision=precision,
-                            data_root=data_root, no_progress=no_progress)
-    show_summary(train_audit_control(request))
+    show_summary(train_audit_control(run.request()))
