@@ -20,23 +20,17 @@ def command(
         typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
     ] = None,
     delta: o.Delta = None,
-    aggregation: Annotated[
-        Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")
-    ] = None,
+    aggregation: Annotated[Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")] = None,
     no_latent_noise: Annotated[
         bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
     ] = False,
-    inputs: Annotated[
-        Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7 variant)")
-    ] = None,
+    inputs: Annotated[Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7)")] = None,
     max_epsilon: o.MaxEpsilon = None,
     accounting: o.BudgetAccounting = None,
     variant: Annotated[
         Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
     ] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="build every stage inside this run")
-    ] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run")] = False,
 ) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
     from privdistill.methods.dgd import run_dgd

@@ -38,6 +38,13 @@ class DatasetSpec:
 
 
 _DIGITS = tuple(str(d) for d in range(10))
+_IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_IDX_SIZES = (47040016, 60008, 7840016, 10008)  # the four files of a 28x28 60k/10k IDX dataset
+
+
+def _idx_files(*sha256: str) -> tuple[RawFile, ...]:
+    """The four files of a 28x28 IDX dataset (MNIST's layout), given their content hashes in that order."""
+    return tuple(RawFile(name, digest, size) for name, digest, size in zip(_IDX_NAMES, sha256, _IDX_SIZES))
 
 # Content hashes computed from MNIST files whose .gz md5 matched torchvision's published list, and from
 # Debian's dataset-fashion-mnist 0.0~git20200523 (same content as upstream).
@@ -55,13 +62,10 @@ MNIST = DatasetSpec(
         "(train-images-idx3-ubyte.gz, ...), or `privdistill data prepare mnist` on a machine with internet "
         "access (downloads through torchvision)."
     ),
-    raw_files=(
-        RawFile("train-images-idx3-ubyte", "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-                47040016),
-        RawFile("train-labels-idx1-ubyte", "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5", 60008),
-        RawFile("t10k-images-idx3-ubyte", "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7", 7840016),
-        RawFile("t10k-labels-idx1-ubyte", "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2", 10008),
-    ),
+    raw_files=_idx_files("ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+                         "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+                         "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+                         "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"),
     system_sources=("/usr/share/datasets/mnist",),
 )
 
@@ -80,13 +84,10 @@ FASHION_MNIST = DatasetSpec(
         "`privdistill data prepare fashion-mnist --from DIR`, or with internet access "
         "`privdistill data prepare fashion-mnist`."
     ),
-    raw_files=(
-        RawFile("train-images-idx3-ubyte", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-                47040016),
-        RawFile("train-labels-idx1-ubyte", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9", 60008),
-        RawFile("t10k-images-idx3-ubyte", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b", 7840016),
-        RawFile("t10k-labels-idx1-ubyte", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34", 10008),
-    ),
+    raw_files=_idx_files("c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+                         "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+                         "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+                         "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
     system_sources=("/usr/share/datasets/fashion-mnist",),
 )
 

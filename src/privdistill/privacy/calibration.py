@@ -29,6 +29,16 @@ def _eps(events: Sequence[PrivacyEvent], delta: float, accounting: str) -> float
     return epsilon(list(events), delta=delta, accounting=accounting, breakdown=False).value
 
 
+def _checked(event: PrivacyEvent, target_epsilon: float, delta: float, accounting: str, field: str,
+             what: str) -> tuple[float, float]:
+    """(target, delta) checked, and the event has the `field` (count_field / noise_field) to calibrate."""
+    target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
+    check_accounting(accounting)
+    if getattr(event, field) is None:
+        raise PrivacyError(f"{event.type_name} events have no {what} to calibrate")
+    return target, delta
+
+
 def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
               fixed: Sequence[PrivacyEvent] = (), limit: int = COUNT_LIMIT) -> int:
     """The largest n such that ``fixed + [event.with_count(n)]`` has epsilon <= target (0 if none).
@@ -36,11 +46,7 @@ def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accou
     ``fixed``: events already spent (e.g. read from a ledger) that count against the same target.
     Returns ``limit`` when the template never exceeds the target (e.g. an event with no strict cost).
     """
-    target = check_epsilon(target_epsilon, "target epsilon")
-    delta = check_delta(delta)
-    check_accounting(accounting)
-    if event.count_field is None:
-        raise PrivacyError(f"{event.type_name} events have no count to calibrate")
+    target, delta = _checked(event, target_epsilon, delta, accounting, "count_field", "count")
     fixed = list(fixed)
 
     def fits(n: int) -> bool:
@@ -87,11 +93,7 @@ def calibrate_noise(event: PrivacyEvent, *, target_epsilon: float, delta: float,
     The returned value is on the safe side of the target (never above it) to ``rel_tol``.
     Raises PrivacyError when no value fits (e.g. strict DPDFD Alg. 3, which is not DP as written).
     """
-    target = check_epsilon(target_epsilon, "target epsilon")
-    delta = check_delta(delta)
-    check_accounting(accounting)
-    if event.noise_field is None:
-        raise PrivacyError(f"{event.type_name} events have no noise parameter to calibrate")
+    target, delta = _checked(event, target_epsilon, delta, accounting, "noise_field", "noise parameter")
     fixed = list(fixed)
 
     def eps_at(value: float) -> float:
