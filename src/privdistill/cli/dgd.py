@@ -20,7 +20,7 @@ def command(
         typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
     ] = None,
     delta: o.Delta = None,
-    aggregation: Annotated[Optional[str], typer.Option("--aggregation", help="laplace (DGD) or gaussian (DGD+)")] = None,
+    aggregation: Annotated[Optional[str], typer.Option("--aggregation", help="laplace (DGD), gaussian (DGD+)")] = None,
     no_latent_noise: Annotated[
         bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
     ] = False,
