@@ -42,6 +42,13 @@ class LoopResult:
     history: list[dict] = field(default_factory=list)
 
 
+def sample_batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """A batch of indices drawn with replacement, or the whole set (shuffled) when it is smaller than the batch."""
+    if n <= size:
+        return torch.randperm(n, generator=generator)
+    return torch.randint(0, n, (size,), generator=generator)
+
+
 class TrainingLoop:
     def __init__(self, *, steps: int, env: Env, title: str, modules: dict[str, nn.Module],
                  optimizers: dict[str, torch.optim.Optimizer] | None = None,
