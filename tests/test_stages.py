@@ -164,6 +164,49 @@ def test_generator_losses_and_training_reduce_the_objective(tiny):
         assert torch.isfinite(loss) and parts["activation"] <= 0, "activation is a reward (negative term)"
 
 
+def _interrupted_at(monkeypatch, module, name: str, call: int):
+    """Make `module.name` raise KeyboardInterrupt at its `call`-th call (1-based), as a kill would."""
+    original, calls = getattr(module, name), []
+
+    def stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, stop)
+
+
+def test_interrupted_generator_and_vae_trainings_resume_to_the_same_weights(tiny, tmp_path, monkeypatch):
+    from privdistill.engine import datafree, vae
+    from privdistill.engine.vae import VAETraining, train_vae
+
+    env = Env.cpu(seed=2)
+    teacher = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    # the rate decays every round, so the resumed run must also continue the schedule where it stopped
+    gen_cfg = GeneratorTraining(loss="dgd", rounds=3, steps_per_round=2, lr_decay_every=1, batch_size=16, width=16,
+                                lr=0.05, checkpoint_every=3)
+    vae_cfg = VAETraining(latent_dim=4, steps=6, batch_size=16, checkpoint_every=2)
+    images = tiny.train.images[:64]
+    for i, (train, module, name, call) in enumerate([
+            (lambda run: train_generator(teacher, gen_cfg, env, channels=1, image_size=28, run=run),
+             datafree, "datafree_loss", 5),
+            (lambda run: train_vae(images, vae_cfg, env, run=run), vae, "vae_loss", 4)]):
+        full, full_stats = train(None)
+        run = RunDir(tmp_path / f"run{i}")
+        run.path.mkdir()
+        with monkeypatch.context() as patch:
+            _interrupted_at(patch, module, name, call)
+            with pytest.raises(KeyboardInterrupt):
+                train(run)
+        torch.manual_seed(99)  # the resumed run must not depend on the global RNG it finds
+        resumed, resumed_stats = train(run)
+        for key, value in full.state_dict().items():
+            assert torch.equal(value, resumed.state_dict()[key]), (name, key)
+        assert {k: v for k, v in full_stats.items() if k != "wall_seconds"} == \
+            {k: v for k, v in resumed_stats.items() if k != "wall_seconds"}
+
+
 def test_srr_loss_needs_batchnorm_and_matches_running_stats():
     cnn = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
     with pytest.raises(ModelError, match="no BatchNorm"):

@@ -22,7 +22,6 @@ Ambiguities and the readings chosen:
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -34,7 +33,8 @@ from torch import nn
 from privdistill.data.dataset import to_uint8
 from privdistill.engine import streams
 from privdistill.engine.context import Env
-from privdistill.engine.progress import progress_bar
+from privdistill.engine.loop import TrainingLoop
+from privdistill.engine.optim import make_optimizer, make_step_schedule, step_decay_factor
 from privdistill.engine.run import RunDir
 from privdistill.errors import ConfigError, ModelError
 from privdistill.models import create_model
@@ -196,54 +196,36 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
         p.requires_grad_(False)
     torch.manual_seed(env.generator(streams.GENERATOR_LATENT, -1).initial_seed())
     generator = env.place(build_generator(cfg, channels, image_size)).train()
-    optimizer = torch.optim.Adam(generator.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(generator.parameters(), "adam", lr=cfg.lr)
     alpha, beta = cfg.weights
     bn = BatchNormStatistics(classifier) if cfg.loss == "srr" else None
-    steps = cfg.total_steps
-    start, elapsed, history = 0, 0.0, []
-    state = run.load_checkpoint("generator-checkpoint") if run is not None else None
-    if state is not None:
-        generator.load_state_dict(state["generator"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed, history = state["step"], state["elapsed"], state["history"]
-    t0 = time.perf_counter()
-    window: dict[str, float] = {}
+    decay_every = cfg.lr_decay_every * cfg.steps_per_round  # steps
+
+    def round_fields(done: int) -> dict:  # the round and the rate of the step just done
+        return {"round": math.ceil(done / cfg.steps_per_round),
+                "lr": cfg.lr * step_decay_factor(done - 1, decay_every, cfg.lr_decay)}
+
+    loop = TrainingLoop(steps=cfg.total_steps, env=env, run=run, checkpoint="generator-checkpoint",
+                        title=f"generator ({cfg.loss})", log_stage="generator", modules={"generator": generator},
+                        optimizers={"generator": optimizer},
+                        schedules={"generator": make_step_schedule(optimizer, decay_every, cfg.lr_decay)},
+                        eval_every=cfg.steps_per_round, checkpoint_every=cfg.checkpoint_every,
+                        entry_fields=round_fields)
     try:
-        with progress_bar(steps, f"generator ({cfg.loss})", enabled=env.progress, completed=start) as bar:
-            for step in range(start, steps):
-                lr = cfg.lr * cfg.lr_decay ** (step // (cfg.lr_decay_every * cfg.steps_per_round))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                z = torch.randn(cfg.batch_size, cfg.latent_dim, generator=env.generator(streams.GENERATOR_LATENT, step))
-                with env.autocast():
-                    x = generator(z.to(env.device))
-                    loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                for k, v in {"loss": float(loss.detach()), **parts}.items():
-                    window[k] = window.get(k, 0.0) + v
-                done = step + 1
-                if done % cfg.steps_per_round == 0 or done == steps:
-                    n = done % cfg.steps_per_round or cfg.steps_per_round
-                    entry = {"step": done, "round": math.ceil(done / cfg.steps_per_round), "lr": lr,
-                             **{k: v / n for k, v in window.items()}}
-                    window = {}
-                    history.append(entry)
-                    if run is not None:
-                        run.log(stage="generator", **entry)
-                if run is not None and done % cfg.checkpoint_every == 0 and done < steps:
-                    run.save_checkpoint({"generator": generator.state_dict(), "optimizer": optimizer.state_dict(),
-                                         "step": done, "elapsed": elapsed + time.perf_counter() - t0,
-                                         "history": history}, "generator-checkpoint")
-                bar.advance(1, loss=float(loss.detach()))
+        for step in loop:
+            z = torch.randn(cfg.batch_size, cfg.latent_dim, generator=env.generator(streams.GENERATOR_LATENT, step))
+            with env.autocast():
+                x = generator(z.to(env.device))
+                loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn)
+            loop.update(loss, {"loss": float(loss.detach()), **parts})
     finally:
         if bn is not None:
             bn.remove()
+    result = loop.finish()
     for p in classifier.parameters():
         p.requires_grad_(True)
-    return generator, {"wall_seconds": round(elapsed + time.perf_counter() - t0, 1), "steps": steps,
-                       "alpha": alpha, "beta": beta, "final": history[-1] if history else {}}
+    return generator, {"wall_seconds": round(result.wall_seconds, 1), "steps": result.steps,
+                       "alpha": alpha, "beta": beta, "final": result.history[-1] if result.history else {}}
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
 from privdistill.engine import streams
 from privdistill.engine.context import Env
+from privdistill.engine.optim import make_optimizer, set_lr
 from privdistill.engine.progress import progress_bar
 from privdistill.errors import ConfigError, DataError, ModelError
 from privdistill.models import create_model
@@ -267,10 +268,6 @@ class _BatchPlan:
         return self._orders[:, pos * self.batch:(pos + 1) * self.batch]
 
 
-def _lr_factor(cfg: TeacherTraining, step: int) -> float:
-    return max(0.0, 1.0 - step / cfg.steps) if cfg.lr_schedule == "linear" else 1.0
-
-
 def _gather(train: ImageDataset, partitions: torch.Tensor, positions: torch.Tensor, env: Env):
     """Images [m, B, C, H, W] and labels [m, B]: row r of `positions` indexes partition row r."""
     idx = torch.gather(partitions, 1, positions)  # [m, B] dataset indices
@@ -364,11 +361,10 @@ def _train_chunk_vectorized(models, train, partitions, sizes, rng_ids, cfg: Teac
         return F.cross_entropy(logits.float(), y)
 
     batched_loss = vmap(loss_one, in_dims=(0, 0, 0))
-    optimizer = torch.optim.Adam(params.values(), lr=cfg.lr)
+    optimizer = make_optimizer(params.values(), "adam", lr=cfg.lr)
     plan = _BatchPlan(sizes, rng_ids, cfg.batch_size, per_epoch, env)
     for step in range(cfg.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * _lr_factor(cfg, step)
+        set_lr(optimizer, cfg.lr, cfg.lr_schedule, step, cfg.steps)
         x, y = _gather(train, partitions, plan.positions(step), env)
         with env.autocast():
             # Sum over teachers: each teacher's gradient is that of its own mean loss.
@@ -386,11 +382,10 @@ def _train_chunk_loop(models, train, partitions, sizes, rng_ids, cfg: TeacherTra
     trained = []
     for row, model in enumerate(models):
         model = env.place(model)
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        optimizer = make_optimizer(model.parameters(), "adam", lr=cfg.lr)
         plan = _BatchPlan(sizes[row:row + 1], rng_ids[row:row + 1], cfg.batch_size, per_epoch, env)
         for step in range(cfg.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * _lr_factor(cfg, step)
+            set_lr(optimizer, cfg.lr, cfg.lr_schedule, step, cfg.steps)
             x, y = _gather(train, partitions[row:row + 1], plan.positions(step), env)
             with env.autocast():
                 logits = model(env.place_batch(x[0]))

@@ -11,12 +11,13 @@
 
 A loop that updates several models in its own order (DPDFD's student then generator) calls the optimisers
 itself and then `loop.record(parts)`. `record` keeps the mean of each part since the last evaluation, and at
-the evaluation cadence (and the last step) appends {"step", means..., evaluate()...} to the history and the
-run's metrics.jsonl; at the checkpoint cadence it writes, atomically, everything the loop was given (modules,
-optimisers, schedules), the step, the elapsed time, the history, `loop.extra` (a method's own resumable
-state: JSON-able values or tensors) and, with `save_rng`, torch's global RNG. A run killed at any point and
-resumed continues from the last checkpoint and, because the random draws are recomputed from the step
-counter, ends with the same weights as an uninterrupted run (tests: test_engine.py, test_*_resume).
+the evaluation cadence (and the last step) appends {"step", entry_fields(step)..., means..., evaluate()...}
+to the history and the run's metrics.jsonl (`entry_fields`: what the step number alone gives, e.g. the
+epoch); at the checkpoint cadence it writes, atomically, everything the loop was given (modules, optimisers,
+schedules), the step, the elapsed time, the history, `loop.extra` (a method's own resumable state: JSON-able
+values or tensors) and, with `save_rng`, torch's global RNG (and the CUDA device's). A run killed at any
+point and resumed continues from the last checkpoint and, because the random draws are recomputed from the
+step counter, ends with the same weights as an uninterrupted run (tests: test_engine.py, test_*_resume).
 """
 
 from __future__ import annotations
@@ -41,18 +42,30 @@ class LoopResult:
     history: list[dict] = field(default_factory=list)
 
 
+def sample_batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """A batch of indices drawn with replacement, or the whole set (shuffled) when it is smaller than the batch."""
+    if n <= size:
+        return torch.randperm(n, generator=generator)
+    return torch.randint(0, n, (size,), generator=generator)
+
+
 class TrainingLoop:
     def __init__(self, *, steps: int, env: Env, title: str, modules: dict[str, nn.Module],
                  optimizers: dict[str, torch.optim.Optimizer] | None = None,
                  schedules: dict[str, Any] | None = None, run: RunDir | None = None,
                  checkpoint: str = "checkpoint", log_stage: str | None = None, eval_every: int = 0,
                  evaluate: Callable[[], dict[str, Any]] | None = None, checkpoint_every: int = 0,
-                 save_rng: bool = False, round_parts: int | None = None, extra: dict[str, Any] | None = None):
+                 save_rng: bool = False, round_parts: int | None = None, extra: dict[str, Any] | None = None,
+                 entry_fields: Callable[[int], dict[str, Any]] | None = None, mean_parts: bool = True):
         self.steps, self.env, self.title, self.run = steps, env, title, run
         self.modules, self.optimizers, self.schedules = modules, optimizers or {}, schedules or {}
         self.checkpoint, self.log_stage = checkpoint, log_stage or title
         self.eval_every, self.checkpoint_every, self.evaluate = eval_every, checkpoint_every, evaluate
         self.save_rng, self.round_parts = save_rng, round_parts
+        self.entry_fields = entry_fields
+        # False: an entry holds the parts of its own step, not their mean since the last entry (StudentLoop's
+        # entries, which predate window means)
+        self.mean_parts = mean_parts
         self.extra: dict[str, Any] = dict(extra or {})
         self.start, self.elapsed, self.history = 0, 0.0, []
         self._sums: dict[str, float] = {}
@@ -89,6 +102,8 @@ class TrainingLoop:
 
     def record(self, parts: dict[str, float], *, loss: float | None = None) -> None:
         """Book one finished step: window means, evaluation and log, checkpoint, progress bar."""
+        if not self.mean_parts:
+            self._sums, self._count = {}, 0
         for key, value in parts.items():
             self._sums[key] = self._sums.get(key, 0.0) + float(value)
         self._count += 1
@@ -97,7 +112,8 @@ class TrainingLoop:
             means = {k: v / self._count for k, v in self._sums.items()}
             if self.round_parts is not None:
                 means = {k: round(v, self.round_parts) for k, v in means.items()}
-            entry = {"step": done, **means, **(self.evaluate() if self.evaluate is not None else {})}
+            fields = self.entry_fields(done) if self.entry_fields is not None else {}
+            entry = {"step": done, **fields, **means, **(self.evaluate() if self.evaluate is not None else {})}
             self._sums, self._count = {}, 0
             self.history.append(entry)
             if self.run is not None:
@@ -121,6 +137,8 @@ class TrainingLoop:
                  "schedules": {k: s.state_dict() for k, s in self.schedules.items() if s is not None}}
         if self.save_rng:
             state["torch_rng"] = torch.get_rng_state()
+            if self.env.device.type == "cuda":  # draws made on the device (randn_like) use the device's generator
+                state["cuda_rng"] = torch.cuda.get_rng_state(self.env.device)
         self.run.save_checkpoint(state, self.checkpoint)
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -135,6 +153,8 @@ class TrainingLoop:
         self._step = self.start
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and self.env.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.env.device)
 
     def wall_seconds(self) -> float:
         return self.elapsed + time.perf_counter() - self._t0

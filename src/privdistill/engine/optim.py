@@ -5,7 +5,8 @@
 
 A schedule is a torch.optim.lr_scheduler.LambdaLR over `lr_factor`, so its state travels in checkpoints
 (`schedule.state_dict()`) and a resumed loop continues the same curve. Loops that set the rate by hand
-(`set_lr`) use the same factor and so the same floating-point learning rates.
+(`set_lr`) use the same factor and so the same floating-point learning rates. The data-free generators'
+step decay (DAFL's: × 0.1 every 80 rounds) is `make_step_schedule`, a LambdaLR as well.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def lr_factor(kind: str, step: int, total: int) -> float:
 def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total: int) -> torch.optim.lr_scheduler.LambdaLR:
     lr_factor(kind, 0, total)  # refuse an unknown kind now, not at the first step
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(kind, step, total))
+
+
+def step_decay_factor(step: int, every: int, decay: float) -> float:
+    """DAFL's step schedule: the factor on the initial rate is `decay` to the number of `every`-step periods
+    finished before 0-based `step`."""
+    return decay ** (step // every)
+
+
+def make_step_schedule(optimizer: torch.optim.Optimizer, every: int, decay: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR over `step_decay_factor` (not torch's StepLR, which multiplies the rate by `decay` at each
+    boundary and so rounds differently from lr0 · decay^k)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step_decay_factor(step, every, decay))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, kind: str, step: int, total: int) -> None:

@@ -1,20 +1,19 @@
-"""The bookkeeping every semi-supervised student loop shares (DGD, PATE): resumable steps.
+"""The student loop of DGD and PATE: a TrainingLoop with Adam, the papers' linear decay and test evaluation.
 
-A method writes only its loss; `StudentLoop` does the rest the same way for all of them:
+A method writes only its loss; the loop does the rest:
 
     loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, title="DGD student", log_stage="student", ...)
-    for step in loop:                     # restores the checkpoint first; sets lr = lr0 * (1 - step/steps)
+    for step in loop:                     # restores `student-checkpoint` first
         loss, parts = ...                 # every random draw derives from (seed, step)
-        loop.update(loss, parts)          # backward, optimiser step, eval/log, atomic checkpoint, progress
+        loop.update(loss, parts)          # backward, optimiser and schedule step, eval/log, checkpoint, progress
     student, stats = loop.finish()
 
-Because every random draw of a step derives from (seed, step), a run killed at any point and resumed from
-its last checkpoint replays exactly the same updates as an uninterrupted one.
+Its history entries hold the parts of the evaluated step itself, not window means (`mean_parts=False`), as
+they did before TrainingLoop, so that DGD's and PATE's summaries stay as they were.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import torch
@@ -22,23 +21,17 @@ from torch import nn
 
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine.context import Env
-from privdistill.engine.progress import progress_bar
+from privdistill.engine.loop import TrainingLoop, sample_batch  # noqa: F401 - sample_batch: dgd/pate import it here
+from privdistill.engine.optim import lr_factor, make_optimizer, make_schedule
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import evaluate
 
 CHECKPOINT = "student-checkpoint"
 
 
-def sample_batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
-    """A batch of indices drawn with replacement, or the whole set (shuffled) when it is smaller than the batch."""
-    if n <= size:
-        return torch.randperm(n, generator=generator)
-    return torch.randint(0, n, (size,), generator=generator)
-
-
 def linear_decay(step: int, steps: int) -> float:
     """The papers' schedule: lr0 · (1 − step/steps), reaching 0 at the last step."""
-    return max(0.0, 1.0 - step / max(1, steps))
+    return lr_factor("linear", step, steps)
 
 
 class StudentLoop:
@@ -48,49 +41,22 @@ class StudentLoop:
                  eval_every: int, checkpoint_every: int, run: RunDir | None = None, test: ImageDataset | None = None,
                  round_parts: bool = False):
         self.student = env.place(student).train()
-        self.optimizer = torch.optim.Adam(self.student.parameters(), lr=lr)
-        self.lr, self.steps, self.env, self.run, self.test = lr, steps, env, run, test
-        self.title, self.log_stage, self.round_parts = title, log_stage, round_parts
-        self.eval_every, self.checkpoint_every = eval_every, checkpoint_every
-        self.start, self.elapsed, self.history = 0, 0.0, []
-        state = run.load_checkpoint(CHECKPOINT) if run is not None else None
-        if state is not None:
-            self.student.load_state_dict(state["student"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.start, self.elapsed, self.history = state["step"], state["elapsed"], state["history"]
-        self._t0 = time.perf_counter()
-        self._bar = None
+        optimizer = make_optimizer(self.student.parameters(), "adam", lr=lr)
+        evaluate_student = (lambda: {"test_accuracy": evaluate(self.student, test, env)}) if test is not None else None
+        self.loop = TrainingLoop(steps=steps, env=env, run=run, checkpoint=CHECKPOINT, title=title,
+                                 log_stage=log_stage, modules={"student": self.student},
+                                 optimizers={"student": optimizer},
+                                 schedules={"student": make_schedule(optimizer, "linear", steps)},
+                                 eval_every=eval_every, checkpoint_every=checkpoint_every, evaluate=evaluate_student,
+                                 round_parts=4 if round_parts else None, mean_parts=False)
 
     def __iter__(self) -> Iterator[int]:
-        with progress_bar(self.steps, self.title, enabled=self.env.progress, completed=self.start) as self._bar:
-            for step in range(self.start, self.steps):
-                for group in self.optimizer.param_groups:
-                    group["lr"] = self.lr * linear_decay(step, self.steps)
-                self._step = step
-                yield step
+        return iter(self.loop)
 
     def update(self, loss: torch.Tensor, parts: dict[str, float]) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        done = self._step + 1
-        if done % self.eval_every == 0 or done == self.steps:
-            entry = {"step": done, **({k: round(v, 4) for k, v in parts.items()} if self.round_parts else parts)}
-            if self.test is not None:
-                entry["test_accuracy"] = evaluate(self.student, self.test, self.env)
-            self.history.append(entry)
-            if self.run is not None:
-                self.run.log(stage=self.log_stage, **entry)
-        if self.run is not None and done % self.checkpoint_every == 0 and done < self.steps:
-            self.run.save_checkpoint({"student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                      "step": done, "elapsed": self.wall_seconds(), "history": self.history},
-                                     CHECKPOINT)
-        last = self.history[-1] if self.history else {}
-        self._bar.advance(1, loss=float(loss.detach()), acc=last.get("test_accuracy"))
-
-    def wall_seconds(self) -> float:
-        return self.elapsed + time.perf_counter() - self._t0
+        self.loop.update(loss, parts)
 
     def finish(self, **extra) -> tuple[nn.Module, dict]:
-        return self.student.eval(), {"steps": self.steps, **extra, "wall_seconds": round(self.wall_seconds(), 1),
-                                     "history": self.history[-3:]}
+        result = self.loop.finish()
+        return self.student.eval(), {"steps": result.steps, **extra, "wall_seconds": round(result.wall_seconds, 1),
+                                     "history": result.history[-3:]}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +10,8 @@ from torch import nn
 from privdistill.data.dataset import to_float
 from privdistill.engine import streams
 from privdistill.engine.context import Env
-from privdistill.engine.progress import progress_bar
+from privdistill.engine.loop import TrainingLoop
+from privdistill.engine.optim import make_optimizer, make_schedule
 from privdistill.engine.run import RunDir
 from privdistill.errors import ConfigError
 from privdistill.models import create_model
@@ -39,48 +39,30 @@ def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir |
     torch.manual_seed(env.generator(streams.VAE_EPOCH, -1).initial_seed())
     vae = env.place(create_model("conv-vae", kind="vae", in_channels=images.shape[1], image_size=images.shape[2],
                                  latent_dim=cfg.latent_dim)).train()
-    optimizer = torch.optim.Adam(vae.parameters(), lr=cfg.lr)
-    start, elapsed = 0, 0.0
-    state = run.load_checkpoint("vae-checkpoint") if run is not None else None
-    if state is not None:
-        vae.load_state_dict(state["vae"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed = state["step"], state["elapsed"]
-        torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") is not None and env.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda_rng"], env.device)
-    t0 = time.perf_counter()
+    optimizer = make_optimizer(vae.parameters(), "adam", lr=cfg.lr)
+    # save_rng: the reparameterisation noise draws from the global RNG (the device's), so its state is
+    # checkpointed; the log keeps the loss of the logged step itself (mean_parts=False), as it always has
+    loop = TrainingLoop(steps=cfg.steps, env=env, run=run, checkpoint="vae-checkpoint", title="VAE", log_stage="vae",
+                        modules={"vae": vae}, optimizers={"vae": optimizer},
+                        schedules={"vae": make_schedule(optimizer, "linear", cfg.steps)},
+                        eval_every=cfg.checkpoint_every, checkpoint_every=cfg.checkpoint_every, save_rng=True,
+                        mean_parts=False)
     n = len(images)
     per_epoch = max(1, n // cfg.batch_size)
     loss = torch.tensor(0.0)
-    with progress_bar(cfg.steps, "VAE", enabled=env.progress, completed=start) as bar:
-        for step in range(start, cfg.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * max(0.0, 1.0 - step / cfg.steps)
-            epoch, pos = divmod(step, per_epoch)
-            perm = torch.randperm(n, generator=env.generator(streams.VAE_EPOCH, epoch))
-            x = env.place_batch(to_float(images[perm[pos * cfg.batch_size:(pos + 1) * cfg.batch_size]]))
-            # The reparameterisation noise uses the global RNG (the device's); its state is checkpointed.
-            recon, mu, logvar = vae(x)
-            loss = vae_loss(recon.float(), x, mu.float(), logvar.float(), beta=cfg.kl_weight)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            done = step + 1
-            if run is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                run.log(stage="vae", step=done, loss=float(loss.detach()))
-                if done < cfg.steps:
-                    run.save_checkpoint({"vae": vae.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
-                                         "elapsed": elapsed + time.perf_counter() - t0,
-                                         "torch_rng": torch.get_rng_state(),  # randn_like draws on the device:
-                                         "cuda_rng": torch.cuda.get_rng_state(env.device)
-                                         if env.device.type == "cuda" else None}, "vae-checkpoint")
-            bar.advance(1, loss=float(loss.detach()))
+    for step in loop:
+        epoch, pos = divmod(step, per_epoch)
+        perm = torch.randperm(n, generator=env.generator(streams.VAE_EPOCH, epoch))
+        x = env.place_batch(to_float(images[perm[pos * cfg.batch_size:(pos + 1) * cfg.batch_size]]))
+        recon, mu, logvar = vae(x)
+        loss = vae_loss(recon.float(), x, mu.float(), logvar.float(), beta=cfg.kl_weight)
+        loop.update(loss)
+    result = loop.finish()
     vae.eval()
     with torch.no_grad():
         x = env.place_batch(to_float(images[:512]))
         recon, _, _ = vae(x)
         mse = float(((recon.float() - x) ** 2).mean())
-    return vae, {"wall_seconds": round(elapsed + time.perf_counter() - t0, 1),
+    return vae, {"wall_seconds": round(result.wall_seconds, 1),
                  "final_loss": round(float(loss.detach()), 3),
                  "reconstruction_mse": round(mse, 5)}

@@ -43,6 +43,7 @@ from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import to_float
 from privdistill.engine import evaluate, streams
 from privdistill.engine.augment import augment_batch
+from privdistill.engine.optim import lr_factor, make_optimizer
 from privdistill.engine.progress import progress_bar
 from privdistill.errors import ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
@@ -146,20 +147,6 @@ def dpsgd_pathways() -> dict[str, list[Pathway]]:
 
 
 # --------------------------------------------------------------------------------------------- method
-def _make_optimizer(model: nn.Module, cfg: DPSGDConfig) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-
-
-def _lr_factor(cfg: DPSGDConfig, step: int, total: int) -> float:
-    if cfg.lr_schedule == "linear":
-        return max(0.0, 1.0 - step / total)
-    if cfg.lr_schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
-    return 1.0
-
-
 @dataclass
 class _Private:
     """The Opacus-wrapped model, optimiser and loader of a run, and its generators."""
@@ -251,7 +238,7 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise ConfigError(f"model {cfg.model!r} is not DP-SGD compatible (e.g. BatchNorm): {errors[0]}")
-    optimizer = _make_optimizer(model, cfg)
+    optimizer = make_optimizer(model.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum)
     # Poisson sampling runs in the CPU loader; Opacus draws the noise on the parameters' device, so the noise
     # generator lives there.
     sample_gen, noise_gen = torch.Generator(), torch.Generator(device=env.device)
@@ -304,7 +291,7 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
             for i, (x, y) in enumerate(p.loader):
                 step = epoch * per_epoch + i
                 for g, lr in zip(p.optimizer.param_groups, base_lrs):
-                    g["lr"] = lr * _lr_factor(cfg, step, total)
+                    g["lr"] = lr * lr_factor(cfg.lr_schedule, step, total)
                 x = augment_batch(to_float(x), cfg.augment, env.generator(streams.DPSGD_AUGMENT, epoch, i))
                 x, y = x.to(env.device), y.to(env.device)
                 p.optimizer.zero_grad(set_to_none=True)
