@@ -14,17 +14,10 @@ import torch
 import privdistill.methods.srr as srr_mod
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.srr import (
-    SRRConfig,
-    label_event,
-    release_labels,
-    rr_on_sets,
-    rr_with_prior_sets,
-    stage_sizes,
-    train_srr,
-)
+from privdistill.methods.srr import SRRConfig, label_event, stage_sizes, train_srr
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.mechanisms import release_labels, rr_on_sets, rr_with_prior_sets
 
 # a config that runs in a few seconds on one thread (fabricated 28x28 patterns, 10 classes)
 TINY = ["srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.batch_size=32",

@@ -71,9 +71,10 @@ from privdistill.engine.datafree import BatchNormStatistics, GeneratorTraining, 
 from privdistill.engine.progress import progress_bar
 from privdistill.engine.stages import Stages
 from privdistill.engine.trainer import evaluate, make_schedule, predict_logits, train_classifier
-from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
+from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import MethodAPI, Released, RunRequest, finish_run, prepare_run
 from privdistill.models import create_model
+from privdistill.privacy.mechanisms import candidate_sets, release_labels
 
 SETTINGS = ("data-free", "label-dp")
 MECHANISMS = ("srr", "rr", "rr-prior")
@@ -165,63 +166,6 @@ def stage_sizes(total: int, stages: int) -> list[int]:
         raise ConfigError(f"{stages} stages need at least {stages} samples, got {total}")
     base, extra = divmod(total, stages)
     return [base + (1 if i < extra else 0) for i in range(stages)]
-
-
-# ====================================================================================== mechanisms
-def rr_on_sets(in_set: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
-               generator: torch.Generator) -> torch.Tensor:
-    """k-RR restricted to a candidate set per row: ``in_set`` [N, K] bool (at least one True per row),
-    ``labels`` [N]. If the label is in I (k = |I|): keep it with probability e^ε/(e^ε + k − 1), else a uniform
-    other member of I; if the label is not in I: a uniform member of I. ε-DP in the label whenever I does not
-    depend on it (docs/privacy.md, SRR strict). Used for RRWithPrior; SRR itself is
-    `privacy.mechanisms.selective_randomized_response`."""
-    n, k_classes = in_set.shape
-    if n == 0 or not bool(in_set.any(dim=1).all()):
-        raise PrivacyError("rr_on_sets: every row needs a non-empty candidate set")
-    labels = labels.long()
-    k = in_set.sum(dim=1).to(torch.float64)
-    y_in = in_set.gather(1, labels[:, None]).squeeze(1)
-    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))  # e^ε/(e^ε + k − 1), 1 when k = 1
-    dev = in_set.device  # draws on the generator's device, then moved: any device pairing works
-
-    def uniform(*shape):
-        return torch.rand(shape, generator=generator, dtype=torch.float64, device=generator.device).to(dev)
-
-    u = uniform(n)
-    keep = y_in & (u < p_keep)
-    allowed = in_set.clone()
-    allowed[torch.arange(n, device=dev), labels] &= ~y_in
-    scores = uniform(n, k_classes)
-    scores = torch.where(allowed, scores, torch.full_like(scores, -1.0))
-    other = scores.argmax(dim=1)
-    # k = 1 and y in I: keep with probability 1 (allowed is empty, `other` is never used)
-    return torch.where(keep, labels, other)
-
-
-def rr_with_prior_sets(prior: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """RRWithPrior's candidate sets (Ghazi et al. 2021, Alg. 2): the top-k* classes of the prior with
-    k* = argmax_k e^ε/(e^ε + k − 1) · Σ_{j in top k} prior_j (ties: the smallest k). Returns [N, K] bool."""
-    n, k_classes = prior.shape
-    sorted_p, order = torch.sort(prior.double(), dim=1, descending=True, stable=True)
-    ks = torch.arange(1, k_classes + 1, dtype=torch.float64, device=prior.device)
-    weight = 1.0 / (1.0 + (ks - 1.0) * math.exp(-epsilon))
-    objective = sorted_p.cumsum(dim=1) * weight
-    k_star = objective.argmax(dim=1) + 1  # argmax returns the first maximum: the smallest k
-    rank_mask = ks[None, :] <= k_star[:, None].double()
-    return torch.zeros_like(rank_mask).scatter_(1, order, rank_mask)
-
-
-def release_labels(mechanism: str, prior: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
-                   threshold: float | None, generator: torch.Generator) -> torch.Tensor:
-    """The labels a stage releases: ``prior`` = the student's softmax [N, K], ``labels`` = the label the
-    mechanism protects (the teacher's argmax, or the true label in the label-DP setting)."""
-    from privdistill.privacy.mechanisms import randomized_response, selective_randomized_response
-
-    if mechanism == "srr":
-        return selective_randomized_response(prior, labels, epsilon=epsilon, threshold=threshold, generator=generator)
-    if mechanism == "rr":
-        return randomized_response(labels, num_classes=prior.shape[1], epsilon=epsilon, generator=generator)
-    return rr_on_sets(rr_with_prior_sets(prior, epsilon), labels, epsilon=epsilon, generator=generator)
 
 
 def label_event(cfg: SRRConfig, count: int, num_classes: int):
@@ -572,16 +516,7 @@ def train_srr(request: RunRequest, *, max_epsilon: float | None = None, accounti
 def _label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: torch.Tensor,
                  truth: torch.Tensor | None, threshold: float, cfg: SRRConfig) -> dict[str, Any]:
     """Evaluation-only statistics of one stage's labels (they read the protected labels)."""
-    if cfg.mechanism == "srr":
-        in_set = prior > threshold
-        small = in_set.sum(1) < 2
-        if bool(small.any()):
-            top2 = torch.zeros_like(in_set).scatter_(1, torch.topk(prior, 2, dim=1).indices, True)
-            in_set = torch.where(small[:, None], top2, in_set)
-    elif cfg.mechanism == "rr-prior":
-        in_set = rr_with_prior_sets(prior, cfg.epsilon)
-    else:
-        in_set = torch.ones_like(prior, dtype=torch.bool)
+    in_set = candidate_sets(cfg.mechanism, prior, epsilon=cfg.epsilon, threshold=threshold)
     target = truth if truth is not None else protected
     return {"stage": i + 1, "count": int(len(labels)),
             "correct": round(float((labels == target).float().mean()), 5),
