@@ -14,17 +14,11 @@ import torch
 import privdistill.methods.srr as srr_mod
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.srr import (
-    SRRConfig,
-    label_event,
-    release_labels,
-    rr_on_sets,
-    rr_with_prior_sets,
-    stage_sizes,
-    train_srr,
-)
+from privdistill.methods.runner import Budget
+from privdistill.methods.srr import SRRConfig, label_event, stage_sizes, train_srr
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.mechanisms import release_labels, rr_on_sets, rr_with_prior_sets
 
 # a config that runs in a few seconds on one thread (fabricated 28x28 patterns, 10 classes)
 TINY = ["srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.batch_size=32",
@@ -33,6 +27,7 @@ TINY = ["srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.b
         "srr_generator.width=32", "srr.stages=4", "srr.num_samples=160", "srr.batch_size=32",
         "srr.epochs_per_stage=2", "srr.finetune_steps=2", "srr.finetune_batch_size=16",
         "run.threads=1", "run.precision=fp32", "run.progress=false"]
+PER_LABEL = ["budget.accounting=paper"]  # budget.epsilon is then the epsilon per label (the paper's)
 
 
 @pytest.fixture
@@ -96,23 +91,26 @@ def test_release_labels_dispatches_and_srr_keeps_the_teacher_label_in_the_prior_
 
 
 def test_events_stage_sizes_and_config_checks():
-    cfg = SRRConfig(epsilon=2.0)
-    assert label_event(cfg, 10, 10) == SRRLabels(2.0, 10, 10, "data-free")
-    assert label_event(SRRConfig(mechanism="rr"), 10, 10) == RRLabels(10.0, 10, 10)
+    cfg = SRRConfig()
+    assert label_event(cfg, 10, 10, 2.0) == SRRLabels(2.0, 10, 10, "data-free")
+    assert label_event(SRRConfig(mechanism="rr"), 10, 10, 10.0) == RRLabels(10.0, 10, 10)
     for mech in ("srr", "rr", "rr-prior"):  # all priced per label under "change one label"
-        assert label_event(SRRConfig(setting="label-dp", mechanism=mech), 7, 10) == SRRLabels(10.0, 7, 10, "label-dp")
+        assert label_event(SRRConfig(setting="label-dp", mechanism=mech), 7, 10, 10.0) \
+            == SRRLabels(10.0, 7, 10, "label-dp")
     assert stage_sizes(10, 3) == [4, 3, 3] and sum(stage_sizes(60000, 320)) == 60000
     with pytest.raises(ConfigError, match="at least"):
         stage_sizes(2, 3)
-    for bad in (dict(epsilon=0), dict(setting="x"), dict(mechanism="x"), dict(stages=0), dict(finetune="x")):
+    with pytest.raises(ConfigError):  # the epsilon is the budget section's
+        Budget(epsilon=0).validate()
+    for bad in (dict(setting="x"), dict(mechanism="x"), dict(stages=0), dict(finetune="x")):
         with pytest.raises(ConfigError):
             SRRConfig(**bad).validate()
 
 
 # ------------------------------------------------------------------------------------------ end to end
 def test_data_free_run_records_labels_and_reports_both_epsilons(tiny_npz, tmp_path, cache):
-    summary = train_srr(request(tiny_npz, tmp_path / "run", "srr.epsilon=1", record=True,
-                                results_dir=tmp_path / "results"))
+    summary = train_srr(request(tiny_npz, tmp_path / "run", *PER_LABEL, "budget.epsilon=1", record=True,
+                                results_dir=tmp_path / "results")).summary
     run = tmp_path / "run"
     assert summary["method"] == "srr" and summary["epsilon_paper"] == 1.0 and summary["target_epsilon"] == 1.0
     ledger = PrivacyLedger(run, accounting="paper")
@@ -130,15 +128,15 @@ def test_data_free_run_records_labels_and_reports_both_epsilons(tiny_npz, tmp_pa
         (tmp_path / "results" / "quick" / "srr-npz-tiny-eps1.json").is_file()
     assert not (run / "synthetic").exists(), "stage images are removed once the run has finished"
     # the shared stages are cached: a second epsilon reuses the teacher and the generator
-    other = train_srr(request(tiny_npz, tmp_path / "run10", "srr.epsilon=10"))
+    other = train_srr(request(tiny_npz, tmp_path / "run10", *PER_LABEL, "budget.epsilon=10")).summary
     assert other["stages_used"]["teacher"]["reused"] and other["stages_used"]["generator"]["reused"]
     assert other["label_accuracy_vs_teacher"] > summary["label_accuracy_vs_teacher"]
 
 
 def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
-    summary = train_srr(request(tiny_npz, tmp_path / "run", "srr.setting=label-dp", "srr.epsilon=2",
+    summary = train_srr(request(tiny_npz, tmp_path / "run", "srr.setting=label-dp", *PER_LABEL, "budget.epsilon=2",
                                 "srr.num_samples=0", "srr.stages=3", "srr.epochs_per_stage=4", "srr.lr=0.003",
-                                "srr.student_model=small-cnn"))
+                                "srr.student_model=small-cnn")).summary
     assert summary["epsilon_strict"] == pytest.approx(2.0, abs=1e-4) and summary["epsilon_paper"] == 2.0
     assert "label" in summary["relation"] and summary["variant"] == "label-dp"
     assert summary["num_labels"] == 300 and 0.3 < summary["label_accuracy_vs_truth"] <= 1
@@ -146,19 +144,23 @@ def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert set(privacy["artifacts"]) == {"student"}
     assert summary["not_covered"] == [p["via"] for p in privacy["artifacts"]["student"] if not p["covered"]]
-    rr = train_srr(request(tiny_npz, tmp_path / "rr", "srr.setting=label-dp", "srr.mechanism=rr",
-                           "srr.epsilon=2", "srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn"))
+    rr = train_srr(request(tiny_npz, tmp_path / "rr", "srr.setting=label-dp", "srr.mechanism=rr", *PER_LABEL,
+                           "budget.epsilon=2", "srr.num_samples=0", "srr.stages=1",
+                           "srr.student_model=small-cnn")).summary
     assert rr["variant"] == "label-dp-rr" and rr["epsilon_strict"] == pytest.approx(2.0, abs=1e-4)
 
 
 def test_budget_refuses_before_training(tiny_npz, tmp_path, cache):
     with pytest.raises(BudgetExceededError, match="strict"):
-        train_srr(request(tiny_npz, tmp_path / "a", "srr.epsilon=1"), max_epsilon=10, accounting="strict")
+        # the target (calibrated per-label epsilon) above the hard limit
+        train_srr(request(tiny_npz, tmp_path / "a", "budget.epsilon=20", "budget.max_epsilon=10",
+                          "budget.accounting=strict"))
     with pytest.raises(BudgetExceededError, match="paper"):
-        train_srr(request(tiny_npz, tmp_path / "b", "srr.epsilon=1"), max_epsilon=0.5, accounting="paper")
+        train_srr(request(tiny_npz, tmp_path / "b", *PER_LABEL, "budget.epsilon=1", "budget.max_epsilon=0.5"))
     assert not cache.exists() or not any(cache.glob("baseline-*")), "nothing may be trained before the check"
     with pytest.raises(ConfigError, match="private records"):
-        train_srr(request(tiny_npz, tmp_path / "c", "srr.setting=label-dp", "srr.num_samples=100000"))
+        train_srr(request(tiny_npz, tmp_path / "c", "srr.setting=label-dp", "srr.num_samples=100000",
+                          "budget.epsilon=10"))
 
 
 class _Interrupt(Exception):
@@ -170,7 +172,7 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
     # bit-for-bit replay is what the CPU guarantees; on CUDA cuDNN's default kernels differ in the last bits (H100)
     from safetensors.torch import load_file
 
-    full = train_srr(request(tiny_npz, tmp_path / "full", "srr.epsilon=1", "run.device=cpu"))
+    full = train_srr(request(tiny_npz, tmp_path / "full", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")).summary
     draws = []
     real_release, real_stats = srr_mod.release_labels, srr_mod._label_stats
 
@@ -186,25 +188,28 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
     monkeypatch.setattr(srr_mod, "release_labels", counting_release)
     monkeypatch.setattr(srr_mod, "_label_stats", failing_stats)
     with pytest.raises(_Interrupt):
-        train_srr(request(tiny_npz, tmp_path / "cut", "srr.epsilon=1", "run.device=cpu"))
+        train_srr(request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu"))
     assert len(draws) == 2 and PrivacyLedger(tmp_path / "cut", accounting="paper").keys() == ["stage-1", "stage-2"]
     monkeypatch.setattr(srr_mod, "_label_stats", real_stats)
-    req = request(tiny_npz, tmp_path / "cut", "srr.epsilon=1", "run.device=cpu")
+    req = request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")
     req.resume = True
-    resumed = train_srr(req)
+    resumed = train_srr(req).summary
     assert len(draws) == 4, "stage 2's labels were drawn again on resume"
     a, b = load_file(tmp_path / "full" / "student.safetensors"), load_file(tmp_path / "cut" / "student.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["test_accuracy"] == full["test_accuracy"]
     la, lb = (PrivacyLedger(tmp_path / d, accounting="paper") for d in ("full", "cut"))
-    assert [r["answers"] for r in la.records()[1:]] == [r["answers"] for r in lb.records()[1:]]
+    # the spends only: opening a ledger without the run's max_epsilon records a config line
+    assert [r["answers"] for r in la.records() if r["kind"] == "spend"] == \
+        [r["answers"] for r in lb.records() if r["kind"] == "spend"]
 
 
 @pytest.mark.slow
 def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache):
     from safetensors.torch import load_file
 
-    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "1"]
+    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "1",
+            "--accounting", "paper"]
     for item in TINY + ["srr.stages=8", "srr.num_samples=240", "run.device=cpu"]:  # exact replay: see above
         args += ["--set", item]
     env = {**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"}
@@ -216,14 +221,14 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache)
     deadline = time.time() + 240
     while time.time() < deadline:
         try:
-            if ckpt.exists() and torch.load(ckpt, weights_only=False)["stage"] >= 2:
+            if ckpt.exists() and torch.load(ckpt, weights_only=False)["step"] >= 2:
                 break
         except Exception:  # noqa: BLE001 - read while being replaced
             pass
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    stage = torch.load(ckpt, weights_only=False)["stage"]
+    stage = torch.load(ckpt, weights_only=False)["step"]
     assert 2 <= stage < 8, f"killed at stage {stage}, not mid-run"
     recorded = PrivacyLedger(killed, accounting="paper").records()
     subprocess.run(args + ["--run-dir", str(killed), "--resume"], env=env, check=True, capture_output=True, timeout=300)
@@ -234,7 +239,7 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache)
 
 
 def test_cli_refuses_over_budget_with_a_clear_error(tiny_npz, tmp_path, cache):
-    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "10",
+    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "20",
             "--max-epsilon", "10", "--accounting", "strict", "--run-dir", str(tmp_path / "r")]
     for item in TINY:
         args += ["--set", item]
@@ -246,7 +251,7 @@ def test_cli_refuses_over_budget_with_a_clear_error(tiny_npz, tmp_path, cache):
 def test_python_api_returns_the_released_models_and_report(tiny_npz, tmp_path, cache):
     from privdistill.methods import SRR
 
-    released = SRR(epsilon=1, overrides=TINY, run_dir=str(tmp_path / "api")).fit(f"npz:{tiny_npz}")
+    released = SRR(epsilon=1, accounting="paper", overrides=TINY, run_dir=str(tmp_path / "api")).fit(f"npz:{tiny_npz}")
     assert released.summary["epsilon_paper"] == 1 and released.summary["setting"] == "data-free"
     assert released.student(torch.zeros(2, 1, 28, 28)).shape == (2, 10) and released.generator is not None
     assert {"student", "generator"} <= set(released.privacy["artifacts"])

@@ -25,19 +25,21 @@ def srr_command(
     set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
     seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
     no_progress: o.NoProgress = False,
-    epsilon: Annotated[
-        Optional[float], typer.Option("--epsilon", "-e", help="epsilon per label (srr.epsilon; the paper's epsilon)")
-    ] = None,
+    epsilon: Annotated[Optional[float], typer.Option(
+        "--epsilon", "-e", help="target epsilon (budget.epsilon): per label with --accounting paper (the paper's "
+        "epsilon), of the whole run with strict (the per-label epsilon is calibrated to fit it)",
+    )] = None,
     delta: Annotated[
-        Optional[float], typer.Option("--delta", help="delta of the strict (epsilon, delta) (srr.delta)")
+        Optional[float], typer.Option("--delta", help="delta of the strict (epsilon, delta) (budget.delta)")
     ] = None,
-    max_epsilon: Annotated[
-        Optional[float],
-        typer.Option("--max-epsilon", help="refuse to start (or stop) above this epsilon under --accounting"),
-    ] = None,
-    accounting: Annotated[
-        o.Accounting, typer.Option("--accounting", help="which epsilon --max-epsilon limits")
-    ] = o.Accounting.paper,
+    max_epsilon: Annotated[Optional[float], typer.Option(
+        "--max-epsilon", help="hard budget under --accounting (budget.max_epsilon; default: the target); refuse to "
+        "start (or stop) above it",
+    )] = None,
+    accounting: Annotated[Optional[o.Accounting], typer.Option(
+        "--accounting", help="paper or strict (budget.accounting, default strict): what --epsilon and --max-epsilon "
+        "limit",
+    )] = None,
     setting: Annotated[
         Optional[o.SRRSetting],
         typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)"),
@@ -65,19 +67,21 @@ def srr_command(
     """
     from privdistill.methods.srr import train_srr
 
-    extra = o.section_overrides("srr", epsilon=epsilon, delta=delta, setting=setting and setting.value,
-                                mechanism=mechanism and mechanism.value, stages=stages, num_samples=samples)
+    extra = {**o.section_overrides("budget", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
+                                   accounting=accounting and accounting.value),
+             **o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
+                                   stages=stages, num_samples=samples, variant=variant)}
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
-    summary = train_srr(request, max_epsilon=max_epsilon, accounting=accounting.value, cache=not no_cache,
-                        variant=variant)
+    summary = train_srr(request, cache=not no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
     field = "label_accuracy_vs_truth" if summary["setting"] == "label-dp" else "label_accuracy_vs_teacher"
     console.print(f"{summary['num_labels']} labels in {summary['stages']} stages, {summary[field]:.4f} of them "
                   f"{'true' if summary['setting'] == 'label-dp' else 'equal to the teacher'}'s label "
-                  f"(evaluation only); epsilon per label {summary['target_epsilon']:g} (paper: "
-                  f"{summary['epsilon_paper']}), strict {summary['epsilon_strict']} at delta {summary['delta']:g} "
+                  f"(evaluation only); epsilon per label {summary['epsilon_per_label']:.6g} for the target "
+                  f"{summary['target_epsilon']:g} ({summary['accounting']} accounting); paper: "
+                  f"{summary['epsilon_paper']}, strict {summary['epsilon_strict']} at delta {summary['delta']:g} "
                   f"({summary['relation']}).", highlight=False)
     console.print(f"[yellow]Not covered:[/] {summary['privacy']}. Report: privdistill privacy report "
                   f"{summary['run_dir']}", highlight=False)

@@ -230,11 +230,12 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
 
 @torch.no_grad()
 def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, stream: int = 0,
-             quantise: bool = True) -> torch.Tensor:
+             quantise: bool = True, latents: torch.Tensor | None = None) -> torch.Tensor:
     """n synthetic images [n, C, H, W]: uint8 (quantised like real images, clamped to [-1, 1] first), or, with
     ``quantise=False``, the generator's float output as is. A generator ending in a non-affine BatchNorm
     (`DAFLGenerator(output_norm=True)`) emits values outside [-1, 1]; models trained on its raw output
-    should be fed the floats.
+    should be fed the floats. The latent codes are drawn from stream SYNTHETIC (`stream`, batch), or are the
+    caller's `latents` [n, latent_dim] (a method that keeps its own latent stream, SRR's stage codes).
 
     The generator stays in train mode, as while it was trained: its BatchNorm layers normalise with batch
     statistics (running statistics are updated but never used in this mode)."""
@@ -242,7 +243,10 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
     out = []
     for i, start in enumerate(range(0, n, batch_size)):
         m = min(batch_size, n - start)
-        z = torch.randn(m, generator.latent_dim, generator=env.generator(streams.SYNTHETIC, stream, i))
+        if latents is not None:
+            z = latents[start:start + m]
+        else:
+            z = torch.randn(m, generator.latent_dim, generator=env.generator(streams.SYNTHETIC, stream, i))
         with env.autocast():
             x = generator(z.to(env.device)).float()
         out.append((to_uint8(x) if quantise else x).cpu())

@@ -18,17 +18,19 @@ Settings:
   is labelled at stage i with the current student as prior. No teacher and no generator are involved (a
   teacher trained on the labels would make every answer depend on every label).
 
-Mechanisms (``srr.mechanism``): ``srr`` (the paper's R), ``rr`` (plain k-ary randomized response, no prior)
-and ``rr-prior`` (RRWithPrior, Ghazi et al., NeurIPS 2021, Alg. 2: k-RR restricted to the top-k* classes of
-the prior, k* = argmax_k e^ε/(e^ε + k − 1) · Σ_{top k} prior). All three are "k-RR on a candidate set I chosen
-without looking at the label, uniform on I if the label is not in I" (plain RR: I = all K classes), so each
-released label is ε-DP in the label it hides (docs/privacy.md, SRR strict). Pricing:
+Mechanisms (``srr.mechanism``, in privacy/mechanisms.py): ``srr`` (the paper's R), ``rr`` (plain k-ary
+randomized response, no prior) and ``rr-prior`` (RRWithPrior, Ghazi et al., NeurIPS 2021, Alg. 2: k-RR
+restricted to the top-k* classes of the prior). All three are "k-RR on a candidate set I chosen without
+looking at the label, uniform on I if the label is not in I" (plain RR: I = all K classes), so each released
+label is ε-DP in the label it hides (docs/privacy.md, SRR strict). Pricing:
 - data-free: one private record can change the teacher, hence every label: the strict accounting composes
   over ALL labels drawn from the one teacher (SRRLabels / RRLabels with the label count); the paper's ε is the
   per-label ε, no composition.
 - label-dp: every record's label is released once: ε-label-DP under "change one record's label" (parallel
   composition), priced as SRRLabels(setting="label-dp") for all three mechanisms (plain RR and RRWithPrior
   are members of the SRR family above; the ledger record says which mechanism ran).
+Budget (section ``budget``): under ``accounting: paper`` the target ε is the per-label ε (the paper's); under
+``strict`` the per-label ε is the largest whose strict ε for all the run's labels fits the target.
 
 Readings of the paper where it is ambiguous (see also docs/privacy.md):
 - "Return y_t": the one-hot teacher label argmax y_t (releasing the soft output would not be DP).
@@ -52,58 +54,44 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from privdistill.atomic import atomic_torch_save
-from privdistill.config import ClassifierTraining, check_model_name, to_plain
-from privdistill.data.dataset import ImageDataset, to_float, to_uint8
-from privdistill.engine.augment import augment_batch
-from privdistill.engine.cache import StageCache
+from privdistill.config import ClassifierTraining, check_model_name
+from privdistill.engine import streams
 from privdistill.engine.context import Env
-from privdistill.engine.datafree import BatchNormStatistics, GeneratorTraining, datafree_loss
-from privdistill.engine.progress import progress_bar
-from privdistill.engine.stages import Stages
-from privdistill.engine.trainer import evaluate, make_schedule, predict_logits, train_classifier
-from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
-from privdistill.methods.common import MethodAPI, Released, RunRequest, finish_run, prepare_run
-from privdistill.models import create_model
+from privdistill.engine.datafree import GeneratorTraining
+from privdistill.engine.trainer import predict_logits
+from privdistill.errors import ConfigError
+from privdistill.methods.common import MethodAPI, RunRequest
+from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
+from privdistill.methods.srr_training import SRRTraining, stage_key
+from privdistill.privacy.calibration import calibrate_noise
+from privdistill.privacy.events import RRLabels, SRRLabels
+from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
+from privdistill.privacy.mechanisms import LABEL_MECHANISMS, candidate_sets, make_generator, release_labels
+from privdistill.privacy.report import srr_notes, srr_pathways
 
 SETTINGS = ("data-free", "label-dp")
-MECHANISMS = ("srr", "rr", "rr-prior")
-
-# random streams (Env.generator); distinct from the trainer's (1, 2) and the generator's (21, 22)
-_INIT_STREAM = 71
-_LATENT_STREAM = 72
-_EPOCH_STREAM = 73
-_AUGMENT_STREAM = 74
-_FINETUNE_STREAM = 75
-_NOISE_STREAM = 76
-_PERM_STREAM = 77
-
-CHECKPOINT = "srr-checkpoint"
+MECHANISMS = LABEL_MECHANISMS
 
 
 # ===================================================================================== configuration
 @dataclass
 class SRRConfig:
     """Config section `srr`: the staged distillation (the teacher is section `srr_teacher`, the generator
-    `srr_generator`)."""
+    `srr_generator`, ε and δ the `budget`)."""
 
-    epsilon: float = 10.0  # per label (the paper's ε)
     setting: str = "data-free"  # data-free (Table I) | label-dp (Table II)
     mechanism: str = "srr"  # srr | rr | rr-prior
     stages: int = 20  # T
     num_samples: int = 0  # labels drawn in all: synthetic samples (data-free) or private records (label-dp); 0 = |D|
     threshold: Optional[float] = None  # t; None = 1/(2K)
-    delta: float = 1e-5  # for the strict (ε, δ); the paper's ε is pure (δ = 0) per label
     secure_noise: bool = False  # draw the label noise from an OS-seeded generator (not reproducible)
+    variant: Optional[str] = None  # name suffix of the recorded result; None: from setting and mechanism
     # student
     student_model: str = "paper-cnn"
     student_model_label_dp: str = ""  # "" = student_model
@@ -127,36 +115,40 @@ class SRRConfig:
     keep_synthetic: bool = False  # keep each stage's synthetic images in the run directory
 
     def validate(self) -> None:
-        def check(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ConfigError(msg)
-
         check_model_name(self.student_model, "srr.student_model")
         if self.student_model_label_dp:
             check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
-        check(self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}")
-        check(self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
-        check(math.isfinite(self.epsilon) and self.epsilon > 0, f"epsilon (per label) must be > 0, got {self.epsilon}")
-        check(self.stages >= 1, f"stages must be >= 1, got {self.stages}")
-        check(self.num_samples >= 0, "num_samples must be >= 0")
-        check(self.threshold is None or 0 <= self.threshold < 1, "threshold must lie in [0, 1)")
-        check(0 < self.delta < 1, f"delta must lie in (0, 1), got {self.delta}")
-        check(self.batch_size >= 1 and self.finetune_batch_size >= 1, "batch sizes must be >= 1")
-        check(self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}")
-        check(self.lr > 0 and self.finetune_lr > 0, "learning rates must be > 0")
-        check(self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}")
-        check(self.epochs_per_stage > 0, "epochs_per_stage must be > 0")
-        check(self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative")
-        check(self.final_epochs >= 0, "final_epochs must be >= 0")
-        check(self.augment in ("none", "shift", "flip-shift"), f"unknown augment {self.augment!r}")
-        check(self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}")
-        check(self.finetune_steps >= 0, "finetune_steps must be >= 0")
-        check(self.eval_every_stages >= 0, "eval_every_stages must be >= 0")
-        check(self.weight_decay >= 0, "weight_decay must be >= 0")
+        for ok, message in [
+            (self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}"),
+            (self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"),
+            (self.stages >= 1, f"stages must be >= 1, got {self.stages}"),
+            (self.num_samples >= 0, "num_samples must be >= 0"),
+            (self.threshold is None or 0 <= self.threshold < 1, "threshold must lie in [0, 1)"),
+            (self.batch_size >= 1 and self.finetune_batch_size >= 1, "batch sizes must be >= 1"),
+            (self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}"),
+            (self.lr > 0 and self.finetune_lr > 0, "learning rates must be > 0"),
+            (self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}"),
+            (self.epochs_per_stage > 0, "epochs_per_stage must be > 0"),
+            (self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative"),
+            (self.final_epochs >= 0, "final_epochs must be >= 0"),
+            (self.augment in ("none", "shift", "flip-shift"), f"unknown augment {self.augment!r}"),
+            (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
+            (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
+            (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0"),
+        ]:
+            if not ok:
+                raise ConfigError(message)
 
     @property
     def student_for_setting(self) -> str:
         return (self.student_model_label_dp or self.student_model) if self.setting == "label-dp" else self.student_model
+
+    @property
+    def default_variant(self) -> str | None:
+        """The result name's suffix when none is given: label-dp and the mechanism when it is not SRR."""
+        return "-".join(([self.setting] if self.setting == "label-dp" else [])
+                        + ([self.mechanism] if self.mechanism != "srr" else [])) or None
 
 
 def stage_sizes(total: int, stages: int) -> list[int]:
@@ -167,421 +159,138 @@ def stage_sizes(total: int, stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
-# ====================================================================================== mechanisms
-def rr_on_sets(in_set: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
-               generator: torch.Generator) -> torch.Tensor:
-    """k-RR restricted to a candidate set per row: ``in_set`` [N, K] bool (at least one True per row),
-    ``labels`` [N]. If the label is in I (k = |I|): keep it with probability e^ε/(e^ε + k − 1), else a uniform
-    other member of I; if the label is not in I: a uniform member of I. ε-DP in the label whenever I does not
-    depend on it (docs/privacy.md, SRR strict). Used for RRWithPrior; SRR itself is
-    `privacy.mechanisms.selective_randomized_response`."""
-    n, k_classes = in_set.shape
-    if n == 0 or not bool(in_set.any(dim=1).all()):
-        raise PrivacyError("rr_on_sets: every row needs a non-empty candidate set")
-    labels = labels.long()
-    k = in_set.sum(dim=1).to(torch.float64)
-    y_in = in_set.gather(1, labels[:, None]).squeeze(1)
-    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))  # e^ε/(e^ε + k − 1), 1 when k = 1
-    dev = in_set.device  # draws on the generator's device, then moved: any device pairing works
-
-    def uniform(*shape):
-        return torch.rand(shape, generator=generator, dtype=torch.float64, device=generator.device).to(dev)
-
-    u = uniform(n)
-    keep = y_in & (u < p_keep)
-    allowed = in_set.clone()
-    allowed[torch.arange(n, device=dev), labels] &= ~y_in
-    scores = uniform(n, k_classes)
-    scores = torch.where(allowed, scores, torch.full_like(scores, -1.0))
-    other = scores.argmax(dim=1)
-    # k = 1 and y in I: keep with probability 1 (allowed is empty, `other` is never used)
-    return torch.where(keep, labels, other)
-
-
-def rr_with_prior_sets(prior: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """RRWithPrior's candidate sets (Ghazi et al. 2021, Alg. 2): the top-k* classes of the prior with
-    k* = argmax_k e^ε/(e^ε + k − 1) · Σ_{j in top k} prior_j (ties: the smallest k). Returns [N, K] bool."""
-    n, k_classes = prior.shape
-    sorted_p, order = torch.sort(prior.double(), dim=1, descending=True, stable=True)
-    ks = torch.arange(1, k_classes + 1, dtype=torch.float64, device=prior.device)
-    weight = 1.0 / (1.0 + (ks - 1.0) * math.exp(-epsilon))
-    objective = sorted_p.cumsum(dim=1) * weight
-    k_star = objective.argmax(dim=1) + 1  # argmax returns the first maximum: the smallest k
-    rank_mask = ks[None, :] <= k_star[:, None].double()
-    return torch.zeros_like(rank_mask).scatter_(1, order, rank_mask)
-
-
-def release_labels(mechanism: str, prior: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
-                   threshold: float | None, generator: torch.Generator) -> torch.Tensor:
-    """The labels a stage releases: ``prior`` = the student's softmax [N, K], ``labels`` = the label the
-    mechanism protects (the teacher's argmax, or the true label in the label-DP setting)."""
-    from privdistill.privacy.mechanisms import randomized_response, selective_randomized_response
-
-    if mechanism == "srr":
-        return selective_randomized_response(prior, labels, epsilon=epsilon, threshold=threshold, generator=generator)
-    if mechanism == "rr":
-        return randomized_response(labels, num_classes=prior.shape[1], epsilon=epsilon, generator=generator)
-    return rr_on_sets(rr_with_prior_sets(prior, epsilon), labels, epsilon=epsilon, generator=generator)
-
-
-def label_event(cfg: SRRConfig, count: int, num_classes: int):
-    """The privacy event of one stage's labels (see the module docstring for why these)."""
-    from privdistill.privacy.events import RRLabels, SRRLabels
-
+def label_event(cfg: SRRConfig, count: int, num_classes: int, epsilon: float):
+    """The privacy event of `count` labels at `epsilon` each (see the module docstring for why these)."""
     if cfg.setting == "data-free" and cfg.mechanism == "rr":
-        return RRLabels(epsilon=cfg.epsilon, count=count, num_classes=num_classes)
-    return SRRLabels(epsilon=cfg.epsilon, count=count, num_classes=num_classes, setting=cfg.setting)
+        return RRLabels(epsilon=epsilon, count=count, num_classes=num_classes)
+    return SRRLabels(epsilon=epsilon, count=count, num_classes=num_classes, setting=cfg.setting)
 
 
-def default_variant(cfg: SRRConfig) -> str | None:
-    parts = []
-    if cfg.setting == "label-dp":
-        parts.append("label-dp")
-    if cfg.mechanism != "srr":
-        parts.append(cfg.mechanism)
-    return "-".join(parts) or None
+def epsilon_per_label(cfg: SRRConfig, budget: Budget, total: int, num_classes: int) -> float:
+    """The paper's ε per label that the budget allows for `total` labels (see the module docstring)."""
+    if budget.epsilon is None:
+        raise ConfigError("SRR needs a target epsilon: --epsilon (budget.epsilon); with --accounting paper it is "
+                          "the epsilon per label, with strict the epsilon of the whole run")
+    if budget.accounting == "paper":
+        return budget.epsilon
+    # all stages' labels as one event: how the ledger prices them (merged, label-dp: one parallel release)
+    return calibrate_noise(label_event(cfg, total, num_classes, budget.epsilon), target_epsilon=budget.epsilon,
+                           delta=budget.delta, accounting="strict")
 
 
-# ===================================================================================== the method
 @dataclass
-class _Plan:
-    sizes: list[int]
-    train_sizes: list[int]  # samples the student trains on at each stage
-    steps: list[int]  # student steps per stage
-    batch: list[int]
+class StageSchedule:
+    """How the N labels and the student's steps spread over the T stages."""
 
-    @property
-    def total_steps(self) -> int:
-        return sum(self.steps)
+    sizes: list[int]  # labels drawn at each stage
+    steps: list[int]  # student steps at each stage
+    batch: list[int]  # student batch size at each stage
 
-
-def _plan(cfg: SRRConfig, total: int) -> _Plan:
-    sizes = stage_sizes(total, cfg.stages)
-    train_sizes, steps, batch = [], [], []
-    seen = 0
-    for n in sizes:
-        seen += n
-        m = seen if cfg.student_data == "cumulative" else n
-        b = min(cfg.batch_size, m)
-        train_sizes.append(m)
-        batch.append(b)
-        steps.append(max(1, math.ceil(cfg.epochs_per_stage * math.ceil(m / b))))
-    return _Plan(sizes, train_sizes, steps, batch)
+    @classmethod
+    def of(cls, cfg: SRRConfig, total: int) -> "StageSchedule":
+        sizes = stage_sizes(total, cfg.stages)
+        # the student trains on the stage's samples, or (cumulative) on all samples labelled so far
+        seen = [sum(sizes[:i + 1]) if cfg.student_data == "cumulative" else n for i, n in enumerate(sizes)]
+        batch = [min(cfg.batch_size, m) for m in seen]
+        steps = [max(1, math.ceil(cfg.epochs_per_stage * math.ceil(m / b))) for m, b in zip(seen, batch)]
+        return cls(sizes, steps, batch)
 
 
-def _optimizer(params, cfg: SRRConfig) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+# ======================================================================================= the method
+class SRRMethod(Method):
+    """SRR on the run skeleton (methods/runner.py): plan the labels, run Alg. 1's stages, report."""
+
+    name = "srr"
+    sections = {"srr_teacher": ClassifierTraining, "srr_generator": GeneratorTraining, "srr": SRRConfig}
+
+    def plan(self, ctx: Context, ledger: PrivacyLedger) -> Plan:
+        """The label events of the stages not yet in the ledger, at the per-label ε the budget allows."""
+        cfg: SRRConfig = ctx.section("srr")
+        generator_loss = ctx.section("srr_generator").loss
+        if generator_loss != "srr":
+            raise ConfigError("srr_generator.loss must be 'srr' (the paper's BN-statistics loss), "
+                              f"got {generator_loss!r}")
+        total, num_classes = cfg.num_samples or len(ctx.data.train), ctx.data.num_classes
+        if cfg.setting == "label-dp" and total > len(ctx.data.train):
+            raise ConfigError(f"label-dp: num_samples {total} exceeds the {len(ctx.data.train)} private records "
+                              "(each record's label may be released once)")
+        epsilon = epsilon_per_label(cfg, ctx.budget, total, num_classes)
+        schedule = StageSchedule.of(cfg, total)
+        events = [label_event(cfg, n, num_classes, epsilon) for n in schedule.sizes]
+        notes = [] if ctx.budget.accounting == "paper" else [
+            f"epsilon per label {epsilon:.6g}: the largest whose strict epsilon for all {total} labels fits the "
+            f"target {ctx.budget.epsilon:g}"]
+        threshold = cfg.threshold if cfg.threshold is not None else 1.0 / (2 * num_classes)
+        return Plan(remaining=[event for i, event in enumerate(events) if stage_key(i) not in ledger], notes=notes,
+                    details={"epsilon_per_label": epsilon, "num_labels": total, "threshold": threshold,
+                             "schedule": schedule, "events": events})
+
+    def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
+        """Alg. 1's stage loop. One loop step is one stage, checkpointed after it: a resumed run continues after
+        the last finished stage, and a stage whose labels were drawn before the interruption reads them back."""
+        srr = SRRTraining(ctx, plan, ledger)
+        try:
+            for i in srr.loop:  # for i = 1..T (0-based here)
+                images, protected, truth = srr.inputs(i)  # D̃(i) = φg(z_i); label-dp: chunk i of the private set
+                prior = _probs(srr.student, images, srr.env)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
+                if protected is None:  # data-free: the teacher's label y_t = argmax φt(D̃(i))
+                    protected = predict_logits(srr.teacher, images, srr.env).argmax(1)
+                labels = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), in the ledger
+                in_set = candidate_sets(srr.cfg.mechanism, prior, epsilon=srr.epsilon, threshold=srr.threshold)
+                stats = _label_stats(i, prior, protected, labels, truth, in_set)
+                srr.loop.extra["labels"].append(stats)
+                parts = {"train_loss": srr.train_student(i, *srr.student_data(i, images, labels)),  # φs on L_i
+                         srr.label_field: stats["correct"]}
+                if srr.generator_optimizer is not None:  # fine-tune φg on (D̃(i), L_i)
+                    parts["finetune_loss"] = srr.finetune_generator(i, labels)
+                srr.loop.record(parts)  # evaluation at its cadence, log, checkpoint
+        finally:
+            srr.close()
+        loop = srr.loop.finish()  # the last checkpoint stays: resuming a finished run trains nothing
+        if srr.cfg.final_epochs > 0:
+            srr.train_final_epochs()
+        srr.remove_synthetic()
+        # release φs^(T): the runner evaluates it and writes its weights (and the fine-tuned generator's)
+        return Trained(student=srr.student, generator=srr.generator, baseline_accuracy=srr.teacher_accuracy,
+                       wall_seconds=srr.loop.elapsed + time.perf_counter() - ctx.started,
+                       fields=srr.summary_fields(loop.wall_seconds))
+
+    def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
+        cfg: SRRConfig = ctx.section("srr")
+        total, epsilon = plan.details["num_labels"], plan.details["epsilon_per_label"]
+        notes = srr_notes(setting=cfg.setting, mechanism=cfg.mechanism, labels=total, epsilon=epsilon)
+        # label-dp: no generator is trained or released, so the pathways name the student only
+        return Report(pathways=srr_pathways(setting=cfg.setting), secure_noise=cfg.secure_noise,
+                      noise_option="srr.secure_noise",
+                      extra={"setting": cfg.setting, "mechanism": cfg.mechanism, "epsilon_per_label": epsilon,
+                             "delta": ctx.budget.delta, "labels": total},
+                      fields={"relation": ledger.epsilon_both()["strict"].relation, **notes})
 
 
-def _stage_batch(m: int, b: int, stage: int, step: int, env: Env) -> torch.Tensor:
-    per_epoch = math.ceil(m / b)
-    epoch, pos = divmod(step, per_epoch)
-    perm = torch.randperm(m, generator=env.generator(_EPOCH_STREAM, stage, epoch))
-    return perm[pos * b:(pos + 1) * b]
+def release_stage_labels(srr: SRRTraining, i: int, prior: torch.Tensor, protected: torch.Tensor) -> torch.Tensor:
+    """L_i = R(y_s, y_t, t) at the per-label ε, drawn with stage i's noise stream (or OS entropy) and recorded in
+    the ledger before it is returned; a resumed run gets the recorded labels back, never a second draw."""
+    cfg = srr.cfg
+
+    def draw() -> LedgerAnswer:
+        noise = (make_generator(secure=True) if cfg.secure_noise
+                 else make_generator(int(srr.env.generator(streams.SRR_NOISE, i).initial_seed())))
+        labels = release_labels(cfg.mechanism, prior, protected, epsilon=srr.epsilon, threshold=srr.threshold,
+                                generator=noise)
+        compact = torch.int16 if prior.shape[1] < 32768 else torch.int64
+        return LedgerAnswer(answers=labels.to(compact), stats={"mechanism": cfg.mechanism, "setting": cfg.setting})
+
+    return torch.as_tensor(srr.ledger.spend(stage_key(i), srr.events[i], draw)).long()
 
 
-@torch.no_grad()
-def _generate_stage(generator: nn.Module, z: torch.Tensor, env: Env, batch_size: int = 500) -> torch.Tensor:
-    """Stage images as uint8 (quantised like real images; teacher and student see exactly these)."""
-    generator.train()  # as while it was trained: BatchNorm with batch statistics
-    out = []
-    for start in range(0, len(z), batch_size):
-        with env.autocast():
-            out.append(to_uint8(generator(z[start:start + batch_size].to(env.device)).float()).cpu())
-    return torch.cat(out).contiguous()
-
-
-def _probs(model: nn.Module, images: torch.Tensor, env: Env) -> torch.Tensor:
+def _probs(model: torch.nn.Module, images: torch.Tensor, env: Env) -> torch.Tensor:
     return torch.softmax(predict_logits(model, images, env).double(), dim=1)
 
 
-def train_srr(request: RunRequest, *, max_epsilon: float | None = None, accounting: str = "paper",
-              cache: bool = True, variant: str | None = None) -> dict[str, Any]:
-    """Run SRR end to end (the Python API behind `privdistill srr`); returns the summary.
-
-    The per-label ε, δ, setting, mechanism and stages are configuration (section `srr`, e.g.
-    ``overrides=["srr.epsilon=1"]``); ``max_epsilon`` under ``accounting`` ("paper" or "strict") refuses a
-    run whose planned labels would exceed it (before anything is trained) and stops it cleanly otherwise.
-    """
-    from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
-    from privdistill.privacy.mechanisms import make_generator
-    from privdistill.privacy.report import noise_source, srr_pathways, write_privacy_json
-
-    prep = prepare_run("srr", request, {"srr_teacher": ClassifierTraining, "srr_generator": GeneratorTraining,
-                                        "srr": SRRConfig})
-    cfg: SRRConfig = prep.sections["srr"]
-    teacher_cfg: ClassifierTraining = prep.sections["srr_teacher"]
-    gen_cfg: GeneratorTraining = prep.sections["srr_generator"]
-    if gen_cfg.loss != "srr":
-        raise ConfigError(f"srr_generator.loss must be 'srr' (the paper's BN-statistics loss), got {gen_cfg.loss!r}")
-    env, data, run = prep.env, prep.data, prep.run
-    num_classes = data.num_classes
-    label_dp = cfg.setting == "label-dp"
-    total = cfg.num_samples or len(data.train)
-    if label_dp and total > len(data.train):
-        raise ConfigError(f"label-dp: num_samples {total} exceeds the {len(data.train)} private records "
-                          "(each record's label may be released once)")
-    plan = _plan(cfg, total)
-    started = time.perf_counter()
-
-    # ---------------------------------------------------------------------- budget before any training
-    ledger = PrivacyLedger(run.path, max_epsilon=max_epsilon, accounting=accounting, delta=cfg.delta)
-    pending = [label_event(cfg, n, num_classes) for i, n in enumerate(plan.sizes) if f"stage-{i + 1}" not in ledger]
-    if pending:
-        ledger.check_can_start(pending)
-
-    # ------------------------------------------------------------------------------- shared stages
-    stages = Stages(StageCache(enabled=cache), env, data, run)
-    teacher, teacher_stage = stages.baseline(teacher_cfg)
-    teacher_accuracy = float(teacher_stage.info().get("test_accuracy") or evaluate(teacher, data.test, env))
-    generator = gen_stage = None
-    if not label_dp:
-        generator, gen_stage = stages.generator(teacher, teacher_stage.key, gen_cfg)
-        generator = env.place(generator)
-    for p in teacher.parameters():  # fixed: labels (data-free) and the optional Eq. 2 fine-tuning term
-        p.requires_grad_(False)
-    stage_refs = {"teacher": {**teacher_stage.ref(), "build_seconds": teacher_stage.info().get("build_seconds")}}
-    if gen_stage is not None:
-        stage_refs["generator"] = {**gen_stage.ref(), "build_seconds": gen_stage.info().get("build_seconds")}
-
-    # ------------------------------------------------------------------------------------ student
-    torch.manual_seed(env.generator(_INIT_STREAM).initial_seed())
-    student = env.place(create_model(cfg.student_for_setting, kind="classifier", in_channels=data.channels,
-                                     num_classes=num_classes, image_size=data.image_size[0]))
-    optimizer = _optimizer(student.parameters(), cfg)
-    schedule = make_schedule(optimizer, cfg.lr_schedule, plan.total_steps)
-    gen_opt = None
-    if generator is not None and cfg.finetune != "none" and cfg.finetune_steps > 0:
-        gen_opt = torch.optim.Adam(generator.parameters(), lr=cfg.finetune_lr)
-    bn = BatchNormStatistics(teacher) if gen_opt is not None and cfg.finetune == "kd+srr" else None
-    alpha, beta = gen_cfg.weights
-
-    order = torch.randperm(len(data.train), generator=env.generator(_PERM_STREAM))[:total] if label_dp else None
-    offsets = [sum(plan.sizes[:i]) for i in range(cfg.stages)]
-    synthetic_dir = run.path / "synthetic"
-
-    start_stage, elapsed, history, label_log = 0, 0.0, [], []
-    state = run.load_checkpoint(CHECKPOINT)
-    if state is not None:
-        student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        if generator is not None:
-            generator.load_state_dict(state["generator"])
-        if gen_opt is not None:
-            gen_opt.load_state_dict(state["generator_optimizer"])
-        start_stage, elapsed, history, label_log = state["stage"], state["elapsed"], state["history"], state["labels"]
-
-    eval_every = cfg.eval_every_stages or max(1, cfg.stages // 10)
-    t0 = time.perf_counter()
-
-    def save(stage_done: int) -> None:
-        ckpt = {"student": student.state_dict(), "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(), "stage": stage_done,
-                "elapsed": elapsed + time.perf_counter() - t0, "history": history, "labels": label_log}
-        if generator is not None:
-            ckpt["generator"] = generator.state_dict()
-        if gen_opt is not None:
-            ckpt["generator_optimizer"] = gen_opt.state_dict()
-        run.save_checkpoint(ckpt, CHECKPOINT)
-
-    def stage_inputs(i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(uint8 images, label the mechanism protects, true label if known) of stage i (0-based)."""
-        if label_dp:
-            idx = order[offsets[i]:offsets[i] + plan.sizes[i]]
-            return data.train.images[idx], data.train.labels[idx], data.train.labels[idx]
-        # saved before the labels are drawn: a resumed run labels and trains on exactly these images
-        path = synthetic_dir / f"stage-{i + 1:04d}.pt"
-        if path.is_file():
-            images = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            images = _generate_stage(generator, _stage_latents(i), env)
-            atomic_torch_save(path, images)
-        return images, None, None
-
-    def _stage_latents(i: int) -> torch.Tensor:
-        return torch.randn(plan.sizes[i], generator.latent_dim, generator=env.generator(_LATENT_STREAM, i))
-
-    def train_student(i: int, images: torch.Tensor, labels: torch.Tensor) -> float:
-        student.train()
-        m, b, losses = len(images), plan.batch[i], []
-        for step in range(plan.steps[i]):
-            idx = _stage_batch(m, b, i, step, env)
-            x = to_float(images[idx])
-            if cfg.augment != "none":
-                x = augment_batch(x, cfg.augment, env.generator(_AUGMENT_STREAM, i, step))
-            x, y = env.place_batch(x), labels[idx].to(env.device)
-            with env.autocast():
-                logits = student(x)
-            # Eq. 3's KL(onehot(label) || softmax(student)) == cross-entropy
-            loss = F.cross_entropy(logits.float(), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            losses.append(float(loss.detach()))
-        return sum(losses) / len(losses)
-
-    def finetune_generator(i: int, labels: torch.Tensor) -> float:
-        z_all = _stage_latents(i)
-        student.eval()
-        for p in student.parameters():
-            p.requires_grad_(False)
-        generator.train()
-        losses = []
-        try:
-            for step in range(cfg.finetune_steps):
-                b = min(cfg.finetune_batch_size, len(z_all))
-                idx = torch.randperm(len(z_all), generator=env.generator(_FINETUNE_STREAM, i, step))[:b]
-                if bn is not None:
-                    bn.losses = []  # drop the statistics the teacher's labelling passes left in the hooks
-                with env.autocast():
-                    x = generator(z_all[idx].to(env.device))
-                    loss = F.cross_entropy(student(x).float(), labels[idx].to(env.device))
-                    if bn is not None:
-                        extra, _ = datafree_loss(teacher, x, "srr", alpha, beta, bn)
-                        loss = loss + extra
-                gen_opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gen_opt.step()
-                losses.append(float(loss.detach()))
-        finally:
-            for p in student.parameters():
-                p.requires_grad_(True)
-            student.train()
-        return sum(losses) / max(1, len(losses))
-
-    def recorded(j: int) -> torch.Tensor:
-        """Stage j's (0-based) released labels, read back from the ledger: never re-drawn."""
-        def never():
-            raise RuntimeError(f"stage {j + 1}'s labels are not in the ledger")
-        return torch.as_tensor(ledger.spend(f"stage-{j + 1}", label_event(cfg, plan.sizes[j], num_classes),
-                                            never)).long()
-
-    threshold = cfg.threshold if cfg.threshold is not None else 1.0 / (2 * num_classes)
-    stopped = None
-    try:
-        with progress_bar(cfg.stages, f"srr {cfg.setting} ({cfg.mechanism}, ε={cfg.epsilon:g})",
-                          enabled=env.progress, completed=start_stage) as bar:
-            for i in range(start_stage, cfg.stages):
-                images, protected, truth = stage_inputs(i)
-                prior = _probs(student, images, env)  # φs^(i-1): the prior, computed before anything else
-                if protected is None:  # data-free: the teacher's label on the synthetic input
-                    protected = predict_logits(teacher, images, env).argmax(1)
-
-                def draw(prior=prior, protected=protected, i=i) -> LedgerAnswer:
-                    gen = (make_generator(secure=True) if cfg.secure_noise
-                           else make_generator(int(env.generator(_NOISE_STREAM, i).initial_seed())))
-                    labels = release_labels(cfg.mechanism, prior, protected, epsilon=cfg.epsilon,
-                                            threshold=threshold, generator=gen)
-                    return LedgerAnswer(answers=labels.to(torch.int16 if num_classes < 32768 else torch.int64),
-                                        stats={"mechanism": cfg.mechanism, "setting": cfg.setting})
-
-                released = ledger.spend(f"stage-{i + 1}", label_event(cfg, plan.sizes[i], num_classes), draw)
-                labels = torch.as_tensor(released).long()
-                label_log.append(_label_stats(i, prior, protected, labels, truth, threshold, cfg))
-
-                if cfg.student_data == "cumulative" and i > 0:
-                    prev = [stage_inputs(j) for j in range(i)]
-                    all_images = torch.cat([p[0] for p in prev] + [images])
-                    all_labels = torch.cat([recorded(j) for j in range(i)] + [labels])
-                    loss = train_student(i, all_images, all_labels)
-                else:
-                    loss = train_student(i, images, labels)
-                entry = {"stage": i + 1, "train_loss": round(loss, 5),
-                         "label_accuracy_vs_teacher" if not label_dp else "label_accuracy_vs_truth":
-                             label_log[-1]["correct"]}
-                if gen_opt is not None:
-                    entry["finetune_loss"] = round(finetune_generator(i, labels), 5)
-                if (i + 1) % eval_every == 0 or i + 1 == cfg.stages:
-                    entry["test_accuracy"] = round(evaluate(student, data.test, env), 4)
-                history.append(entry)
-                run.log(stage_name="srr", **entry)
-                save(i + 1)
-                bar.advance(1, acc=entry.get("test_accuracy"))
-    except BudgetExceededError as err:  # cannot happen after check_can_start, unless the ledger was edited
-        stopped = str(err)
-        raise
-    finally:
-        if bn is not None:
-            bn.remove()
-
-    loop_seconds = elapsed + time.perf_counter() - t0
-    if cfg.final_epochs > 0:
-        all_images = torch.cat([stage_inputs(j)[0] for j in range(cfg.stages)])
-        all_labels = torch.cat([recorded(j) for j in range(cfg.stages)])
-        final_cfg = ClassifierTraining(model=cfg.student_for_setting, epochs=cfg.final_epochs,
-                                       batch_size=cfg.batch_size, optimizer=cfg.optimizer, lr=cfg.lr * 0.1,
-                                       momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                       lr_schedule=cfg.lr_schedule, augment=cfg.augment, eval_every_epochs=1e9)
-        union = ImageDataset(all_images, all_labels, num_classes, name="srr labelled union")
-        train_classifier(student, union, cfg=final_cfg, env=env, run=run, checkpoint="srr-final-checkpoint",
-                         description="srr final epochs")
-
-    accuracy = evaluate(student, data.test, env)
-    run.save_weights("student", student)
-    if generator is not None:
-        run.save_weights("generator", generator)
-    if synthetic_dir.exists() and not cfg.keep_synthetic:
-        shutil.rmtree(synthetic_dir, ignore_errors=True)
-
-    both = ledger.epsilon_both()
-    eps_paper, eps_strict = both["paper"].value, both["strict"].value
-    artifacts = srr_pathways(setting=cfg.setting)
-    if label_dp:  # no generator is trained or released in the label-DP setting
-        artifacts = {"student": artifacts["student"]}
-    noise = noise_source(cfg.secure_noise, "srr.secure_noise")
-    write_privacy_json(run.path, artifacts, method="srr", noise=noise,
-                       extra={"setting": cfg.setting, "mechanism": cfg.mechanism, "epsilon_per_label": cfg.epsilon,
-                              "delta": cfg.delta, "labels": total})
-    correct = sum(s["correct"] * s["count"] for s in label_log) / max(1, sum(s["count"] for s in label_log))
-    label_field = "label_accuracy_vs_truth" if label_dp else "label_accuracy_vs_teacher"
-    summary_fields = dict(
-        noise_secure=noise["secure"],
-        test_accuracy=round(accuracy, 4), baseline_accuracy=round(teacher_accuracy, 4),
-        epsilon_paper=_num(eps_paper), epsilon_strict=_num(eps_strict), delta=cfg.delta,
-        not_covered=[p.via for p in artifacts["student"] if not p.covered],
-        target_epsilon=cfg.epsilon, variant=variant if variant is not None else default_variant(cfg),
-        setting=cfg.setting, mechanism=cfg.mechanism, stages=cfg.stages, num_labels=total,
-        threshold=threshold, student_model=cfg.student_for_setting, teacher_model=teacher_cfg.model,
-        **{label_field: round(correct, 4)},
-        mean_candidate_set_size=round(sum(s["mean_set_size"] * s["count"] for s in label_log) / max(1, total), 3),
-        teacher_label_in_set=round(sum(s["label_in_set"] * s["count"] for s in label_log) / max(1, total), 4),
-        relation=both["strict"].relation,
-        privacy=_privacy_note(cfg, total),
-        epsilon_note=("epsilon_paper: pure epsilon-label-DP per label (delta = 0), no composition over labels, "
-                      "as the paper states; epsilon_strict: (epsilon, delta) for the private training set "
-                      + ("under 'change one record's label' (each label released once)" if label_dp else
-                         f"composed over all {total} labels drawn from one teacher (replace-one)")
-                      + "; neither covers the teacher -> generator -> synthetic-input pathway" * (not label_dp)),
-        label_accuracy_note=("evaluation only: comparing released labels with the "
-                             + ("true labels" if label_dp else "teacher's labels")
-                             + " reads private information and is not covered by any epsilon"),
-        max_epsilon=max_epsilon, accounting=accounting, stages_used=stage_refs,
-        loop_seconds=round(loop_seconds, 1), history=history[-12:],
-        label_stats_first_last=[label_log[0], label_log[-1]] if label_log else [],
-        config={k: v for k, v in to_plain(cfg).items()},
-        stopped=stopped)
-    wall = elapsed + (time.perf_counter() - started)  # earlier invocations' loop time + this invocation
-    # the last checkpoint stays: resuming a finished run re-evaluates it without training again
-    return finish_run(prep, request, method="srr", wall_seconds=wall, **summary_fields)
-
-
 def _label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: torch.Tensor,
-                 truth: torch.Tensor | None, threshold: float, cfg: SRRConfig) -> dict[str, Any]:
-    """Evaluation-only statistics of one stage's labels (they read the protected labels)."""
-    if cfg.mechanism == "srr":
-        in_set = prior > threshold
-        small = in_set.sum(1) < 2
-        if bool(small.any()):
-            top2 = torch.zeros_like(in_set).scatter_(1, torch.topk(prior, 2, dim=1).indices, True)
-            in_set = torch.where(small[:, None], top2, in_set)
-    elif cfg.mechanism == "rr-prior":
-        in_set = rr_with_prior_sets(prior, cfg.epsilon)
-    else:
-        in_set = torch.ones_like(prior, dtype=torch.bool)
+                 truth: torch.Tensor | None, in_set: torch.Tensor) -> dict[str, Any]:
+    """Evaluation-only statistics of stage i's labels (they read the protected labels; `in_set`: the
+    mechanism's candidate sets I)."""
     target = truth if truth is not None else protected
     return {"stage": i + 1, "count": int(len(labels)),
             "correct": round(float((labels == target).float().mean()), 5),
@@ -590,35 +299,29 @@ def _label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: t
             "prior_top1_agrees": round(float((prior.argmax(1) == protected).float().mean()), 5)}
 
 
-def _num(x: float) -> float | str:
-    return "inf" if math.isinf(x) else round(x, 6)
-
-
-def _privacy_note(cfg: SRRConfig, total: int) -> str:
-    if cfg.setting == "label-dp":
-        return (f"label-DP: each of {total} private records' label released once by {cfg.mechanism} at "
-                f"epsilon {cfg.epsilon:g}; the private inputs are used as they are (not protected)")
-    return (f"{total} labels by {cfg.mechanism} at epsilon {cfg.epsilon:g} each from one non-private teacher; "
-            "the teacher and the generator (trained against it) are not covered by any epsilon")
-
-
 # ======================================================================================== Python API
 class SRR(MethodAPI):
-    """`SRR(epsilon=1).fit("mnist")` -> Released(student, generator, summary, privacy).
+    """`SRR(epsilon=1).fit("mnist")` -> RunResult(student, generator, summary, privacy).
 
-    Keywords go to the `srr` section (`setting="label-dp"`, `mechanism="rr"`, `stages=40`, ...); anything
-    else through `overrides=["srr_generator.rounds=32", ...]`. ``max_epsilon`` under ``accounting`` ("paper": per
-    label, or "strict") refuses a run whose planned labels would spend more.
+    ``epsilon`` is the target under ``accounting`` (default strict: the whole run; "paper": per label),
+    ``max_epsilon`` the hard limit (default: the target) and ``delta`` the strict δ (section `budget`). Other
+    keywords go to the `srr` section (`setting="label-dp"`, `mechanism="rr"`, `stages=40`, `variant=...`);
+    anything else through `overrides=["srr_generator.rounds=32", ...]`.
     """
 
     section = "srr"
 
     def __init__(self, dataset: str | None = None, *, epsilon: float | None = None, max_epsilon: float | None = None,
-                 accounting: str = "paper", cache: bool = True, variant: str | None = None, **options: Any):
-        super().__init__(dataset, epsilon=epsilon, **options)
-        self.max_epsilon, self.accounting, self.cache, self.variant = max_epsilon, accounting, cache, variant
+                 delta: float | None = None, accounting: str | None = None, cache: bool = True, **options: Any):
+        super().__init__(dataset, **options)
+        budget = {"epsilon": epsilon, "max_epsilon": max_epsilon, "delta": delta, "accounting": accounting}
+        self.overrides.update({f"budget.{key}": value for key, value in budget.items() if value is not None})
+        self.cache = cache
 
-    def fit(self, dataset: str | None = None) -> Released:
-        summary = train_srr(self.request(dataset), max_epsilon=self.max_epsilon, accounting=self.accounting,
-                            cache=self.cache, variant=self.variant)
-        return Released.from_run(summary)
+    def fit(self, dataset: str | None = None) -> RunResult:
+        return SRRMethod().run(self.request(dataset), cache=self.cache)
+
+
+def train_srr(request: RunRequest, *, cache: bool = True) -> RunResult:
+    """Run SRR end to end (the Python API behind `privdistill srr`); ε and δ are the request's `budget` section."""
+    return SRRMethod().run(request, cache=cache)

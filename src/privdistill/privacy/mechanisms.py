@@ -40,6 +40,11 @@ __all__ = [
     "confident_gnmax",
     "randomized_response",
     "selective_randomized_response",
+    "srr_candidate_sets",
+    "rr_with_prior_sets",
+    "rr_on_sets",
+    "candidate_sets",
+    "release_labels",
     "normalize_and_noise",
     "normalize_and_noise_multi",
     "laplace_latent_perturbation",
@@ -244,26 +249,91 @@ def selective_randomized_response(student_probs: torch.Tensor, teacher_labels: t
     if labels.device != student_probs.device:
         raise PrivacyError("selective_randomized_response: teacher labels and student_probs are on different devices")
 
-    dev = student_probs.device
-    in_set = student_probs > t
+    return rr_on_sets(srr_candidate_sets(student_probs, t), labels, epsilon=epsilon, generator=generator)
+
+
+# ------------------------------------------------------------ randomized response on candidate sets
+# SRR, plain k-RR and RRWithPrior are one family: k-RR restricted to a candidate set I chosen without looking
+# at the label, uniform on I if the label is not in I (plain RR: I = all K classes). Each released label is
+# eps-DP in the label it hides whatever I is (docs/privacy.md, SRR strict).
+LABEL_MECHANISMS = ("srr", "rr", "rr-prior")
+
+
+def srr_candidate_sets(student_probs: torch.Tensor, threshold: float) -> torch.Tensor:
+    """SRR's I per row: {k : y_s[k] > t}, or the two largest y_s when fewer than two pass. [N, K] bool."""
+    in_set = student_probs > threshold
     small = in_set.sum(dim=1) < 2
     if bool(small.any()):
         top2 = torch.topk(student_probs, 2, dim=1).indices
         top2_mask = torch.zeros_like(in_set).scatter_(1, top2, True)
         in_set = torch.where(small[:, None], top2_mask, in_set)
-    k = in_set.sum(dim=1).to(torch.float64)  # |I| >= 2
+    return in_set
+
+
+def rr_with_prior_sets(prior: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """RRWithPrior's candidate sets (Ghazi et al., NeurIPS 2021, Alg. 2): the top-k* classes of the prior with
+    k* = argmax_k e^eps/(e^eps + k - 1) * sum_{j in top k} prior_j (ties: the smallest k). [N, K] bool."""
+    n, k_classes = prior.shape
+    sorted_p, order = torch.sort(prior.double(), dim=1, descending=True, stable=True)
+    ks = torch.arange(1, k_classes + 1, dtype=torch.float64, device=prior.device)
+    weight = 1.0 / (1.0 + (ks - 1.0) * math.exp(-epsilon))
+    objective = sorted_p.cumsum(dim=1) * weight
+    k_star = objective.argmax(dim=1) + 1  # argmax returns the first maximum: the smallest k
+    rank_mask = ks[None, :] <= k_star[:, None].double()
+    return torch.zeros_like(rank_mask).scatter_(1, order, rank_mask)
+
+
+def rr_on_sets(in_set: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
+               generator: torch.Generator) -> torch.Tensor:
+    """k-RR restricted to a candidate set per row: ``in_set`` [N, K] bool (at least one True per row),
+    ``labels`` [N]. If the label is in I (k = |I|): keep it with probability e^eps/(e^eps + k - 1), else a
+    uniform other member of I; if the label is not in I: a uniform member of I. eps-DP in the label whenever
+    I does not depend on it."""
+    n, k_classes = in_set.shape
+    if n == 0 or not bool(in_set.any(dim=1).all()):
+        raise PrivacyError("rr_on_sets: every row needs a non-empty candidate set")
+    labels = labels.long()
+    k = in_set.sum(dim=1).to(torch.float64)
     y_in = in_set.gather(1, labels[:, None]).squeeze(1)
-    # P(return y | y in I) = e^eps / (e^eps + k - 1), computed stably
-    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))
-    u = torch.rand((n,), generator=generator, device=dev, dtype=torch.float64)
-    keep = y_in & (u < p_keep)
+    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))  # e^eps/(e^eps + k - 1), stable; 1 when k = 1
+    dev = in_set.device  # draws on the generator's device, then moved: any device pairing works
+
+    def uniform(*shape):
+        return torch.rand(shape, generator=generator, dtype=torch.float64, device=generator.device).to(dev)
+
+    keep = y_in & (uniform(n) < p_keep)
     # a uniform member of I \ {y} (if y in I) or of I (if not): argmax of iid uniforms on the allowed set
     allowed = in_set.clone()
     allowed[torch.arange(n, device=dev), labels] &= ~y_in
-    scores = torch.rand((n, k_classes), generator=generator, device=dev, dtype=torch.float64)
+    scores = uniform(n, k_classes)
     scores = torch.where(allowed, scores, torch.full_like(scores, -1.0))
     other = scores.argmax(dim=1)
+    # k = 1 and y in I: kept with probability 1 (allowed is empty, `other` is never used)
     return torch.where(keep, labels, other)
+
+
+def candidate_sets(mechanism: str, prior: torch.Tensor, *, epsilon: float, threshold: float) -> torch.Tensor:
+    """The set I each label mechanism draws from, given the prior [N, K] (evaluation statistics read it)."""
+    if mechanism == "srr":
+        return srr_candidate_sets(prior, threshold)
+    if mechanism == "rr-prior":
+        return rr_with_prior_sets(prior, epsilon)
+    if mechanism == "rr":
+        return torch.ones_like(prior, dtype=torch.bool)
+    raise PrivacyError(f"label mechanism must be one of {LABEL_MECHANISMS}, got {mechanism!r}")
+
+
+def release_labels(mechanism: str, prior: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
+                   threshold: float | None, generator: torch.Generator) -> torch.Tensor:
+    """The labels one use of a label mechanism releases: ``prior`` = the student's softmax [N, K] (SRR's y_s),
+    ``labels`` = the label the mechanism protects (a teacher's argmax, or the true label under label-DP)."""
+    if mechanism == "srr":
+        return selective_randomized_response(prior, labels, epsilon=epsilon, threshold=threshold, generator=generator)
+    if mechanism == "rr":
+        return randomized_response(labels, num_classes=prior.shape[1], epsilon=epsilon, generator=generator)
+    if mechanism == "rr-prior":
+        return rr_on_sets(rr_with_prior_sets(prior, epsilon), labels, epsilon=epsilon, generator=generator)
+    raise PrivacyError(f"label mechanism must be one of {LABEL_MECHANISMS}, got {mechanism!r}")
 
 
 # ------------------------------------------------------------------------------------------- DPDFD

@@ -130,6 +130,27 @@ def srr_pathways(*, setting: str = "data-free") -> dict[str, list[Pathway]]:
     }
 
 
+def srr_notes(*, setting: str, mechanism: str, labels: int, epsilon: float) -> dict[str, str]:
+    """SRR's summary notes: what its ε covers, and that comparing its labels with the protected ones is not
+    covered (`epsilon`: per label)."""
+    label_dp = setting == "label-dp"
+    if label_dp:
+        privacy = (f"label-DP: each of {labels} private records' label released once by {mechanism} at "
+                   f"epsilon {epsilon:g}; the private inputs are used as they are (not protected)")
+    else:
+        privacy = (f"{labels} labels by {mechanism} at epsilon {epsilon:g} each from one non-private teacher; "
+                   "the teacher and the generator (trained against it) are not covered by any epsilon")
+    return {"privacy": privacy,
+            "epsilon_note": ("epsilon_paper: pure epsilon-label-DP per label (delta = 0), no composition over labels, "
+                             "as the paper states; epsilon_strict: (epsilon, delta) for the private training set "
+                             + ("under 'change one record's label' (each label released once)" if label_dp else
+                                f"composed over all {labels} labels drawn from one teacher (replace-one)")
+                             + "; neither covers the teacher -> generator -> synthetic-input pathway" * (not label_dp)),
+            "label_accuracy_note": ("evaluation only: comparing released labels with the "
+                                    + ("true labels" if label_dp else "teacher's labels")
+                                    + " reads private information and is not covered by any epsilon")}
+
+
 def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
     """PATE baselines: public unlabelled inputs labelled by the private ensemble."""
     return {"student": [

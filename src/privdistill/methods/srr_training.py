@@ -1,0 +1,229 @@
+"""The models and steps SRR's stage loop is written with (methods/srr.py, `SRRMethod.train`).
+
+`SRRTraining` holds one run's teacher φt, generator φg and student φs with their optimisers, the resumable
+stage loop (one step per stage, checkpoint "srr-checkpoint") and the operations of a stage: its inputs D̃(i),
+the student's steps on (D̃(i), L_i), the generator's fine-tuning. Every random draw derives from the run's seed
+and (stage, epoch, step) counters (engine/streams.py, SRR_*), so a run killed at any point and resumed replays
+the same stages; the labels of a stage come from the privacy ledger once drawn (never drawn twice).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from privdistill.atomic import atomic_torch_save
+from privdistill.config import ClassifierTraining, to_plain
+from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.engine import streams
+from privdistill.engine.augment import augment_batch
+from privdistill.engine.datafree import BatchNormStatistics, GeneratorTraining, datafree_loss, generate
+from privdistill.engine.loop import TrainingLoop
+from privdistill.engine.optim import make_optimizer, make_schedule
+from privdistill.engine.trainer import evaluate, train_classifier
+from privdistill.methods.runner import Context, Plan
+from privdistill.models import create_model
+from privdistill.privacy.ledger import PrivacyLedger
+
+if TYPE_CHECKING:
+    from privdistill.methods.srr import SRRConfig, StageSchedule
+
+CHECKPOINT = "srr-checkpoint"
+
+
+def stage_key(i: int) -> str:
+    """The ledger key of stage i's (0-based) labels."""
+    return f"stage-{i + 1}"
+
+
+class SRRTraining:
+    """One SRR run's models, optimisers, stage loop and stage operations."""
+
+    def __init__(self, ctx: Context, plan: Plan, ledger: PrivacyLedger):
+        self.cfg: SRRConfig = ctx.section("srr")
+        self.env, self.data, self.run, self.ledger = ctx.env, ctx.data, ctx.run, ledger
+        self.epsilon, self.threshold = plan.details["epsilon_per_label"], plan.details["threshold"]
+        self.schedule: StageSchedule = plan.details["schedule"]
+        self.events = plan.details["events"]  # stage i's label event
+        self.label_dp = self.cfg.setting == "label-dp"
+        self.label_field = "label_accuracy_vs_truth" if self.label_dp else "label_accuracy_vs_teacher"
+        self._build_models(ctx)
+        # label-dp: the order in which the private records are labelled (chunk i at stage i)
+        self.order = (torch.randperm(len(self.data.train), generator=self.env.generator(streams.SRR_ORDER))
+                      [:sum(self.schedule.sizes)] if self.label_dp else None)
+        self.synthetic_dir = self.run.path / "synthetic"
+        self.loop = TrainingLoop(
+            steps=self.cfg.stages, env=self.env, run=self.run, checkpoint=CHECKPOINT, log_stage="srr",
+            title=f"srr {self.cfg.setting} ({self.cfg.mechanism}, ε={self.epsilon:g} per label)",
+            modules={"student": self.student, "generator": self.generator},
+            optimizers={"student": self.optimizer, "generator": self.generator_optimizer},
+            schedules={"student": self.lr_schedule}, checkpoint_every=1, round_parts=5,
+            eval_every=self.cfg.eval_every_stages or max(1, self.cfg.stages // 10),
+            evaluate=lambda: {"test_accuracy": round(evaluate(self.student, self.data.test, self.env), 4)},
+            extra={"labels": []})  # each stage's label statistics (SRRMethod.train), resumed with the loop
+
+    def _build_models(self, ctx: Context) -> None:
+        cfg, env, data = self.cfg, self.env, self.data
+        generator_cfg: GeneratorTraining = ctx.section("srr_generator")
+        teacher_cfg: ClassifierTraining = ctx.section("srr_teacher")
+        self.teacher_model = teacher_cfg.model
+        self.teacher, teacher_stage = ctx.stages.baseline(teacher_cfg)
+        self.teacher_accuracy = float(teacher_stage.info().get("test_accuracy")
+                                      or evaluate(self.teacher, data.test, env))
+        self.generator = generator_stage = None
+        if not self.label_dp:
+            self.generator, generator_stage = ctx.stages.generator(self.teacher, teacher_stage.key, generator_cfg)
+            self.generator = env.place(self.generator)
+        self.teacher.requires_grad_(False)  # fixed: labels (data-free) and the optional Eq. 2 fine-tuning term
+        self.stages_used = {name: {**stage.ref(), "build_seconds": stage.info().get("build_seconds")}
+                            for name, stage in (("teacher", teacher_stage), ("generator", generator_stage))
+                            if stage is not None}
+
+        torch.manual_seed(env.generator(streams.SRR_INIT).initial_seed())
+        self.student = env.place(create_model(cfg.student_for_setting, kind="classifier", in_channels=data.channels,
+                                              num_classes=data.num_classes, image_size=data.image_size[0]))
+        self.optimizer = make_optimizer(self.student.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
+                                        weight_decay=cfg.weight_decay)
+        self.lr_schedule = make_schedule(self.optimizer, cfg.lr_schedule, sum(self.schedule.steps))
+        finetune = self.generator is not None and cfg.finetune != "none" and cfg.finetune_steps > 0
+        self.generator_optimizer = (make_optimizer(self.generator.parameters(), "adam", lr=cfg.finetune_lr)
+                                    if finetune else None)
+        # kd+srr: Eq. 2's BN-statistics term reads hooks on the teacher's BatchNorm layers (removed by close)
+        self.bn = BatchNormStatistics(self.teacher) if finetune and cfg.finetune == "kd+srr" else None
+        self.alpha, self.beta = generator_cfg.weights
+
+    # ------------------------------------------------------------------------------------ stage data
+    def inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Stage i's (0-based) uint8 inputs D̃(i), the label the mechanism protects when it needs no teacher
+        (label-dp: the true label) and the true label when known (evaluation only)."""
+        if self.label_dp:
+            start = sum(self.schedule.sizes[:i])
+            idx = self.order[start:start + self.schedule.sizes[i]]
+            return self.data.train.images[idx], self.data.train.labels[idx], self.data.train.labels[idx]
+        # saved before the labels are drawn: a resumed run labels and trains on exactly these images
+        path = self.synthetic_dir / f"stage-{i + 1:04d}.pt"
+        if path.is_file():
+            return torch.load(path, map_location="cpu", weights_only=True), None, None
+        images = generate(self.generator, self.schedule.sizes[i], self.env, latents=self.latents(i))
+        atomic_torch_save(path, images)
+        return images, None, None
+
+    def latents(self, i: int) -> torch.Tensor:
+        """z_i: stage i's latent codes (the same codes again for the generator's fine-tuning)."""
+        return torch.randn(self.schedule.sizes[i], self.generator.latent_dim,
+                           generator=self.env.generator(streams.SRR_LATENT, i))
+
+    def recorded(self, i: int) -> torch.Tensor:
+        """Stage i's released labels, read back from the ledger: never drawn here."""
+        def not_drawn():
+            raise RuntimeError(f"stage {i + 1}'s labels are not in the ledger")
+
+        return torch.as_tensor(self.ledger.spend(stage_key(i), self.events[i], not_drawn)).long()
+
+    def student_data(self, i: int, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What φs trains on at stage i: (D̃(i), L_i), or (cumulative) every stage labelled so far."""
+        return self.labelled_union(i + 1) if self.cfg.student_data == "cumulative" else (images, labels)
+
+    def labelled_union(self, stages: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs and recorded labels of the first `stages` stages."""
+        return (torch.cat([self.inputs(j)[0] for j in range(stages)]),
+                torch.cat([self.recorded(j) for j in range(stages)]))
+
+    # ---------------------------------------------------------------------------------------- steps
+    def train_student(self, i: int, images: torch.Tensor, labels: torch.Tensor) -> float:
+        """φs's steps at stage i, in seeded epochs over (images, labels) with L_kd (Eq. 3); the mean loss."""
+        cfg, env, student = self.cfg, self.env, self.student
+        student.train()
+        m, b, losses = len(images), self.schedule.batch[i], []
+        per_epoch = math.ceil(m / b)
+        for step in range(self.schedule.steps[i]):
+            epoch, position = divmod(step, per_epoch)
+            perm = torch.randperm(m, generator=env.generator(streams.SRR_EPOCH, i, epoch))
+            idx = perm[position * b:(position + 1) * b]
+            x = to_float(images[idx])
+            if cfg.augment != "none":
+                x = augment_batch(x, cfg.augment, env.generator(streams.SRR_AUGMENT, i, step))
+            x, y = env.place_batch(x), labels[idx].to(env.device)
+            with env.autocast():
+                logits = student(x)
+            loss = F.cross_entropy(logits.float(), y)  # Eq. 3's KL(onehot(label) ‖ softmax(student)) = cross-entropy
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.lr_schedule.step()
+            losses.append(float(loss.detach()))
+        return sum(losses) / len(losses)
+
+    def finetune_generator(self, i: int, labels: torch.Tensor) -> float:
+        """Fine-tune φg on stage i: L_kd (Eq. 3) of the fixed student on φg(z_i) against the stage's labels, with
+        respect to θg (kd+srr: plus Eq. 2 against the teacher); the mean loss."""
+        z_all, student, generator, env = self.latents(i), self.student, self.generator, self.env
+        student.eval()
+        student.requires_grad_(False)
+        generator.train()
+        losses = []
+        try:
+            for step in range(self.cfg.finetune_steps):
+                b = min(self.cfg.finetune_batch_size, len(z_all))
+                idx = torch.randperm(len(z_all), generator=env.generator(streams.SRR_FINETUNE, i, step))[:b]
+                if self.bn is not None:
+                    self.bn.losses = []  # drop the statistics the teacher's labelling passes left in the hooks
+                with env.autocast():
+                    x = generator(z_all[idx].to(env.device))
+                    loss = F.cross_entropy(student(x).float(), labels[idx].to(env.device))
+                    if self.bn is not None:
+                        loss = loss + datafree_loss(self.teacher, x, "srr", self.alpha, self.beta, self.bn)[0]
+                self.generator_optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.generator_optimizer.step()
+                losses.append(float(loss.detach()))
+        finally:
+            student.requires_grad_(True)
+            student.train()
+        return sum(losses) / max(1, len(losses))
+
+    def train_final_epochs(self) -> None:
+        """`final_epochs` more epochs on the union of every stage's recorded labels, at a tenth of the rate."""
+        cfg = self.cfg
+        images, labels = self.labelled_union(cfg.stages)
+        final = ClassifierTraining(model=cfg.student_for_setting, epochs=cfg.final_epochs, batch_size=cfg.batch_size,
+                                   optimizer=cfg.optimizer, lr=cfg.lr * 0.1, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay, lr_schedule=cfg.lr_schedule, augment=cfg.augment,
+                                   eval_every_epochs=1e9)
+        union = ImageDataset(images, labels, self.data.num_classes, name="srr labelled union")
+        train_classifier(self.student, union, cfg=final, env=self.env, run=self.run, checkpoint="srr-final-checkpoint",
+                         description="srr final epochs")
+
+    # ---------------------------------------------------------------------------------- bookkeeping
+    def close(self) -> None:
+        if self.bn is not None:
+            self.bn.remove()
+
+    def remove_synthetic(self) -> None:
+        """The stage images are kept for a resume only (unless `keep_synthetic`)."""
+        if self.synthetic_dir.exists() and not self.cfg.keep_synthetic:
+            shutil.rmtree(self.synthetic_dir, ignore_errors=True)
+
+    def summary_fields(self, loop_seconds: float) -> dict[str, Any]:
+        """The run's SRR fields of summary.json (label statistics are evaluation only: see label_accuracy_note)."""
+        cfg, log = self.cfg, self.loop.extra["labels"]
+        count = max(1, sum(s["count"] for s in log))
+
+        def mean(key: str) -> float:  # over all labels, weighting each stage by its label count
+            return sum(s[key] * s["count"] for s in log) / count
+
+        return dict(epsilon_per_label=self.epsilon,
+                    variant=cfg.variant if cfg.variant is not None else cfg.default_variant,
+                    setting=cfg.setting, mechanism=cfg.mechanism, stages=cfg.stages,
+                    num_labels=sum(self.schedule.sizes), threshold=self.threshold,
+                    student_model=cfg.student_for_setting, teacher_model=self.teacher_model,
+                    **{self.label_field: round(mean("correct"), 4)},
+                    mean_candidate_set_size=round(mean("mean_set_size"), 3),
+                    teacher_label_in_set=round(mean("label_in_set"), 4), stages_used=self.stages_used,
+                    loop_seconds=round(loop_seconds, 1), history=self.loop.history[-12:],
+                    label_stats_first_last=[log[0], log[-1]] if log else [], config=to_plain(cfg),
+                    stopped=None)  # kept for readers of summary.json: a budget error mid-run propagates instead
