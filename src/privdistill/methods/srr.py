@@ -71,7 +71,7 @@ from privdistill.methods.runner import Budget, Context, Method, Plan, Report, Ru
 from privdistill.methods.srr_training import SRRTraining, stage_key
 from privdistill.privacy.calibration import calibrate_noise
 from privdistill.privacy.events import RRLabels, SRRLabels
-from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
+from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.mechanisms import LABEL_MECHANISMS, candidate_sets, make_generator, release_labels
 from privdistill.privacy.report import srr_notes, srr_pathways
 
@@ -203,7 +203,7 @@ class SRRMethod(Method):
     name = "srr"
     sections = {"srr_teacher": ClassifierTraining, "srr_generator": GeneratorTraining, "srr": SRRConfig}
 
-    def plan(self, ctx: Context, ledger: PrivacyLedger) -> Plan:
+    def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         """The label events of the stages not yet in the ledger, at the per-label ε the budget allows."""
         cfg: SRRConfig = ctx.section("srr")
         generator_loss = ctx.section("srr_generator").loss
@@ -221,7 +221,7 @@ class SRRMethod(Method):
             f"epsilon per label {epsilon:.6g}: the largest whose strict epsilon for all {total} labels fits the "
             f"target {ctx.budget.epsilon:g}"]
         threshold = cfg.threshold if cfg.threshold is not None else 1.0 / (2 * num_classes)
-        return Plan(remaining=[event for i, event in enumerate(events) if stage_key(i) not in ledger], notes=notes,
+        return Plan(remaining=[event for i, event in enumerate(events) if stage_key(i) not in recorded], notes=notes,
                     details={"epsilon_per_label": epsilon, "num_labels": total, "threshold": threshold,
                              "schedule": schedule, "events": events})
 
