@@ -311,11 +311,8 @@ class SRR(MethodAPI):
 
     section = "srr"
 
-    def __init__(self, dataset: str | None = None, *, epsilon: float | None = None, max_epsilon: float | None = None,
-                 delta: float | None = None, accounting: str | None = None, cache: bool = True, **options: Any):
-        super().__init__(dataset, **options)
-        budget = {"epsilon": epsilon, "max_epsilon": max_epsilon, "delta": delta, "accounting": accounting}
-        self.overrides.update({f"budget.{key}": value for key, value in budget.items() if value is not None})
+    def __init__(self, dataset: str | None = None, *, cache: bool = True, **options: Any):
+        super().__init__(dataset, **options)  # epsilon, max_epsilon, delta, accounting: the budget section
         self.cache = cache
 
     def fit(self, dataset: str | None = None) -> RunResult:
