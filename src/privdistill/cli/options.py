@@ -46,7 +46,8 @@ class Accounting(str, Enum):
 
 # The budget, the same for every private method (section `budget`, see methods/runner.py: Budget).
 Epsilon = Annotated[Optional[float], typer.Option(
-    "--epsilon", "-e", help="target ε under --accounting (budget.epsilon): the method sizes its plan to fit it")]
+    "--epsilon", "-e", help="target ε under --accounting (budget.epsilon): the method sizes its plan (queries, "
+                            "steps, noise, per-label ε) so that the run fits it")]
 Delta = Annotated[Optional[float], typer.Option("--delta", help="δ (budget.delta, default 1e-5)")]
 MaxEpsilon = Annotated[Optional[float], typer.Option(
     "--max-epsilon", help="hard limit the privacy ledger enforces (budget.max_epsilon; default: the target)")]

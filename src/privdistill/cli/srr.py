@@ -20,26 +20,15 @@ class Mechanism(str, Enum):
     rr_prior = "rr-prior"
 
 
+@o.run_command
 def srr_command(
-    dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None,
-    set_: o.Overrides = None, run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
-    seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
-    no_progress: o.NoProgress = False,
-    epsilon: Annotated[Optional[float], typer.Option(
-        "--epsilon", "-e", help="target epsilon (budget.epsilon): per label with --accounting paper (the paper's "
-        "epsilon), of the whole run with strict (the per-label epsilon is calibrated to fit it)",
-    )] = None,
-    delta: Annotated[
-        Optional[float], typer.Option("--delta", help="delta of the strict (epsilon, delta) (budget.delta)")
-    ] = None,
-    max_epsilon: Annotated[Optional[float], typer.Option(
-        "--max-epsilon", help="hard budget under --accounting (budget.max_epsilon; default: the target); refuse to "
-        "start (or stop) above it",
-    )] = None,
-    accounting: Annotated[Optional[o.Accounting], typer.Option(
-        "--accounting", help="paper or strict (budget.accounting, default strict): what --epsilon and --max-epsilon "
-        "limit",
-    )] = None,
+    run: o.RunArgs,
+    # the target is per label with --accounting paper (the paper's ε), of the whole run with strict (the
+    # per-label ε is calibrated to fit it)
+    epsilon: o.Epsilon = None,
+    delta: o.Delta = None,
+    max_epsilon: o.MaxEpsilon = None,
+    accounting: o.BudgetAccounting = None,
     setting: Annotated[
         Optional[o.SRRSetting],
         typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)"),
@@ -67,13 +56,10 @@ def srr_command(
     """
     from privdistill.methods.srr import train_srr
 
-    extra = {**o.section_overrides("budget", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
-                                   accounting=accounting and accounting.value),
+    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
              **o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
                                    stages=stages, num_samples=samples, variant=variant)}
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
-                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
-                            precision=precision, data_root=data_root, no_progress=no_progress)
+    request = run.request(extra)
     summary = train_srr(request, cache=not no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
     field = "label_accuracy_vs_truth" if summary["setting"] == "label-dp" else "label_accuracy_vs_teacher"
