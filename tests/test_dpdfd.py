@@ -299,8 +299,8 @@ def test_python_api_distils_an_in_memory_teacher(tiny_npz, tmp_path, cache):
 
 
 def test_unreadable_teacher_files_are_clear_errors(tmp_path):
+    from privdistill.engine.teachers import TeacherSpec, load_teacher
     from privdistill.errors import ModelError
-    from privdistill.methods.dpdfd import TeacherSpec, load_teacher
 
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a pickle at all")
