@@ -21,15 +21,13 @@ from privdistill.methods.dkd import logit_gradients, teacher_loss
 from privdistill.methods.dpdfd import (
     DPDFDConfig,
     auto_variant,
-    clip_and_noise,
     plan_steps,
-    privatise,
     run_dpdfd,
     student_loss,
 )
 from privdistill.privacy import both
 from privdistill.privacy.events import DPDFDSteps
-from privdistill.privacy.mechanisms import make_generator, normalize_and_noise
+from privdistill.privacy.mechanisms import clip_and_noise, make_generator, normalize_and_noise, privatise
 
 # A DPDFD run small enough for a test: small CNNs, a narrow generator, B = 32.
 TINY = ["baseline.model=small-cnn", "baseline.epochs=3", "baseline.batch_size=32", "baseline.lr=0.003",
@@ -109,7 +107,8 @@ def test_l2_student_loss_backpropagates_exactly_gamma_times_the_noisy_gradient()
 def test_mechanism_normalise_matches_privacy_module_and_clip_bounds_norms():
     grads = torch.randn(16, 10) * torch.logspace(-4, 1, 16)[:, None]
     cfg = DPDFDConfig()
-    a = privatise(grads, cfg, 1e-3, 100.0, make_generator(3))
+    a = privatise(grads, operation=cfg.operation, clip_norm=1e-3, sigma=100.0, stability=cfg.stability,
+                  granularity=cfg.granularity, generator=make_generator(3))
     b = normalize_and_noise(grads, clip_norm=1e-3, sigma=100.0, stability=1e-4, generator=make_generator(3))
     assert torch.equal(a, b)
     # clipping: tiny gradients keep their size, big ones are cut to C; with negligible noise we see them
@@ -118,7 +117,8 @@ def test_mechanism_normalise_matches_privacy_module_and_clip_bounds_norms():
     small = grads.norm(dim=1) < 0.1
     assert torch.allclose(norms[small], grads.norm(dim=1)[small], rtol=1e-5)
     assert torch.allclose(norms[~small], torch.full_like(norms[~small], 0.1), rtol=1e-5)
-    multi = privatise(torch.randn(3, 16, 10), DPDFDConfig(operation="clip"), 0.1, 1.0, make_generator(1))
+    multi = privatise(torch.randn(3, 16, 10), operation="clip", clip_norm=0.1, sigma=1.0, stability=1e-4,
+                      granularity="per_sample", generator=make_generator(1))
     assert multi.shape == (16, 10)
 
 

@@ -77,12 +77,7 @@ from privdistill.models import create_model
 from privdistill.privacy import calibration
 from privdistill.privacy.events import DPDFDSteps
 from privdistill.privacy.ledger import PrivacyLedger
-from privdistill.privacy.mechanisms import (
-    gaussian_noise,
-    make_generator,
-    normalize_and_noise,
-    normalize_and_noise_multi,
-)
+from privdistill.privacy.mechanisms import make_generator, privatise
 from privdistill.privacy.report import PRIVATE, Pathway, dpdfd_pathways, noise_source, write_privacy_json
 
 # random streams (see Env.generator)
@@ -197,42 +192,11 @@ def auto_variant(cfg: DPDFDConfig) -> str | None:
 
 
 # ====================================================================================== the mechanism
-def clip_and_noise(grads: torch.Tensor, *, clip_norm: float, sigma: float, granularity: str = "per_sample",
-                   generator: torch.Generator, teachers_axis: bool = False, batch_mean: bool = True) -> torch.Tensor:
-    """A_{C,sigma} with CLIPPING instead of normalisation (Fig. 2): g * min(1, C/||g||), then the same noise.
-
-    ``grads`` [B, K] (or [n, B, K] with ``teachers_axis``: summed over teachers and divided by n). Vectors of
-    norm <= C either way, so the sensitivity and the accountings are those of normalise-and-noise."""
-    if not bool(torch.isfinite(grads).all()):
-        raise PrivacyError("clip_and_noise: grads contain NaN or infinite values")
-    norms = torch.linalg.vector_norm(grads, dim=-1, keepdim=True)
-    clipped = grads * torch.clamp(clip_norm / norms.clamp_min(1e-30), max=1.0)
-    n = 1
-    if teachers_axis:
-        n = clipped.shape[0]
-        clipped = clipped.sum(0)
-    b, k = clipped.shape
-    div = n * (b if batch_mean else 1)
-    if granularity == "per_sample":
-        noise = gaussian_noise((b, k), sigma=sigma * clip_norm, generator=generator, device=grads.device,
-                               dtype=grads.dtype)
-        return (clipped + noise) / div
-    noise = gaussian_noise((k,), sigma=sigma * clip_norm, generator=generator, device=grads.device, dtype=grads.dtype)
-    return (clipped.sum(0) + noise) / div
-
-
-def privatise(grads: torch.Tensor, cfg: DPDFDConfig, clip_norm: float, sigma: float,
-              generator: torch.Generator) -> torch.Tensor:
-    """A_{C,sigma} on per-sample output gradients [B, K] (Alg. 1/3) or [n, B, K] (Alg. 2) -> [B, K] (or [K])."""
-    multi = grads.dim() == 3
-    if cfg.operation == "clip":
-        return clip_and_noise(grads, clip_norm=clip_norm, sigma=sigma, granularity=cfg.granularity,
-                              generator=generator, teachers_axis=multi)
-    if multi:
-        return normalize_and_noise_multi(grads, clip_norm=clip_norm, sigma=sigma, stability=cfg.stability,
-                                         granularity=cfg.granularity, batch_mean=True, generator=generator)
-    return normalize_and_noise(grads, clip_norm=clip_norm, sigma=sigma, stability=cfg.stability,
-                               granularity=cfg.granularity, generator=generator)
+def _noisy_gradients(grads: torch.Tensor, cfg: DPDFDConfig, plan: Plan, chunk_seed: int, step: int) -> torch.Tensor:
+    """A_{C,sigma} (privacy.mechanisms.privatise) with this step's noise."""
+    return privatise(grads, operation=cfg.operation, clip_norm=plan.clip_norm, sigma=plan.sigma,
+                     stability=cfg.stability, granularity=cfg.granularity,
+                     generator=step_noise_generator(chunk_seed, step, grads.device))
 
 
 def step_noise_generator(chunk_seed: int, step: int, device: torch.device) -> torch.Generator:
@@ -501,7 +465,7 @@ def _datafree_step(cfg: DPDFDConfig, plan: Plan, env: Env, student: nn.Module, o
     s_logits = s_logits.float()
     grads = logit_gradients(s_logits, t_logits, kind=cfg.teacher_loss, temperature=cfg.temperature,
                             alpha=cfg.dkd_alpha, beta=cfg.dkd_beta)  # [B, K] or [n, B, K]
-    noisy = privatise(grads, cfg, plan.clip_norm, plan.sigma, step_noise_generator(chunk_seed, step, grads.device))
+    noisy = _noisy_gradients(grads, cfg, plan, chunk_seed, step)
     anchor = s_logits.detach()
     step_out = (cfg.gamma * noisy.to(s_logits.dtype)).expand_as(anchor)  # gamma * g~ ([K] broadcasts: batch_sum)
     ls = student_loss(s_logits, anchor, step_out, cfg.student_loss)  # y_s = s - gamma * g~
@@ -545,7 +509,7 @@ def _direct_step(cfg: DPDFDConfig, plan: Plan, env: Env, student: nn.Module, opt
         s_logits = student(x)
     s_logits = s_logits.float()
     grads = (torch.softmax(s_logits.detach(), -1) - F.one_hot(y, s_logits.shape[-1]).float())  # dCE/ds, per sample
-    noisy = privatise(grads, cfg, plan.clip_norm, plan.sigma, step_noise_generator(chunk_seed, step, grads.device))
+    noisy = _noisy_gradients(grads, cfg, plan, chunk_seed, step)
     # normalize_and_noise divides by the sampled batch size B_t; use the expected batch size B instead
     noisy = noisy * (len(idx) / cfg.batch_size)
     ls = student_loss(s_logits, s_logits.detach(), (cfg.gamma * noisy).expand_as(s_logits), cfg.student_loss)
