@@ -17,15 +17,9 @@ from privdistill.cli import get_app
 from privdistill.engine.run import RunDir
 from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.dkd import logit_gradients, teacher_loss
-from privdistill.methods.dpdfd import (
-    DPDFDConfig,
-    auto_variant,
-    check_budget,
-    plan_steps,
-    run_dpdfd,
-    student_loss,
-)
+from privdistill.methods.dkd import logit_gradients, student_loss, teacher_loss
+from privdistill.methods.dpdfd import run_dpdfd
+from privdistill.methods.dpdfd_plan import DPDFDConfig, auto_variant, check_budget, plan_steps
 from privdistill.methods.runner import Budget
 from privdistill.privacy import both
 from privdistill.privacy.events import DPDFDSteps

@@ -32,6 +32,16 @@ class TeacherSpec:
     weights: Optional[str] = None
     module: Optional[nn.Module] = None  # an in-memory model (Python API)
 
+    @classmethod
+    def of(cls, teacher: nn.Module | str | Path | TeacherSpec | None) -> TeacherSpec:
+        """A spec from what a Python caller passes: an nn.Module, a run directory (str or Path, e.g. from `train
+        baseline`), a TeacherSpec, or None (the method's own teacher)."""
+        if teacher is None or isinstance(teacher, TeacherSpec):
+            return teacher or cls()
+        if isinstance(teacher, nn.Module):
+            return cls(module=teacher)
+        return cls(run_dir=str(teacher))
+
     def given(self) -> bool:
         return any((self.run_dir, self.module_file, self.torchvision, self.module is not None))
 
