@@ -28,7 +28,8 @@ def command(
     )] = None,
     accounting: Annotated[
         Optional[o.Accounting],
-        typer.Option("--accounting", help="paper (Theorem 3 as printed) or strict: sets T and enforces the budget"),
+        typer.Option("--accounting", help="strict (default) or paper (Theorem 3 as printed): sets T and enforces the "
+                     "budget"),
     ] = None,
     algorithm: Annotated[
         Optional[int],
@@ -59,16 +60,16 @@ def command(
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
     from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
 
-    extra = o.section_overrides("dpdfd", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
-                                accounting=accounting and accounting.value, algorithm=algorithm, steps=steps,
-                                max_steps=max_steps, variant=variant)
+    extra = {**o.section_overrides("budget", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
+                                   accounting=accounting and accounting.value),
+             **o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)}
     request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
                             run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
                             precision=precision, data_root=data_root, no_progress=no_progress)
     spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
                        module_file=str(teacher_module) if teacher_module else None,
                        torchvision=torchvision_model, weights=str(weights) if weights else None)
-    summary = run_dpdfd(request, teacher=spec, cache=not no_cache)
+    summary = run_dpdfd(request, teacher=spec, cache=not no_cache).summary
     show_summary({k: v for k, v in summary.items() if k != "history"},
                  title=f"DPDFD (Alg. {summary['algorithm']}) on {summary['dataset']}")
     console.print(f"{summary['steps']} steps (planned {summary['planned_steps']}), sigma {summary['sigma']:g}, "

@@ -1,4 +1,5 @@
-"""DPDFD's distillation loss L_T and its per-sample gradients with respect to the student's logits.
+"""DPDFD's losses: the distillation loss L_T and its per-sample gradients with respect to the student's logits,
+the student's L_S and the generator's L_G (Eq. 5).
 
 DPDFD (Sec. 4.2) takes the teacher's argmax as the target label and computes "the distillation loss L_T
 same as [Zhao et al., 2022]", i.e. decoupled knowledge distillation (DKD, CVPR 2022):
@@ -19,6 +20,8 @@ Multi-teacher gradients [n, B, K] broadcast the student logits [B, K] against te
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -89,3 +92,32 @@ def logit_gradients(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     s_full = s.expand_as(t).reshape(-1, k)
     per_sample = vmap(grad(_dkd_one), in_dims=(0, 0, None, None, None))
     return per_sample(s_full, t.reshape(-1, k), temperature, alpha, beta).view(t.shape).contiguous()
+
+
+# ----------------------------------------------------------------------------------- L_S and L_G
+def student_loss(logits: torch.Tensor, anchor: torch.Tensor, step: torch.Tensor, kind: str) -> torch.Tensor:
+    """L_S(s, y_s) with y_s = anchor - step (anchor: the detached logits s of the step's first forward pass,
+    step: gamma * g~), summed over the batch.
+
+    l2: 1/2 ||s - y_s||^2, written as 1/2 ||(s - anchor) + step||^2 so that at s = anchor its gradient is
+    exactly gamma * g~ (forming y_s first would round g~ against logits ~10^3 times larger).
+    ce: the soft cross-entropy -sum_k softmax(y_s)_k log softmax(s)_k (the paper's choice)."""
+    anchor, step = anchor.detach(), step.detach()
+    if kind == "l2":
+        return 0.5 * ((logits - anchor) + step).pow(2).sum()
+    return -(torch.softmax(anchor - step, -1) * torch.log_softmax(logits, -1)).sum()
+
+
+def generator_loss(logits: torch.Tensor, feats: torch.Tensor, *, one_hot_weight: float, entropy_weight: float,
+                   activation_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """L_G of Eq. 5 on the STUDENT's outputs: w_ce * CE(s, argmax s) + alpha * sum_k pbar_k log pbar_k
+    - beta * RMS(features). As in engine.datafree ("dpdfd"), the activation term REWARDS high activation (the
+    paper writes +beta||f||; its text and DAFL mean the opposite) and is divided by sqrt(d)."""
+    logits, feats = logits.float(), feats.float()
+    one_hot = F.cross_entropy(logits, logits.argmax(1))
+    mean_p = torch.softmax(logits, 1).mean(0)
+    neg_entropy = (mean_p * torch.log(mean_p + 1e-12)).sum()
+    activation = -(feats.norm(dim=1) / math.sqrt(feats.shape[1])).mean()
+    loss = one_hot_weight * one_hot + entropy_weight * neg_entropy + activation_weight * activation
+    return loss, {"lg_one_hot": float(one_hot.detach()), "lg_entropy": float(-neg_entropy.detach()),
+                  "lg_activation": float(activation.detach())}

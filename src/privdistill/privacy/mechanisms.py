@@ -47,6 +47,8 @@ __all__ = [
     "release_labels",
     "normalize_and_noise",
     "normalize_and_noise_multi",
+    "clip_and_noise",
+    "privatise",
     "laplace_latent_perturbation",
     "laplace_noise",
     "gaussian_noise",
@@ -337,6 +339,9 @@ def release_labels(mechanism: str, prior: torch.Tensor, labels: torch.Tensor, *,
 
 
 # ------------------------------------------------------------------------------------------- DPDFD
+GRANULARITIES = ("per_sample", "batch_sum")
+
+
 def _check_grads(grads, dims: int, what: str) -> torch.Tensor:
     if not isinstance(grads, torch.Tensor):
         raise PrivacyError(f"{what}: grads must be a torch tensor, got {type(grads).__name__}")
@@ -350,6 +355,32 @@ def _check_grads(grads, dims: int, what: str) -> torch.Tensor:
     if not bool(torch.isfinite(grads).all()):
         raise PrivacyError(f"{what}: grads contain NaN or infinite values")
     return grads
+
+
+def _check_gradient_mechanism(what: str, grads, dims: int, *, clip_norm: float, sigma: float, granularity: str,
+                              generator: torch.Generator) -> tuple[torch.Tensor, float, float]:
+    """The arguments every DPDFD mechanism takes, checked: (grads, C, sigma)."""
+    grads = _check_grads(grads, dims, what)
+    clip_norm = check_positive("clip norm C", clip_norm)
+    sigma = check_positive("sigma", sigma)
+    if granularity not in GRANULARITIES:
+        raise PrivacyError(f"granularity must be 'per_sample' or 'batch_sum', got {granularity!r}")
+    _check_generator(generator, grads, what)
+    return grads, clip_norm, sigma
+
+
+def _noise_and_divide(bounded: torch.Tensor, *, noise_std: float, granularity: str, divisor: int,
+                      generator: torch.Generator) -> torch.Tensor:
+    """The noise every DPDFD mechanism adds to its bounded per-sample vectors ``bounded`` [B, K] (already summed
+    over teachers): ``per_sample`` adds N(0, noise_std^2 I_K) to each row and returns [B, K]; ``batch_sum`` adds
+    one such vector to the sum of the rows and returns [K]. Both divide by ``divisor`` (n * B, or n)."""
+    b, k = bounded.shape
+    if granularity == "per_sample":
+        noise = gaussian_noise((b, k), sigma=noise_std, generator=generator, device=bounded.device,
+                               dtype=bounded.dtype)
+        return (bounded + noise) / divisor
+    noise = gaussian_noise((k,), sigma=noise_std, generator=generator, device=bounded.device, dtype=bounded.dtype)
+    return (bounded.sum(dim=0) + noise) / divisor
 
 
 def _normalise(grads: torch.Tensor, clip_norm: float, stability: float) -> torch.Tensor:
@@ -367,22 +398,11 @@ def normalize_and_noise(grads: torch.Tensor, *, clip_norm: float, sigma: float, 
     one vector [K] for the whole batch (it carries no per-sample information; broadcast by the caller).
     Both are priced by ``DPDFDSteps(..., granularity=...)`` (docs/privacy.md derives the sensitivities).
     """
-    grads = _check_grads(grads, 2, "normalize_and_noise")
-    clip_norm = check_positive("clip norm C", clip_norm)
-    sigma = check_positive("sigma", sigma)
+    grads, clip_norm, sigma = _check_gradient_mechanism("normalize_and_noise", grads, 2, clip_norm=clip_norm,
+                                                        sigma=sigma, granularity=granularity, generator=generator)
     stability = check_positive("stability constant e", stability)
-    if granularity not in ("per_sample", "batch_sum"):
-        raise PrivacyError(f"granularity must be 'per_sample' or 'batch_sum', got {granularity!r}")
-    _check_generator(generator, grads, "normalize_and_noise")
-    b, k = grads.shape
-    normed = _normalise(grads, clip_norm, stability)
-    if granularity == "per_sample":
-        noise = gaussian_noise((b, k), sigma=sigma * clip_norm, generator=generator, device=grads.device,
-                               dtype=grads.dtype)
-        return (normed + noise) / b
-    noise = gaussian_noise((k,), sigma=sigma * clip_norm, generator=generator, device=grads.device,
-                           dtype=grads.dtype)
-    return (normed.sum(dim=0) + noise) / b
+    return _noise_and_divide(_normalise(grads, clip_norm, stability), noise_std=sigma * clip_norm,
+                             granularity=granularity, divisor=grads.shape[0], generator=generator)
 
 
 def normalize_and_noise_multi(grads: torch.Tensor, *, clip_norm: float, sigma: float, stability: float = 1e-4,
@@ -397,23 +417,47 @@ def normalize_and_noise_multi(grads: torch.Tensor, *, clip_norm: float, sigma: f
     (1/n) (sum_ij C g_ij/(||g_ij|| + e) + N(0, sigma^2 C^2 I_K)) (divided by B if ``batch_mean``).
     Alg. 2's line 8 writes ||g||; the norm is read as ||g_ij||, per gradient, as in Alg. 1.
     """
-    grads = _check_grads(grads, 3, "normalize_and_noise_multi")
-    clip_norm = check_positive("clip norm C", clip_norm)
-    sigma = check_positive("sigma", sigma)
+    grads, clip_norm, sigma = _check_gradient_mechanism("normalize_and_noise_multi", grads, 3, clip_norm=clip_norm,
+                                                        sigma=sigma, granularity=granularity, generator=generator)
     stability = check_positive("stability constant e", stability)
-    if granularity not in ("per_sample", "batch_sum"):
-        raise PrivacyError(f"granularity must be 'per_sample' or 'batch_sum', got {granularity!r}")
-    _check_generator(generator, grads, "normalize_and_noise_multi")
-    n, b, k = grads.shape
+    n, b, _ = grads.shape
     summed = _normalise(grads, clip_norm, stability).sum(dim=0)  # [B, K]
-    div = n * (b if batch_mean else 1)
-    if granularity == "per_sample":
-        noise = gaussian_noise((b, k), sigma=sigma * clip_norm, generator=generator, device=grads.device,
-                               dtype=grads.dtype)
-        return (summed + noise) / div
-    noise = gaussian_noise((k,), sigma=sigma * clip_norm, generator=generator, device=grads.device,
-                           dtype=grads.dtype)
-    return (summed.sum(dim=0) + noise) / div
+    return _noise_and_divide(summed, noise_std=sigma * clip_norm, granularity=granularity,
+                             divisor=n * (b if batch_mean else 1), generator=generator)
+
+
+def clip_and_noise(grads: torch.Tensor, *, clip_norm: float, sigma: float, granularity: str = "per_sample",
+                   generator: torch.Generator, teachers_axis: bool = False, batch_mean: bool = True) -> torch.Tensor:
+    """A_{C,sigma} with CLIPPING instead of normalisation (DPDFD Fig. 2): g * min(1, C/||g||), then the same noise.
+
+    ``grads`` [B, K] (or [n, B, K] with ``teachers_axis``: summed over teachers and divided by n). Vectors of
+    norm <= C either way, so the sensitivity and the accountings are those of normalise-and-noise."""
+    grads, clip_norm, sigma = _check_gradient_mechanism("clip_and_noise", grads, 3 if teachers_axis else 2,
+                                                        clip_norm=clip_norm, sigma=sigma, granularity=granularity,
+                                                        generator=generator)
+    norms = torch.linalg.vector_norm(grads, dim=-1, keepdim=True)
+    clipped = grads * torch.clamp(clip_norm / norms.clamp_min(1e-30), max=1.0)
+    n = clipped.shape[0] if teachers_axis else 1
+    if teachers_axis:
+        clipped = clipped.sum(0)
+    return _noise_and_divide(clipped, noise_std=sigma * clip_norm, granularity=granularity,
+                             divisor=n * (clipped.shape[0] if batch_mean else 1), generator=generator)
+
+
+def privatise(grads: torch.Tensor, *, operation: str, clip_norm: float, sigma: float, stability: float,
+              granularity: str, generator: torch.Generator) -> torch.Tensor:
+    """DPDFD's A_{C,sigma} as configured: per-sample output gradients [B, K] (Alg. 1 and 3) or [n, B, K] (Alg. 2,
+    one row per teacher), normalised (``operation="normalize"``, the paper) or clipped ("clip", Fig. 2), noised,
+    averaged over the batch (and the teachers) -> [B, K] (or [K] with ``granularity="batch_sum"``)."""
+    multi = grads.dim() == 3
+    if operation == "clip":
+        return clip_and_noise(grads, clip_norm=clip_norm, sigma=sigma, granularity=granularity,
+                              generator=generator, teachers_axis=multi)
+    if multi:
+        return normalize_and_noise_multi(grads, clip_norm=clip_norm, sigma=sigma, stability=stability,
+                                         granularity=granularity, batch_mean=True, generator=generator)
+    return normalize_and_noise(grads, clip_norm=clip_norm, sigma=sigma, stability=stability,
+                               granularity=granularity, generator=generator)
 
 
 # --------------------------------------------------------------------------------------------- DGD
