@@ -89,8 +89,9 @@ def test_dkd_matches_the_reference_formula():
 
 
 def test_l2_student_loss_backpropagates_exactly_gamma_times_the_noisy_gradient():
-    s = torch.randn(8, 10, requires_grad=True)
-    noisy = torch.randn(8, 10) * 1e-3
+    draw = torch.Generator().manual_seed(0)  # seeded: the ce check's float32 tolerance must hold, not usually hold
+    s = torch.randn(8, 10, generator=draw).requires_grad_(True)
+    noisy = torch.randn(8, 10, generator=draw) * 1e-3
     gamma = 0.7
     loss = student_loss(s, s.detach(), gamma * noisy, "l2")
     (g,) = torch.autograd.grad(loss, s)
@@ -98,8 +99,10 @@ def test_l2_student_loss_backpropagates_exactly_gamma_times_the_noisy_gradient()
     naive = 0.5 * (s - (s.detach() - gamma * noisy)).pow(2).sum()  # forming y_s first rounds g~ away
     assert math.isclose(float(loss.detach()), float(naive.detach()), rel_tol=1e-2)
     (gce,) = torch.autograd.grad(student_loss(s, s.detach(), gamma * noisy, "ce"), s)
-    expected = torch.softmax(s, 1) - torch.softmax(s - gamma * noisy, 1)
-    assert torch.allclose(gce, expected.detach(), atol=1e-7)
+    # the exact gradient (float64) within float32 rounding of two softmaxes: the largest error over 3000 draws
+    # was 1.9e-7, against gradients of 1e-4 and more
+    exact = torch.softmax(s.detach().double(), 1) - torch.softmax((s.detach() - gamma * noisy).double(), 1)
+    assert torch.allclose(gce.double(), exact, atol=5e-7)
 
 
 def test_mechanism_normalise_matches_privacy_module_and_clip_bounds_norms():

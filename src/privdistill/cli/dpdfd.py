@@ -14,23 +14,13 @@ from privdistill.cli.display import show_summary
 console = Console()
 
 
+@o.run_command
 def command(
-    dataset: o.Dataset = "mnist", preset: o.Preset = "quick", config: o.ConfigFile = None, set_: o.Overrides = None,
-    run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False, seed: o.Seed = None,
-    device: o.Device = None, precision: o.Precision = None, data_root: o.DataRoot = None,
-    no_progress: o.NoProgress = False,
-    epsilon: Annotated[
-        Optional[float], typer.Option("--epsilon", "-e", help="target epsilon (sets the number of steps)")
-    ] = None,
-    delta: Annotated[Optional[float], typer.Option("--delta", help="delta (default 1e-5)")] = None,
-    max_epsilon: Annotated[Optional[float], typer.Option(
-        "--max-epsilon", help="hard budget (default: the target); refuse to start or stop cleanly beyond it",
-    )] = None,
-    accounting: Annotated[
-        Optional[o.Accounting],
-        typer.Option("--accounting", help="strict (default) or paper (Theorem 3 as printed): sets T and enforces the "
-                     "budget"),
-    ] = None,
+    run: o.RunArgs,
+    epsilon: o.Epsilon = None,
+    delta: o.Delta = None,
+    max_epsilon: o.MaxEpsilon = None,
+    accounting: o.BudgetAccounting = None,  # paper: Theorem 3 as printed
     algorithm: Annotated[
         Optional[int],
         typer.Option("--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly"),
@@ -60,12 +50,9 @@ def command(
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
     from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
 
-    extra = {**o.section_overrides("budget", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
-                                   accounting=accounting and accounting.value),
+    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
              **o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)}
-    request = o.run_request(dataset=dataset, preset=preset, config=config, overrides=set_, extra=extra,
-                            run_dir=run_dir, resume=resume, record=record, seed=seed, device=device,
-                            precision=precision, data_root=data_root, no_progress=no_progress)
+    request = run.request(extra)
     spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
                        module_file=str(teacher_module) if teacher_module else None,
                        torchvision=torchvision_model, weights=str(weights) if weights else None)

@@ -69,7 +69,7 @@ from privdistill.methods.dpdfd_plan import (
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy.events import DPDFDSteps
-from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.ledger import LedgerView, PrivacyLedger
 
 CHECKPOINT = "dpdfd-checkpoint"
 
@@ -225,12 +225,12 @@ class DPDFDMethod(Method):
     sections = {"baseline": ClassifierTraining, "dpdfd": DPDFDConfig, "dpdfd_teachers": TeacherTraining,
                 "dpdfd_generator": GeneratorTraining}
 
-    def plan(self, ctx: Context, ledger: PrivacyLedger) -> Plan:
+    def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         cfg: DPDFDConfig = ctx.section("dpdfd")
         steps = plan_steps(cfg, ctx.budget, num_teachers=ctx.section("dpdfd_teachers").num_teachers,
                            num_classes=ctx.data.num_classes, dataset_size=len(ctx.data.train))
-        recorded = sum(e.steps for e in ledger.events() if isinstance(e, DPDFDSteps))
-        remaining = steps.event.with_count(max(0, steps.steps - recorded))
+        done = sum(e.steps for e in recorded.events() if isinstance(e, DPDFDSteps))
+        remaining = steps.event.with_count(max(0, steps.steps - done))
         return Plan(remaining=[remaining] if remaining.steps else [], notes=steps.notes, details={"steps": steps})
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
@@ -332,11 +332,8 @@ class DPDFD(MethodAPI):
     section = "dpdfd"
 
     def __init__(self, dataset: str | None = None, *, teacher: nn.Module | str | Path | TeacherSpec | None = None,
-                 epsilon: float | None = None, delta: float | None = None, max_epsilon: float | None = None,
-                 accounting: str | None = None, cache: bool = True, **options: Any):
-        super().__init__(dataset, **options)
-        budget = {"epsilon": epsilon, "delta": delta, "max_epsilon": max_epsilon, "accounting": accounting}
-        self.overrides.update({f"budget.{key}": value for key, value in budget.items() if value is not None})
+                 cache: bool = True, **options: Any):
+        super().__init__(dataset, **options)  # epsilon, max_epsilon, delta, accounting: the budget section
         self.teacher, self.cache = TeacherSpec.of(teacher), cache
 
     def fit(self, dataset: str | None = None) -> RunResult:
