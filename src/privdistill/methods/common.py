@@ -56,28 +56,6 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter())
 
 
-@dataclass
-class Released:
-    """What a method's Python API returns: the released student (and generator, where the method releases
-    one), the run's summary (accuracy, ε under both accountings, what ε covers) and its privacy report."""
-
-    student: Any  # nn.Module
-    generator: Any | None
-    summary: dict[str, Any]
-    privacy: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_run(cls, summary: dict[str, Any]) -> "Released":
-        """Load what a finished run released, from its directory (the weights it wrote, privacy.json)."""
-        import json
-
-        run = RunDir.existing(summary["run_dir"])
-        report = run.path / "privacy.json"
-        return cls(student=run.load_weights("student"),
-                   generator=run.load_weights("generator") if run.has_weights("generator") else None,
-                   summary=summary, privacy=json.loads(report.read_text()) if report.is_file() else {})
-
-
 BUDGET_KEYWORDS = ("epsilon", "max_epsilon", "delta", "accounting")
 
 
