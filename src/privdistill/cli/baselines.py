@@ -13,26 +13,21 @@ from privdistill.cli.display import show_summary
 console = Console()
 
 
-@o.run_command
+@o.private_command
 def dpsgd_command(
     run: o.RunArgs,
-    epsilon: o.Epsilon = None,
-    delta: o.Delta = None,
-    accounting: Annotated[Optional[o.Accounting], typer.Option(
-        "--accounting", help="strict (default: σ calibrated on the replace-one ε) or paper (Opacus's "
-                             "make_private_with_epsilon under --accountant, add/remove-one, as DP-SGD papers report)",
-    )] = None,
     accountant: Annotated[
         Optional[str], typer.Option("--accountant", help="Opacus accountant for --accounting paper: rdp or prv")
     ] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="training epochs (dpsgd.epochs)")] = None,
     variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result")] = None,
 ) -> None:
-    """DP-SGD through Opacus: the paper CNN trained on the private data with clipped, noised gradients."""
+    """DP-SGD through Opacus: the paper CNN trained on the private data with clipped, noised gradients. σ is
+    calibrated to --epsilon under --accounting: strict (the default) on the replace-one ε, paper by Opacus's
+    make_private_with_epsilon under --accountant (add/remove-one, as DP-SGD papers report)."""
     from privdistill.methods.dpsgd import run_dpsgd
 
-    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, accounting=accounting),
-             **o.section_overrides("dpsgd", accountant=accountant, epochs=epochs, variant=variant)}
+    extra = o.section_overrides("dpsgd", accountant=accountant, epochs=epochs, variant=variant)
     request = run.request(extra)
     s = run_dpsgd(request).summary
     show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
@@ -44,19 +39,15 @@ def dpsgd_command(
                   highlight=False)
 
 
-@o.run_command
+@o.private_command
 def pate_command(
     run: o.RunArgs,
-    epsilon: o.Epsilon = None,
     queries: Annotated[
         Optional[int], typer.Option("--queries", "-q", min=1, help="number of queries (overrides --epsilon)")
     ] = None,
     aggregation: Annotated[
         Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")
     ] = None,
-    delta: o.Delta = None,
-    max_epsilon: o.MaxEpsilon = None,
-    accounting: o.BudgetAccounting = None,
     variant: Annotated[
         Optional[str],
         typer.Option("--variant", help="name suffix of the recorded result (default: the aggregator unless gnmax)"),
@@ -66,8 +57,7 @@ def pate_command(
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
     from privdistill.methods.pate import run_pate
 
-    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
-             **o.section_overrides("pate", queries=queries, aggregation=aggregation, variant=variant)}
+    extra = o.section_overrides("pate", queries=queries, aggregation=aggregation, variant=variant)
     request = run.request(extra)
     s = run_pate(request, cache=not no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")

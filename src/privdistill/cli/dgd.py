@@ -11,22 +11,18 @@ from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
 
 
-@o.run_command
+@o.private_command
 def command(
     run: o.RunArgs,
-    epsilon: o.Epsilon = None,
     queries: Annotated[
         Optional[int],
         typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
     ] = None,
-    delta: o.Delta = None,
     aggregation: Annotated[Optional[str], typer.Option("--aggregation", help="laplace (DGD), gaussian (DGD+)")] = None,
     no_latent_noise: Annotated[
         bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
     ] = False,
     inputs: Annotated[Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7)")] = None,
-    max_epsilon: o.MaxEpsilon = None,
-    accounting: o.BudgetAccounting = None,
     variant: Annotated[
         Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
     ] = None,
@@ -35,8 +31,7 @@ def command(
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
     from privdistill.methods.dgd import run_dgd
 
-    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
-             **o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs, variant=variant)}
+    extra = o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs, variant=variant)
     if no_latent_noise:
         extra["dgd.latent_noise"] = False
     request = run.request(extra)

@@ -14,13 +14,9 @@ from privdistill.cli.display import show_summary
 console = Console()
 
 
-@o.run_command
+@o.private_command
 def command(
     run: o.RunArgs,
-    epsilon: o.Epsilon = None,
-    delta: o.Delta = None,
-    max_epsilon: o.MaxEpsilon = None,
-    accounting: o.BudgetAccounting = None,  # paper: Theorem 3 as printed
     algorithm: Annotated[
         Optional[int],
         typer.Option("--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly"),
@@ -50,8 +46,7 @@ def command(
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
     from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
 
-    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
-             **o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)}
+    extra = o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)
     request = run.request(extra)
     spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
                        module_file=str(teacher_module) if teacher_module else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -104,7 +104,8 @@ def run_overrides(overrides: list[str] | None, *, extra: Mapping[str, Any] | Non
 
 @dataclass
 class RunArgs:
-    """The options every command that runs something shares, as one value (see `run_command`)."""
+    """The options every command that runs something shares, as one value (see `run_command`), and, for a
+    private method's command, the budget options (see `private_command`)."""
 
     dataset: str
     preset: str
@@ -118,41 +119,48 @@ class RunArgs:
     precision: Optional[str]
     data_root: Optional[Path]
     no_progress: bool
+    budget: dict[str, Any] = field(default_factory=dict)  # {"budget.epsilon": ...} of the options given
 
     def request(self, extra: Mapping[str, Any] | None = None):
         """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides)."""
         return run_request(dataset=self.dataset, preset=self.preset, config=self.config, overrides=self.set_,
-                           run_dir=self.run_dir, resume=self.resume, record=self.record, extra=extra, seed=self.seed,
-                           device=self.device, precision=self.precision, data_root=self.data_root,
-                           no_progress=self.no_progress)
-
-    def overrides(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return run_overrides(self.set_, extra=extra, seed=self.seed, device=self.device, precision=self.precision,
-                             data_root=self.data_root, no_progress=self.no_progress)
+                           run_dir=self.run_dir, resume=self.resume, record=self.record,
+                           extra={**self.budget, **(extra or {})}, seed=self.seed, device=self.device,
+                           precision=self.precision, data_root=self.data_root, no_progress=self.no_progress)
 
 
 _SHARED = (("dataset", Dataset, "mnist"), ("preset", Preset, "quick"), ("config", ConfigFile, None),
            ("set_", Overrides, None), ("run_dir", RunDirOpt, None), ("resume", Resume, False),
            ("record", Record, False), ("seed", Seed, None), ("device", Device, None), ("precision", Precision, None),
            ("data_root", DataRoot, None), ("no_progress", NoProgress, False))
+_BUDGET = (("epsilon", Epsilon, None), ("delta", Delta, None), ("max_epsilon", MaxEpsilon, None),
+           ("accounting", BudgetAccounting, None))
 
 
-def run_command(func: Callable[..., Any]) -> Callable[..., Any]:
+def run_command(func: Callable[..., Any], *, budget: bool = False) -> Callable[..., Any]:
     """Give a command the shared options (`--dataset --preset --config --set --run-dir --resume --record --seed
     --device --precision --data-root --no-progress`) without repeating them: `func(run: RunArgs, ...own options)`
     receives them bundled as `run`, and typer sees them in the signature, first, the same in every command."""
     own = inspect.signature(func, eval_str=True)  # the command's own options, annotations evaluated
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-              for name, annotation, default in _SHARED]
-    params = shared + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()
-                       if p.name != "run"]
+    added = _SHARED + (_BUDGET if budget else ())
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+              for name, annotation, default in added]
+    params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values() if p.name != "run"]
 
     @functools.wraps(func)
     def command(**kwargs: Any) -> Any:
         run = RunArgs(**{name: kwargs.pop(name) for name, _, _ in _SHARED})
+        if budget:
+            run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET})
         return func(run=run, **kwargs)
 
     command.__signature__ = own.replace(parameters=params)
     command.__annotations__ = {p.name: p.annotation for p in params} | {"return": own.return_annotation}
     del command.__wrapped__  # typer must read this signature, not the wrapped function's
     return command
+
+
+def private_command(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`run_command` plus the budget options every private method takes (`--epsilon --delta --max-epsilon
+    --accounting`, section `budget`), folded into `run.request()`."""
+    return run_command(func, budget=True)

@@ -20,15 +20,11 @@ class Mechanism(str, Enum):
     rr_prior = "rr-prior"
 
 
-@o.run_command
+@o.private_command
 def srr_command(
     run: o.RunArgs,
     # the target is per label with --accounting paper (the paper's ε), of the whole run with strict (the
     # per-label ε is calibrated to fit it)
-    epsilon: o.Epsilon = None,
-    delta: o.Delta = None,
-    max_epsilon: o.MaxEpsilon = None,
-    accounting: o.BudgetAccounting = None,
     setting: Annotated[
         Optional[o.SRRSetting],
         typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)"),
@@ -56,9 +52,8 @@ def srr_command(
     """
     from privdistill.methods.srr import train_srr
 
-    extra = {**o.budget_overrides(epsilon=epsilon, delta=delta, max_epsilon=max_epsilon, accounting=accounting),
-             **o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
-                                   stages=stages, num_samples=samples, variant=variant)}
+    extra = o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
+                                   stages=stages, num_samples=samples, variant=variant)
     request = run.request(extra)
     summary = train_srr(request, cache=not no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")

@@ -15,18 +15,41 @@ they did before TrainingLoop, so that DGD's and PATE's summaries stay as they we
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from privdistill.config import check_model_name
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop, sample_batch  # noqa: F401 - sample_batch: dgd/pate import it here
 from privdistill.engine.optim import lr_factor, make_optimizer, make_schedule
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import evaluate
+from privdistill.errors import ConfigError
 
 CHECKPOINT = "student-checkpoint"
+
+
+@dataclass
+class StudentTraining:
+    """What every semi-supervised student's config has (DGD's `student`, PATE's `pate_student` extend it)."""
+
+    model: str = "paper-cnn"
+    steps: int = 500
+    batch_size: int = 128  # labelled samples per step (all of them when fewer)
+    unlabeled_batch_size: int = 128
+    lr: float = 1e-3  # Adam, linear decay to 0
+    eval_every: int = 100
+    checkpoint_every: int = 50
+
+    def validate(self) -> None:
+        if min(self.steps, self.batch_size, self.unlabeled_batch_size, self.eval_every, self.checkpoint_every) < 1:
+            raise ConfigError("steps, batch sizes, eval_every and checkpoint_every must be >= 1")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        check_model_name(self.model, "model")
 
 
 def linear_decay(step: int, steps: int) -> float:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import ClassifierTraining, check_model_name
+from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import RunDir, evaluate, predict_logits, streams
 from privdistill.engine.context import Env
@@ -45,7 +45,7 @@ from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
 from privdistill.engine.holdout import holdout_split
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
 from privdistill.engine.stages import file_digest
-from privdistill.engine.student_loop import StudentLoop, sample_batch
+from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
 from privdistill.methods.common import MethodAPI, RunRequest
@@ -87,14 +87,9 @@ class DGDConfig:
 
 
 @dataclass
-class StudentConfig:
+class StudentConfig(StudentTraining):
     """Config section `student`: semi-supervised student learning (DGD: 500 iterations, lr 1e-3 -> 0)."""
 
-    model: str = "paper-cnn"
-    steps: int = 500
-    batch_size: int = 128  # labelled samples per step
-    unlabeled_batch_size: int = 128
-    lr: float = 1e-3
     supervised_weight: float = 1.0
     tangent_weight: float = 1.0
     normal_weight: float = 1.0
@@ -106,13 +101,9 @@ class StudentConfig:
     tangent_eps: float = 1.0
     normal_eps: float = 2.0
     xi: float = 1e-2
-    eval_every: int = 100
-    checkpoint_every: int = 50
 
     def validate(self) -> None:
-        if min(self.steps, self.batch_size, self.unlabeled_batch_size) < 1 or self.lr <= 0:
-            raise ConfigError("student steps, batch sizes must be >= 1 and lr > 0")
-        check_model_name(self.model, "student.model")
+        super().validate()
         if self.perturbation not in ("adversarial", "random"):
             raise ConfigError("student.perturbation must be adversarial or random")
 

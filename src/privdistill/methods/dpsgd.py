@@ -45,7 +45,7 @@ from privdistill.engine import evaluate, streams
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.optim import lr_factor, make_optimizer
 from privdistill.engine.progress import progress_bar
-from privdistill.errors import ConfigError, PrivacyError
+from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
@@ -171,6 +171,9 @@ class DPSGDMethod(Method):
         cfg: DPSGDConfig = ctx.section("dpsgd")
         if ctx.budget.epsilon is None:
             raise ConfigError("DP-SGD needs a target ε: --epsilon (budget.epsilon)")
+        if ctx.budget.limit is not None and ctx.budget.epsilon > ctx.budget.limit:  # σ is calibrated to the target
+            raise BudgetExceededError(f"the target ε {ctx.budget.epsilon:g} exceeds --max-epsilon "
+                                      f"{ctx.budget.limit:g}: nothing was trained")
         per_epoch = steps_per_epoch(len(ctx.data.train), cfg.batch_size)
         return Plan(remaining=[], details={"per_epoch": per_epoch, "total": per_epoch * cfg.epochs,
                                            "sample_rate": 1.0 / per_epoch})

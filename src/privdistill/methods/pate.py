@@ -32,13 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import check_model_name
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import RunDir, streams
 from privdistill.engine.context import Env
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
 from privdistill.engine.holdout import holdout_split
-from privdistill.engine.student_loop import StudentLoop, sample_batch
+from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
 from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
@@ -81,14 +80,13 @@ class PATEConfig:
 
 
 @dataclass
-class PATEStudentConfig:
+class PATEStudentConfig(StudentTraining):
     """Config section `pate_student`: supervised on the answers + VAT and entropy minimisation on the public slice."""
 
-    model: str = "paper-cnn"
     steps: int = 1500
-    batch_size: int = 64  # labelled examples per step (all of them when fewer)
-    unlabeled_batch_size: int = 128
-    lr: float = 1e-3  # Adam, linear decay to 0
+    batch_size: int = 64
+    eval_every: int = 250
+    checkpoint_every: int = 100
     vat_weight: float = 1.0
     vat_eps: float = 2.0  # L2 radius of the adversarial perturbation (images in [-1, 1])
     # finite-difference step of the power iteration. Miyato et al. print 1e-6; with this CNN (logits O(1)) a
@@ -97,13 +95,9 @@ class PATEStudentConfig:
     vat_xi: float = 1e-2
     entropy_weight: float = 1.0  # VAT + EntMin (Miyato et al. 2018, Sec. 4)
     semi_supervised: bool = True  # false: the supervised-only ablation
-    eval_every: int = 250
-    checkpoint_every: int = 100
 
     def validate(self) -> None:
-        if min(self.steps, self.batch_size, self.unlabeled_batch_size) < 1 or self.lr <= 0:
-            raise ConfigError("pate_student steps and batch sizes must be >= 1, lr > 0")
-        check_model_name(self.model, "pate_student.model")
+        super().validate()
         if self.vat_eps < 0 or self.vat_xi <= 0 or self.vat_weight < 0 or self.entropy_weight < 0:
             raise ConfigError("pate_student VAT parameters must be >= 0 (vat_xi > 0)")
 

@@ -25,6 +25,7 @@ Secure noise (``make_generator(secure=True)``)
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 
@@ -141,22 +142,22 @@ def lnmax(votes: torch.Tensor, *, scale: float, generator: torch.Generator) -> t
 
     ``votes``: [B, K] vote counts; returns int64 labels [B]. DGD uses scale = 2/epsilon0 = 40.
     """
-    votes = _check_votes(votes, "lnmax")
     scale = check_positive("Laplace scale", scale)
-    _check_generator(generator, votes, "lnmax")
-    dt = _float_dtype(votes)
-    noise = laplace_noise(votes.shape, scale=scale, generator=generator, device=votes.device, dtype=dt)
-    return torch.argmax(votes.to(dt) + noise, dim=1)
+    return _noisy_argmax(votes, "lnmax", generator, functools.partial(laplace_noise, scale=scale))
 
 
 def gnmax(votes: torch.Tensor, *, sigma: float, generator: torch.Generator) -> torch.Tensor:
     """Gaussian noisy argmax (GNMax; PATE 2018, DGD+): ``argmax_k(votes_k + N(0, sigma^2))``."""
-    votes = _check_votes(votes, "gnmax")
     sigma = check_positive("sigma", sigma)
-    _check_generator(generator, votes, "gnmax")
+    return _noisy_argmax(votes, "gnmax", generator, functools.partial(gaussian_noise, sigma=sigma))
+
+
+def _noisy_argmax(votes: torch.Tensor, what: str, generator: torch.Generator, noise) -> torch.Tensor:
+    """argmax_k(votes_k + noise) per row, the noise drawn by ``noise(shape, generator=, device=, dtype=)``."""
+    votes = _check_votes(votes, what)
+    _check_generator(generator, votes, what)
     dt = _float_dtype(votes)
-    noise = gaussian_noise(votes.shape, sigma=sigma, generator=generator, device=votes.device, dtype=dt)
-    return torch.argmax(votes.to(dt) + noise, dim=1)
+    return torch.argmax(votes.to(dt) + noise(votes.shape, generator=generator, device=votes.device, dtype=dt), dim=1)
 
 
 def confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: float, sigma2: float,
