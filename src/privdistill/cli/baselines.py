@@ -13,21 +13,20 @@ from privdistill.cli.display import show_summary
 console = Console()
 
 
-@o.private_command
+@o.private_command("dpsgd", cache=False)
 def dpsgd_command(
     run: o.RunArgs,
     accountant: Annotated[
         Optional[str], typer.Option("--accountant", help="Opacus accountant for --accounting paper: rdp or prv")
     ] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="training epochs (dpsgd.epochs)")] = None,
-    variant: Annotated[Optional[str], typer.Option("--variant", help="name suffix of the recorded result")] = None,
 ) -> None:
     """DP-SGD through Opacus: the paper CNN trained on the private data with clipped, noised gradients. σ is
     calibrated to --epsilon under --accounting: strict (the default) on the replace-one ε, paper by Opacus's
     make_private_with_epsilon under --accountant (add/remove-one, as DP-SGD papers report)."""
     from privdistill.methods.dpsgd import run_dpsgd
 
-    extra = o.section_overrides("dpsgd", accountant=accountant, epochs=epochs, variant=variant)
+    extra = o.section_overrides("dpsgd", accountant=accountant, epochs=epochs)
     request = run.request(extra)
     s = run_dpsgd(request).summary
     show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
@@ -39,7 +38,7 @@ def dpsgd_command(
                   highlight=False)
 
 
-@o.private_command
+@o.private_command("pate")
 def pate_command(
     run: o.RunArgs,
     queries: Annotated[
@@ -48,18 +47,13 @@ def pate_command(
     aggregation: Annotated[
         Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")
     ] = None,
-    variant: Annotated[
-        Optional[str],
-        typer.Option("--variant", help="name suffix of the recorded result (default: the aggregator unless gnmax)"),
-    ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="train the teachers inside this run")] = False,
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
     from privdistill.methods.pate import run_pate
 
-    extra = o.section_overrides("pate", queries=queries, aggregation=aggregation, variant=variant)
+    extra = o.section_overrides("pate", queries=queries, aggregation=aggregation)
     request = run.request(extra)
-    s = run_pate(request, cache=not no_cache).summary
+    s = run_pate(request, cache=not run.no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{s['queries']} queries, {s['answered']} answered (label accuracy {s['label_accuracy']}); ε covers "
                   f"{s['epsilon_covers']} (δ = {s['delta']:g}). Data-dependent ε {s['epsilon_data_dependent']} "

@@ -11,7 +11,7 @@ from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
 
 
-@o.private_command
+@o.private_command("dgd")
 def command(
     run: o.RunArgs,
     queries: Annotated[
@@ -23,19 +23,15 @@ def command(
         bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
     ] = False,
     inputs: Annotated[Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7)")] = None,
-    variant: Annotated[
-        Optional[str], typer.Option("--variant", help="name suffix of the recorded result (ablations)")
-    ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run")] = False,
 ) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
     from privdistill.methods.dgd import run_dgd
 
-    extra = o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs, variant=variant)
+    extra = o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs)
     if no_latent_noise:
         extra["dgd.latent_noise"] = False
     request = run.request(extra)
-    result = run_dgd(request, cache=not no_cache)
+    result = run_dgd(request, cache=not run.no_cache)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary
     Console().print(f"ε covers {s['epsilon_covers']} (δ = {s['delta']:g}, {s['queries']} queries). "

@@ -14,7 +14,7 @@ from privdistill.cli.display import show_summary
 console = Console()
 
 
-@o.private_command
+@o.private_command("dpdfd")
 def command(
     run: o.RunArgs,
     algorithm: Annotated[
@@ -38,20 +38,16 @@ def command(
         Optional[str], typer.Option("--torchvision", help="torchvision model name (with --weights)")
     ] = None,
     weights: Annotated[Optional[Path], typer.Option("--weights", help="state_dict file for --torchvision")] = None,
-    variant: Annotated[Optional[str], typer.Option("--variant", help="label for --record (default: derived)")] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")
-    ] = False,
 ) -> None:
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
     from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
 
-    extra = o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps, variant=variant)
+    extra = o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps)
     request = run.request(extra)
     spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
                        module_file=str(teacher_module) if teacher_module else None,
                        torchvision=torchvision_model, weights=str(weights) if weights else None)
-    summary = run_dpdfd(request, teacher=spec, cache=not no_cache).summary
+    summary = run_dpdfd(request, teacher=spec, cache=not run.no_cache).summary
     show_summary({k: v for k, v in summary.items() if k != "history"},
                  title=f"DPDFD (Alg. {summary['algorithm']}) on {summary['dataset']}")
     console.print(f"{summary['steps']} steps (planned {summary['planned_steps']}), sigma {summary['sigma']:g}, "

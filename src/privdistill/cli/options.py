@@ -37,6 +37,10 @@ DataRoot = Annotated[
     typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)"),
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
+NoCache = Annotated[bool, typer.Option(
+    "--no-cache", help="build every stage (baseline, teachers, generator, ...) inside this run; share none")]
+Variant = Annotated[Optional[str], typer.Option(
+    "--variant", help="name suffix of the recorded result (<method>.variant; default: derived from the configuration)")]
 
 
 class Accounting(str, Enum):
@@ -120,12 +124,14 @@ class RunArgs:
     data_root: Optional[Path]
     no_progress: bool
     budget: dict[str, Any] = field(default_factory=dict)  # {"budget.epsilon": ...} of the options given
+    method: dict[str, Any] = field(default_factory=dict)  # {"<section>.variant": ...} of a private command
+    no_cache: bool = False  # a private command's --no-cache
 
     def request(self, extra: Mapping[str, Any] | None = None):
         """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides)."""
         return run_request(dataset=self.dataset, preset=self.preset, config=self.config, overrides=self.set_,
                            run_dir=self.run_dir, resume=self.resume, record=self.record,
-                           extra={**self.budget, **(extra or {})}, seed=self.seed, device=self.device,
+                           extra={**self.budget, **self.method, **(extra or {})}, seed=self.seed, device=self.device,
                            precision=self.precision, data_root=self.data_root, no_progress=self.no_progress)
 
 
@@ -137,12 +143,16 @@ _BUDGET = (("epsilon", Epsilon, None), ("delta", Delta, None), ("max_epsilon", M
            ("accounting", BudgetAccounting, None))
 
 
-def run_command(func: Callable[..., Any], *, budget: bool = False) -> Callable[..., Any]:
+def run_command(func: Callable[..., Any], *, budget: bool = False, section: str | None = None,
+                cache: bool = False) -> Callable[..., Any]:
     """Give a command the shared options (`--dataset --preset --config --set --run-dir --resume --record --seed
     --device --precision --data-root --no-progress`) without repeating them: `func(run: RunArgs, ...own options)`
-    receives them bundled as `run`, and typer sees them in the signature, first, the same in every command."""
+    receives them bundled as `run`, and typer sees them in the signature, first, the same in every command.
+    With `budget`, also the budget options; with `section`, `--variant` (<section>.variant); with `cache`,
+    `--no-cache` (`run.no_cache`)."""
     own = inspect.signature(func, eval_str=True)  # the command's own options, annotations evaluated
-    added = _SHARED + (_BUDGET if budget else ())
+    added = _SHARED + (_BUDGET if budget else ()) + ((("variant", Variant, None),) if section else ()) + (
+        (("no_cache", NoCache, False),) if cache else ())
     params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
               for name, annotation, default in added]
     params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values() if p.name != "run"]
@@ -152,6 +162,10 @@ def run_command(func: Callable[..., Any], *, budget: bool = False) -> Callable[.
         run = RunArgs(**{name: kwargs.pop(name) for name, _, _ in _SHARED})
         if budget:
             run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET})
+        if section:
+            run.method = section_overrides(section, variant=kwargs.pop("variant"))
+        if cache:
+            run.no_cache = kwargs.pop("no_cache")
         return func(run=run, **kwargs)
 
     command.__signature__ = own.replace(parameters=params)
@@ -160,7 +174,8 @@ def run_command(func: Callable[..., Any], *, budget: bool = False) -> Callable[.
     return command
 
 
-def private_command(func: Callable[..., Any]) -> Callable[..., Any]:
-    """`run_command` plus the budget options every private method takes (`--epsilon --delta --max-epsilon
-    --accounting`, section `budget`), folded into `run.request()`."""
-    return run_command(func, budget=True)
+def private_command(section: str, *, cache: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`run_command` for a private method whose config section is `section`: plus the budget options every
+    private method takes (`--epsilon --delta --max-epsilon --accounting`, section `budget`), `--variant` and,
+    with `cache`, `--no-cache`, all folded into `run.request()` (`run.no_cache` for the last)."""
+    return functools.partial(run_command, budget=True, section=section, cache=cache)

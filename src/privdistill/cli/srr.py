@@ -20,7 +20,7 @@ class Mechanism(str, Enum):
     rr_prior = "rr-prior"
 
 
-@o.private_command
+@o.private_command("srr")
 def srr_command(
     run: o.RunArgs,
     # the target is per label with --accounting paper (the paper's ε), of the whole run with strict (the
@@ -37,13 +37,6 @@ def srr_command(
     samples: Annotated[
         Optional[int], typer.Option("--samples", "-N", help="labels drawn in all (srr.num_samples; 0 = |D|)")
     ] = None,
-    variant: Annotated[
-        Optional[str],
-        typer.Option("--variant", help="name suffix of the recorded result (default: from setting and mechanism)"),
-    ] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="build the teacher and generator inside this run; share nothing")
-    ] = False,
 ) -> None:
     """Distil a private teacher into a student through labels drawn once by selective randomized response.
 
@@ -53,9 +46,9 @@ def srr_command(
     from privdistill.methods.srr import train_srr
 
     extra = o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
-                                   stages=stages, num_samples=samples, variant=variant)
+                                   stages=stages, num_samples=samples)
     request = run.request(extra)
-    summary = train_srr(request, cache=not no_cache).summary
+    summary = train_srr(request, cache=not run.no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
     field = "label_accuracy_vs_truth" if summary["setting"] == "label-dp" else "label_accuracy_vs_teacher"
     console.print(f"{summary['num_labels']} labels in {summary['stages']} stages, {summary[field]:.4f} of them "

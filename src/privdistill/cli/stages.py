@@ -18,9 +18,6 @@ cache_app = typer.Typer(help="The stage cache (baseline, teachers, generator, sy
                         no_args_is_help=True)
 console = Console()
 
-NoCache = Annotated[bool, typer.Option("--no-cache", help="build every stage inside this run; share nothing")]
-
-
 @teachers_app.command("train")
 @o.run_command
 def teachers_train(
@@ -35,7 +32,7 @@ def teachers_train(
     ray_address: Annotated[
         Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")
     ] = None,
-    no_cache: NoCache = False,
+    no_cache: o.NoCache = False,
 ) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
     from privdistill.errors import ConfigError
@@ -66,7 +63,7 @@ def generator_train(teacher: Annotated[
                     data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
                     loss: Annotated[Optional[str], typer.Option("--loss", help="dgd, dpdfd or srr")] = None,
                     samples: Annotated[Optional[int], typer.Option("--samples", help="N synthetic samples")] = None,
-                    no_cache: NoCache = False) -> None:
+                    no_cache: o.NoCache = False) -> None:
     """Train a generator against a fixed classifier, write N samples + a grid, report their quality."""
     from privdistill.methods.datafree import GeneratorRequest, train_generator_workflow
 

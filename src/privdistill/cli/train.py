@@ -3,8 +3,6 @@ positive control."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
 from privdistill.cli import options as o
@@ -15,9 +13,7 @@ app = typer.Typer(help="Train reference models.", no_args_is_help=True)
 
 @app.command("baseline")
 @o.run_command
-def baseline(run: o.RunArgs, no_cache: Annotated[
-                 bool, typer.Option("--no-cache", help="train inside this run; do not share the stage")
-             ] = False) -> None:
+def baseline(run: o.RunArgs, no_cache: o.NoCache = False) -> None:
     """Train the classifier directly on all private data (no privacy): the accuracy to beat."""
     from privdistill.methods.baseline import train_baseline
 
