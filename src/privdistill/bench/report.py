@@ -6,8 +6,10 @@ rewrites only those blocks, so prose around them stays hand-written.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -74,7 +76,21 @@ def _minutes(seconds: Any) -> str:
 
 
 def _cmd(r: dict) -> str:
+    """The command that reproduces the row today: its bench cell's (a recorded command can change meaning when a
+    default does, e.g. the budget's accounting), else the command the run recorded."""
+    cell = _bench_cells(Path(r["_file"]).parent.name).get(Path(r["_file"]).stem) if "_file" in r else None
+    if cell is not None:
+        return "`" + " ".join(["privdistill", *(shlex.quote(a) for a in cell.args), "--record"]) + "`"
     return f"`{r.get('command', '')}`"
+
+
+@functools.lru_cache(maxsize=None)
+def _bench_cells(preset: str) -> dict[str, Any]:
+    from privdistill.bench.matrix import load_matrix
+
+    if preset not in PRESETS:
+        return {}
+    return {cell.name: cell for cell in load_matrix(preset).cells}
 
 
 def table(rows: Iterable[dict], columns: list[tuple[str, Callable[[dict], str]]]) -> str:
