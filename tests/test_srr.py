@@ -15,7 +15,7 @@ import privdistill.methods.srr as srr_mod
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget
-from privdistill.methods.srr import SRRConfig, label_event, stage_sizes, train_srr
+from privdistill.methods.srr import SRRConfig, label_event, run_srr, stage_sizes
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import release_labels, rr_on_sets, rr_with_prior_sets
@@ -109,7 +109,7 @@ def test_events_stage_sizes_and_config_checks():
 
 # ------------------------------------------------------------------------------------------ end to end
 def test_data_free_run_records_labels_and_reports_both_epsilons(tiny_npz, tmp_path, cache):
-    summary = train_srr(request(tiny_npz, tmp_path / "run", *PER_LABEL, "budget.epsilon=1", record=True,
+    summary = run_srr(request(tiny_npz, tmp_path / "run", *PER_LABEL, "budget.epsilon=1", record=True,
                                 results_dir=tmp_path / "results")).summary
     run = tmp_path / "run"
     assert summary["method"] == "srr" and summary["epsilon_paper"] == 1.0 and summary["target_epsilon"] == 1.0
@@ -128,13 +128,13 @@ def test_data_free_run_records_labels_and_reports_both_epsilons(tiny_npz, tmp_pa
         (tmp_path / "results" / "quick" / "srr-npz-tiny-eps1.json").is_file()
     assert not (run / "synthetic").exists(), "stage images are removed once the run has finished"
     # the shared stages are cached: a second epsilon reuses the teacher and the generator
-    other = train_srr(request(tiny_npz, tmp_path / "run10", *PER_LABEL, "budget.epsilon=10")).summary
+    other = run_srr(request(tiny_npz, tmp_path / "run10", *PER_LABEL, "budget.epsilon=10")).summary
     assert other["stages_used"]["teacher"]["reused"] and other["stages_used"]["generator"]["reused"]
     assert other["label_accuracy_vs_teacher"] > summary["label_accuracy_vs_teacher"]
 
 
 def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
-    summary = train_srr(request(tiny_npz, tmp_path / "run", "srr.setting=label-dp", *PER_LABEL, "budget.epsilon=2",
+    summary = run_srr(request(tiny_npz, tmp_path / "run", "srr.setting=label-dp", *PER_LABEL, "budget.epsilon=2",
                                 "srr.num_samples=0", "srr.stages=3", "srr.epochs_per_stage=4", "srr.lr=0.003",
                                 "srr.student_model=small-cnn")).summary
     assert summary["epsilon_strict"] == pytest.approx(2.0, abs=1e-4) and summary["epsilon_paper"] == 2.0
@@ -144,7 +144,7 @@ def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert set(privacy["artifacts"]) == {"student"}
     assert summary["not_covered"] == [p["via"] for p in privacy["artifacts"]["student"] if not p["covered"]]
-    rr = train_srr(request(tiny_npz, tmp_path / "rr", "srr.setting=label-dp", "srr.mechanism=rr", *PER_LABEL,
+    rr = run_srr(request(tiny_npz, tmp_path / "rr", "srr.setting=label-dp", "srr.mechanism=rr", *PER_LABEL,
                            "budget.epsilon=2", "srr.num_samples=0", "srr.stages=1",
                            "srr.student_model=small-cnn")).summary
     assert rr["variant"] == "label-dp-rr" and rr["epsilon_strict"] == pytest.approx(2.0, abs=1e-4)
@@ -153,13 +153,13 @@ def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
 def test_budget_refuses_before_training(tiny_npz, tmp_path, cache):
     with pytest.raises(BudgetExceededError, match="strict"):
         # the target (calibrated per-label epsilon) above the hard limit
-        train_srr(request(tiny_npz, tmp_path / "a", "budget.epsilon=20", "budget.max_epsilon=10",
+        run_srr(request(tiny_npz, tmp_path / "a", "budget.epsilon=20", "budget.max_epsilon=10",
                           "budget.accounting=strict"))
     with pytest.raises(BudgetExceededError, match="paper"):
-        train_srr(request(tiny_npz, tmp_path / "b", *PER_LABEL, "budget.epsilon=1", "budget.max_epsilon=0.5"))
+        run_srr(request(tiny_npz, tmp_path / "b", *PER_LABEL, "budget.epsilon=1", "budget.max_epsilon=0.5"))
     assert not cache.exists() or not any(cache.glob("baseline-*")), "nothing may be trained before the check"
     with pytest.raises(ConfigError, match="private records"):
-        train_srr(request(tiny_npz, tmp_path / "c", "srr.setting=label-dp", "srr.num_samples=100000",
+        run_srr(request(tiny_npz, tmp_path / "c", "srr.setting=label-dp", "srr.num_samples=100000",
                           "budget.epsilon=10"))
 
 
@@ -172,7 +172,7 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
     # bit-for-bit replay is what the CPU guarantees; on CUDA cuDNN's default kernels differ in the last bits (H100)
     from safetensors.torch import load_file
 
-    full = train_srr(request(tiny_npz, tmp_path / "full", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")).summary
+    full = run_srr(request(tiny_npz, tmp_path / "full", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")).summary
     draws = []
     real_release, real_stats = srr_mod.release_labels, srr_mod._label_stats
 
@@ -188,12 +188,12 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
     monkeypatch.setattr(srr_mod, "release_labels", counting_release)
     monkeypatch.setattr(srr_mod, "_label_stats", failing_stats)
     with pytest.raises(_Interrupt):
-        train_srr(request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu"))
+        run_srr(request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu"))
     assert len(draws) == 2 and PrivacyLedger(tmp_path / "cut", accounting="paper").keys() == ["stage-1", "stage-2"]
     monkeypatch.setattr(srr_mod, "_label_stats", real_stats)
     req = request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")
     req.resume = True
-    resumed = train_srr(req).summary
+    resumed = run_srr(req).summary
     assert len(draws) == 4, "stage 2's labels were drawn again on resume"
     a, b = load_file(tmp_path / "full" / "student.safetensors"), load_file(tmp_path / "cut" / "student.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -43,12 +43,12 @@ def srr_command(
     Prints the student's accuracy with both epsilons: the paper's (per label, pure) and the strict one
     (composed over every label from the one teacher), and what neither covers.
     """
-    from privdistill.methods.srr import train_srr
+    from privdistill.methods.srr import run_srr
 
     extra = o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
                                    stages=stages, num_samples=samples)
     request = run.request(extra)
-    summary = train_srr(request, cache=not run.no_cache).summary
+    summary = run_srr(request, cache=not run.no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
     field = "label_accuracy_vs_truth" if summary["setting"] == "label-dp" else "label_accuracy_vs_teacher"
     console.print(f"{summary['num_labels']} labels in {summary['stages']} stages, {summary[field]:.4f} of them "

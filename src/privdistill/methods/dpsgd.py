@@ -30,7 +30,6 @@ per-sample gradients, their norms and the clipping in bf16, so a clipped gradien
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -43,8 +42,8 @@ from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import to_float
 from privdistill.engine import evaluate, streams
 from privdistill.engine.augment import augment_batch
+from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import lr_factor, make_optimizer
-from privdistill.engine.progress import progress_bar
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
@@ -268,53 +267,47 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
 
 
 def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tuple[float, list[dict]]:
-    """The DP-SGD epochs, resumable from the last finished epoch; returns (wall seconds, history)."""
-    env, run, budget = ctx.env, ctx.run, ctx.budget
+    """The DP-SGD epochs on the one training loop (a loop step is an epoch, checkpointed with Opacus's
+    accountant after each), so a resumed run continues after the last finished epoch; returns (wall seconds,
+    history)."""
+    env, budget = ctx.env, ctx.budget
     per_epoch, total = plan.details["per_epoch"], plan.details["total"]
     seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
     # the schedule's base rates, read before a checkpoint's (already decayed) rates are loaded
     base_lrs = [g["lr"] for g in p.optimizer.param_groups]
-    start_epoch, elapsed, history = 0, 0.0, []
-    state = run.load_checkpoint("dpsgd-checkpoint")
-    if state is not None:
-        p.model.load_state_dict(state["model"])
-        p.optimizer.original_optimizer.load_state_dict(state["optimizer"])
-        p.engine.accountant.load_state_dict(state["accountant"])
-        start_epoch, elapsed, history = state["epoch"], state["elapsed"], state["history"]
-        if abs(state["noise_multiplier"] - p.sigma) > 1e-12:
+
+    def evaluate_epoch() -> dict:
+        eps_now = float(p.engine.accountant.get_epsilon(delta=budget.delta))
+        return {"test_accuracy": evaluate(p.model, ctx.data.test, env), f"epsilon_{cfg.accountant}": round(eps_now, 4)}
+
+    loop = TrainingLoop(steps=cfg.epochs, env=env, run=ctx.run, checkpoint="dpsgd-checkpoint", title="DP-SGD epochs",
+                        log_stage="dpsgd", modules={"model": p.model},
+                        optimizers={"optimizer": p.optimizer.original_optimizer}, eval_every=1, checkpoint_every=1,
+                        evaluate=evaluate_epoch, entry_fields=lambda done: {"epoch": done}, mean_parts=False)
+    if loop.start:
+        p.engine.accountant.load_state_dict(loop.extra["accountant"])
+        if abs(loop.extra["noise_multiplier"] - p.sigma) > 1e-12:
             raise ConfigError("the checkpoint's noise multiplier differs from this run's: cannot resume")
-    t0 = time.perf_counter()
     p.model.train()
-    with progress_bar(total, "DP-SGD", enabled=env.progress, completed=start_epoch * per_epoch) as bar:
-        for epoch in range(start_epoch, cfg.epochs):
-            if not cfg.secure_mode:
-                p.sample_gen.manual_seed(env.generator(streams.DPSGD_SAMPLE, seed, epoch).initial_seed())
-                p.noise_gen.manual_seed(env.generator(streams.DPSGD_NOISE, seed, epoch).initial_seed())
-            running, seen = 0.0, 0
-            for i, (x, y) in enumerate(p.loader):
-                step = epoch * per_epoch + i
-                for g, lr in zip(p.optimizer.param_groups, base_lrs):
-                    g["lr"] = lr * lr_factor(cfg.lr_schedule, step, total)
-                x = augment_batch(to_float(x), cfg.augment, env.generator(streams.DPSGD_AUGMENT, epoch, i))
-                x, y = x.to(env.device), y.to(env.device)
-                p.optimizer.zero_grad(set_to_none=True)
-                if len(x):
-                    loss = F.cross_entropy(p.dp_model(x), y)
-                    loss.backward()
-                    running += float(loss.detach()) * len(x)
-                    seen += len(x)
-                p.optimizer.step()
-                bar.advance(1, loss=running / max(1, seen))
-            done = epoch + 1
-            eps_now = float(p.engine.accountant.get_epsilon(delta=budget.delta))
-            entry = {"epoch": done, "train_loss": round(running / max(1, seen), 4),
-                     "test_accuracy": evaluate(p.model, ctx.data.test, env),
-                     f"epsilon_{cfg.accountant}": round(eps_now, 4)}
-            history.append(entry)
-            run.log(stage="dpsgd", **entry)
-            run.save_checkpoint({"model": p.model.state_dict(),
-                                 "optimizer": p.optimizer.original_optimizer.state_dict(),
-                                 "accountant": p.engine.accountant.state_dict(), "epoch": done,
-                                 "elapsed": elapsed + time.perf_counter() - t0, "history": history,
-                                 "noise_multiplier": p.sigma}, "dpsgd-checkpoint")
-    return elapsed + time.perf_counter() - t0, history
+    for epoch in loop:
+        if not cfg.secure_mode:
+            p.sample_gen.manual_seed(env.generator(streams.DPSGD_SAMPLE, seed, epoch).initial_seed())
+            p.noise_gen.manual_seed(env.generator(streams.DPSGD_NOISE, seed, epoch).initial_seed())
+        running, seen = 0.0, 0
+        for i, (x, y) in enumerate(p.loader):
+            step = epoch * per_epoch + i
+            for g, lr in zip(p.optimizer.param_groups, base_lrs):
+                g["lr"] = lr * lr_factor(cfg.lr_schedule, step, total)
+            x = augment_batch(to_float(x), cfg.augment, env.generator(streams.DPSGD_AUGMENT, epoch, i))
+            x, y = x.to(env.device), y.to(env.device)
+            p.optimizer.zero_grad(set_to_none=True)
+            if len(x):
+                loss = F.cross_entropy(p.dp_model(x), y)
+                loss.backward()
+                running += float(loss.detach()) * len(x)
+                seen += len(x)
+            p.optimizer.step()
+        loop.extra.update(accountant=p.engine.accountant.state_dict(), noise_multiplier=p.sigma)
+        loop.record({"train_loss": round(running / max(1, seen), 4)})  # evaluation, log, checkpoint
+    result = loop.finish()
+    return result.wall_seconds, result.history

@@ -319,6 +319,6 @@ class SRR(MethodAPI):
         return SRRMethod().run(self.request(dataset), cache=self.cache)
 
 
-def train_srr(request: RunRequest, *, cache: bool = True) -> RunResult:
+def run_srr(request: RunRequest, *, cache: bool = True) -> RunResult:
     """Run SRR end to end (the Python API behind `privdistill srr`); ε and δ are the request's `budget` section."""
     return SRRMethod().run(request, cache=cache)
