@@ -36,6 +36,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_step_schedule, step_decay_factor
 from privdistill.engine.run import RunDir
+from privdistill.engine.synthesis import image_prior
 from privdistill.errors import ConfigError, ModelError
 from privdistill.models import create_model
 
@@ -59,6 +60,17 @@ class GeneratorTraining:
     lr_decay: float = 0.1
     num_samples: int = 0  # synthetic set size; 0: as many as the classifier's training set
     checkpoint_every: int = 100  # steps
+    # --- the synthesis engine beyond the papers' literal losses (engine/synthesis.py); off: the papers' generator
+    source_models: int = 0  # k >= 2: fit to k classifiers on disjoint parts of the private data, not to one
+    source_model: str = "paper-cnn"  # their architecture, and how they are trained (a cached teachers stage)
+    source_steps: int = 300
+    source_batch_size: int = 64
+    source_lr: float = 2e-3
+    tv_weight: float = 0.0  # image priors (DeepInversion): total variation ...
+    l2_weight: float = 0.0  # ... and L2 of the images
+    verify: float = 0.0  # synthetic set: keep samples on which at least this share of the source models agree
+    balance: bool = False  # synthetic set: as many samples of each source label
+    quality: bool = False  # measure the stage's quality (class balance, agreement, ceiling) into its stage.json
 
     def validate(self) -> None:
         if self.loss not in LOSS_DEFAULTS:
@@ -69,6 +81,25 @@ class GeneratorTraining:
             raise ConfigError("generator.lr must be > 0 and lr_decay in (0, 1]")
         if self.num_samples < 0:
             raise ConfigError("generator.num_samples must be >= 0")
+        if self.source_models == 1 or self.source_models < 0:
+            raise ConfigError("generator.source_models must be 0 (the one classifier) or >= 2")
+        if min(self.source_steps, self.source_batch_size) < 1 or self.source_lr <= 0:
+            raise ConfigError("generator.source_steps and source_batch_size must be >= 1, source_lr > 0")
+        if min(self.tv_weight, self.l2_weight) < 0:
+            raise ConfigError("generator.tv_weight and l2_weight must be >= 0")
+        if not 0 <= self.verify <= 1:
+            raise ConfigError("generator.verify must lie in [0, 1]")
+        if self.verify and self.source_models < 2:
+            raise ConfigError("generator.verify needs generator.source_models >= 2 (models that can agree)")
+
+    def source_training(self):
+        """The teachers-stage configuration of the source models (None: the papers' one classifier)."""
+        from privdistill.engine.ensemble import TeacherTraining
+
+        if self.source_models < 2:
+            return None
+        return TeacherTraining(num_teachers=self.source_models, model=self.source_model, steps=self.source_steps,
+                               batch_size=self.source_batch_size, lr=self.source_lr)
 
     @property
     def weights(self) -> tuple[float, float]:
@@ -87,6 +118,8 @@ def logits_and_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor
     Our classifiers expose `features` and `classifier`; for other modules (a user's torch model), the input
     of the last nn.Linear is captured with a forward hook.
     """
+    if hasattr(model, "logits_and_features"):  # a SourceEnsemble: log p̄ and the members' features
+        return model.logits_and_features(x)
     if hasattr(model, "features") and hasattr(model, "classifier") and callable(model.features):
         feats = model.features(x)
         return model.classifier(feats), feats
@@ -190,7 +223,8 @@ def build_generator(cfg: GeneratorTraining, channels: int, image_size: int, *, o
 
 def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, channels: int, image_size: int,
                     run: RunDir | None = None) -> tuple[nn.Module, dict]:
-    """Train a DAFL generator against the fixed `classifier` (its weights are never updated)."""
+    """Train a DAFL generator against the fixed `classifier` (its weights are never updated), or against a
+    SourceEnsemble (engine/synthesis.py), with the image priors the config asks for."""
     classifier = env.place(classifier).eval()
     for p in classifier.parameters():
         p.requires_grad_(False)
@@ -217,6 +251,9 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
             with env.autocast():
                 x = generator(z.to(env.device))
                 loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn)
+            if cfg.tv_weight or cfg.l2_weight:
+                prior, prior_parts = image_prior(x, tv_weight=cfg.tv_weight, l2_weight=cfg.l2_weight)
+                loss, parts = loss + prior, {**parts, **prior_parts}
             loop.update(loss, {"loss": float(loss.detach()), **parts})
     finally:
         if bn is not None:

@@ -23,6 +23,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, class_balance, generate, train_generator, warn_if_collapsed
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
 from privdistill.engine.run import RunDir
+from privdistill.engine.synthesis import SourceEnsemble, synthesis_quality, verified_samples
 from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.engine.vae import VAETraining, train_vae
 from privdistill.models import create_model
@@ -108,16 +109,24 @@ class Stages:
         return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
 
     def generator(self, classifier: nn.Module, classifier_key: str, cfg: GeneratorTraining) -> tuple[nn.Module, Stage]:
-        """A data-free generator trained against the fixed `classifier` (identified by `classifier_key`)."""
+        """A data-free generator trained against the fixed `classifier` (identified by `classifier_key`), or, with
+        `generator.source_models`, against an ensemble of source models (engine/synthesis.py)."""
         channels, size = self.data.channels, self.data.image_size[0]
+        source, source_key = self.synthesis_source(classifier, classifier_key, cfg)
 
         def build(run: RunDir) -> dict:
-            gen, stats = train_generator(classifier, cfg, self.env, channels=channels, image_size=size, run=run)
+            gen, stats = train_generator(source, cfg, self.env, channels=channels, image_size=size, run=run)
             run.save_weights("generator", gen)
             run.remove_checkpoint("generator-checkpoint")
-            return {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes)}
+            stats = {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes)}
+            if cfg.quality:  # evaluation only: reads non-private models and the real test set
+                samples = generate(gen, min(10000, cfg.num_samples or len(self.data.train)), self.env)
+                readers = {"baseline": classifier} if source is not classifier else {}
+                stats["quality"] = synthesis_quality(samples, source, self.env, num_classes=self.data.num_classes,
+                                                     readers=readers, ceiling_test=self.data.test)
+            return stats
 
-        material = {"classifier": classifier_key, "config": to_plain(cfg), "seed": self.env.seed,
+        material = {"classifier": source_key, "config": to_plain(cfg), "seed": self.env.seed,
                     "precision": self.env.precision, "shape": [channels, size]}
         stage = self._get("generator", material, build)
         # checked on every use, so a cached collapsed generator warns again (stages made before the check too)
@@ -125,17 +134,38 @@ class Stages:
         gen = stage.run.load_weights("generator", device=self.env.device)
         return gen, stage
 
-    def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int) -> tuple[torch.Tensor, Stage]:
-        """n synthetic images (uint8) from the generator. No labels are stored with them: labels must come
-        from a privacy mechanism (votes, randomized response, noisy gradients), never from this stage."""
+    def synthesis_source(self, classifier: nn.Module, classifier_key: str,
+                         cfg: GeneratorTraining) -> tuple[nn.Module, str]:
+        """The model a generator is fitted to, and its key: the classifier itself (the papers), or the ensemble of
+        `generator.source_models` classifiers, each trained on its own disjoint part of the private data."""
+        training = cfg.source_training()
+        if training is None:
+            return classifier, classifier_key
+        ensemble, stage = self.teachers(training)
+        members = [self.env.place(ensemble.member(i)).eval() for i in range(ensemble.num_teachers)]
+        return SourceEnsemble(members), f"sources:{stage.key}"
+
+    def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int, *, source: nn.Module | None = None,
+                  verify: float = 0.0, balance: bool = False) -> tuple[torch.Tensor, Stage]:
+        """n synthetic images (uint8) from the generator; with `verify` / `balance` (and the `source` the generator
+        was fitted to), only samples the source models agree on, as many per label. No labels are stored with
+        them: labels must come from a privacy mechanism (votes, randomized response, noisy gradients), never
+        from this stage."""
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 
-            images = generate(generator, n, self.env)
+            if verify or balance:
+                images, stats = verified_samples(generator, source, n, self.env, num_classes=self.data.num_classes,
+                                                 verify=verify, balance=balance)
+            else:
+                images, stats = generate(generator, n, self.env), {}
             save_file({"images": images}, str(run.path / "synthetic.safetensors"))
-            return {"num_samples": n}
+            return {"num_samples": n, **stats}
 
-        stage = self._get("synthetic", {"generator": generator_stage.key, "n": n, "seed": self.env.seed}, build)
+        material = {"generator": generator_stage.key, "n": n, "seed": self.env.seed}
+        if verify or balance:  # only then: the keys of the papers' synthetic sets stay as they were
+            material.update(verify=verify, balance=balance)
+        stage = self._get("synthetic", material, build)
         from safetensors.torch import load_file
 
         return load_file(str(stage.path / "synthetic.safetensors"))["images"], stage

@@ -46,6 +46,7 @@ from privdistill.engine.holdout import holdout_split
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
 from privdistill.engine.stages import file_digest
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
+from privdistill.engine.synthesis import synthesis_agreement
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
 from privdistill.methods.common import MethodAPI, RunRequest
@@ -140,14 +141,19 @@ class DGDMethod(Method):
         cfg: DGDConfig = ctx.section("dgd")
         env, data, stages, queries = ctx.env, ctx.data, ctx.stages, plan.details["queries"]
         # --- discriminative and generative streams (cached stages)
-        generator, baseline, baseline_accuracy, refs = None, None, None, {}
+        generator, baseline, baseline_accuracy, refs, diagnostics = None, None, None, {}, {}
         if cfg.inputs == "generator":
+            gcfg: GeneratorTraining = ctx.section("generator")
             baseline, baseline_stage = stages.baseline(ctx.section("baseline"))
-            generator, gen_stage = stages.generator(baseline, file_digest(baseline_stage.path / "model.safetensors"),
-                                                    ctx.section("generator"))
-            pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train))
+            baseline_key = file_digest(baseline_stage.path / "model.safetensors")
+            generator, gen_stage = stages.generator(baseline, baseline_key, gcfg)
+            source, _ = stages.synthesis_source(baseline, baseline_key, gcfg)  # what the generator was fitted to
+            pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train),
+                                                source=source, verify=gcfg.verify, balance=gcfg.balance)
             teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
             baseline_accuracy = evaluate(baseline, data.test, env)
+            diagnostics["synthesis_quality"] = synthesis_agreement(pool[:2000], source, baseline, teachers, env,
+                                                                   data.num_classes)
             refs.update(baseline=baseline_stage.ref(), generator=gen_stage.ref(), synthetic=pool_stage.ref())
             pool_key = pool_stage.key
         else:  # Fig. 7: a held-out slice of D plays the public unlabelled data; teachers learn on the rest
@@ -169,12 +175,11 @@ class DGDMethod(Method):
 
         labels = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY],
                                               answer_queries)).long()
-        diagnostics = {}
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
-            diagnostics = {"query_agreement_with_baseline": _agreement_with_baseline(
+            diagnostics.update({"query_agreement_with_baseline": _agreement_with_baseline(
                 baseline, query_images, labels, fresh.get("answer"), env),
                 "query_agreement_note": "evaluation only: compares the teachers' labels on the queried synthetic "
-                                        "samples with the non-private baseline's; not covered by any epsilon"}
+                                        "samples with the non-private baseline's; not covered by any epsilon"})
         codes = _latent_codes(vae, rest_images, cfg, env, ledger, plan.details["events"].get(LATENT_KEY), noise_seed)
 
         # --- semi-supervised student (Eq. 1)
