@@ -125,3 +125,31 @@ def test_generator_training_against_a_source_ensemble_lowers_its_loss(tiny_npz, 
     assert stats["final"]["loss"] < first["final"]["loss"], "training lowers the loss"
     with pytest.raises(ConfigError, match="source_models"):
         GeneratorTraining(source_models=1).validate()
+
+
+def test_small_data_sources_train_on_their_own_share_of_the_data(tiny_npz, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    data = load_data(f"npz:{tiny_npz}")
+    cfg = GeneratorTraining(source_models=2, source_parts=10, source_model="small-cnn", source_steps=5,
+                            source_batch_size=8)
+    stages = Stages(StageCache(tmp_path / "cache"), Env.cpu(), data, RunDir.open(tmp_path / "run", config={}))
+    source, key = stages.synthesis_source(None, "unused", cfg)
+    info = [s for s in StageCache(tmp_path / "cache").entries() if s.get("stage") == "teachers"]
+    assert isinstance(source, SourceEnsemble) and len(source.members) == 2 and key.startswith("sources:")
+    assert len(info) == 1
+    import json
+
+    stage_json = json.loads(next((tmp_path / "cache").glob("teachers-*/stage.json")).read_text())
+    share = len(data.train) // 10
+    assert stage_json["partition_sizes"] == [share, share], "two sources, each on 1/10 of the data"
+    with pytest.raises(ConfigError, match="source_parts"):
+        GeneratorTraining(source_models=4, source_parts=3).validate()
+
+
+def test_a_named_overlay_configures_every_method(tmp_path, monkeypatch):
+    from privdistill.config import packaged_overlay, resolve_sections
+
+    monkeypatch.chdir(tmp_path)
+    assert packaged_overlay("synthesis") is not None and packaged_overlay("no-such-overlay") is None
+    sections = resolve_sections({"generator": GeneratorTraining}, preset="quick", config_file="synthesis")
+    assert sections["generator"].source_models >= 2

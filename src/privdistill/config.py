@@ -121,12 +121,22 @@ def load_preset(name: str) -> dict[str, Any]:
     return merged
 
 
+def packaged_overlay(name: str | Path) -> Path | None:
+    """A named configuration shipped with privdistill (`--config synthesis`: presets/overlays/synthesis.yaml),
+    when `name` is a bare name with no such file in the working directory; else None."""
+    text = str(name)
+    if "/" in text or text.endswith((".yaml", ".yml")) or Path(text).exists():
+        return None
+    candidate = resources.files("privdistill.presets").joinpath("overlays", f"{text}.yaml")
+    return Path(str(candidate)) if candidate.is_file() else None
+
+
 def load_yaml_file(path: str | Path | None, *, what: str = "config file",
                    holds: str = "sections") -> dict[str, Any]:
     """A YAML mapping from `path` ({} for None), or a ConfigError naming `what` the file is."""
     if path is None:
         return {}
-    path = Path(path)
+    path = packaged_overlay(path) or Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {path} " + ("is a directory, not a YAML file" if path.is_dir()
                                               else "does not exist"))

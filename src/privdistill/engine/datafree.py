@@ -62,6 +62,7 @@ class GeneratorTraining:
     checkpoint_every: int = 100  # steps
     # --- the synthesis engine beyond the papers' literal losses (engine/synthesis.py); off: the papers' generator
     source_models: int = 0  # k >= 2: fit to k classifiers on disjoint parts of the private data, not to one
+    source_parts: int = 0  # each source sees 1/source_parts of the data (its first parts); 0: 1/source_models
     source_model: str = "paper-cnn"  # their architecture, and how they are trained (a cached teachers stage)
     source_steps: int = 300
     source_batch_size: int = 64
@@ -83,6 +84,8 @@ class GeneratorTraining:
             raise ConfigError("generator.num_samples must be >= 0")
         if self.source_models == 1 or self.source_models < 0:
             raise ConfigError("generator.source_models must be 0 (the one classifier) or >= 2")
+        if self.source_parts and self.source_parts < self.source_models:
+            raise ConfigError("generator.source_parts must be 0 or at least generator.source_models")
         if min(self.source_steps, self.source_batch_size) < 1 or self.source_lr <= 0:
             raise ConfigError("generator.source_steps and source_batch_size must be >= 1, source_lr > 0")
         if min(self.tv_weight, self.l2_weight) < 0:

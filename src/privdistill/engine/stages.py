@@ -18,6 +18,7 @@ from torch import nn
 from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import DataSplits
+from privdistill.data.partition import partition_indices
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, class_balance, generate, train_generator, warn_if_collapsed
@@ -141,7 +142,14 @@ class Stages:
         training = cfg.source_training()
         if training is None:
             return classifier, classifier_key
-        ensemble, stage = self.teachers(training)
+        if cfg.source_parts > cfg.source_models:
+            # small-data sources, like the models that will read the samples (DGD's teachers): the first
+            # source_models parts of a source_parts-way split (another split than the teachers': seed 1)
+            parts = partition_indices(len(self.data.train), cfg.source_parts, seed=1)[:cfg.source_models]
+            subset = self.data.train.subset(torch.cat(parts).sort().values, name="the source models' parts")
+            ensemble, stage = self.teachers_on(subset, training)
+        else:
+            ensemble, stage = self.teachers(training)
         members = [self.env.place(ensemble.member(i)).eval() for i in range(ensemble.num_teachers)]
         return SourceEnsemble(members), f"sources:{stage.key}"
 

@@ -18,6 +18,7 @@ from privdistill.engine import Env, RunDir, evaluate, record_result, train_class
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.stages import Stages, file_digest
+from privdistill.engine.synthesis import synthesis_quality
 from privdistill.engine.synthetic import save_grid, teacher_view
 from privdistill.engine.trainer import predict_logits
 from privdistill.errors import RunError
@@ -64,10 +65,14 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     teacher_key = file_digest(teacher_run.path / "model.safetensors")
     teacher_accuracy = evaluate(teacher, data.test, env)
     generator, gen_stage = stages.generator(teacher, teacher_key, cfg)
-    images, syn_stage = stages.synthetic(generator, gen_stage, n)
+    source, _ = stages.synthesis_source(teacher, teacher_key, cfg)  # the teacher, or the source ensemble
+    images, syn_stage = stages.synthetic(generator, gen_stage, n, source=source, verify=cfg.verify,
+                                         balance=cfg.balance)
 
-    view = teacher_view(teacher, images, env, data.num_classes)
-    teacher_labels = predict_logits(teacher, images, env).argmax(1)
+    view = teacher_view(source, images, env, data.num_classes)
+    teacher_labels = predict_logits(source, images, env).argmax(1)  # the labels the samples were made for
+    readers = {"teacher": teacher} if source is not teacher else {}  # an independently trained reader
+    quality = synthesis_quality(images[:2000], source, env, num_classes=data.num_classes, readers=readers)
     save_grid(images, teacher_labels, run.path / "samples.png", num_classes=data.num_classes)
     run.save_weights("generator", generator)
     from safetensors.torch import save_file
@@ -90,7 +95,8 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
         privacy="none: generator trained against a non-private teacher, student labelled by that teacher",
         wall_seconds=round(wall, 1), device=env.describe(), loss=cfg.loss, num_samples=n,
         generator_stage=gen_stage.ref(), synthetic_stage=syn_stage.ref(), generator_stats=gen_stage.info(),
-        synthetic_quality=view)
+        synthetic_quality=view, synthesis_quality={**quality, "ceiling": round(student_accuracy, 4)},
+        source="teacher" if source is teacher else f"{cfg.source_models} source models (disjoint parts of the data)")
     if req.record:
         summary["recorded_as"] = str(record_result(summary, results_dir=req.results_dir))
     return summary
