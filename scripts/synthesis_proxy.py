@@ -8,8 +8,8 @@ samples were synthesised for (`agreement_with_source`); the share on which they 
 their pairwise agreement; the class balance; and, with `--ceiling`, the ceiling (test accuracy of a student
 trained only on 10,000 samples labelled by the source). Evaluation only: nothing is released, no ε is spent.
 
-    flock /tmp/privdistill-cpu.lock python scripts/synthesis_proxy.py --dataset mnist \
-        --set generator.source_models=6 --set generator.lr=0.001 --out docs/diagnostics/synthesis-proxy.json
+    flock /tmp/privdistill-cpu.lock python scripts/synthesis_proxy.py --dataset mnist --config synthesis \
+        --ceiling --out docs/diagnostics/synthesis-proxy-mnist-synthesis.json
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from privdistill.engine.synthesis import label_balance, read_labels, source_labe
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="mnist")
+    ap.add_argument("--config", help="a YAML file or packaged overlay (e.g. synthesis) with a generator section")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value (generator.…)")
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--readers", type=int, default=10)
@@ -46,7 +47,7 @@ def main() -> None:
 
     sections = resolve_sections({"run": RunOptions, "baseline": ClassifierTraining, "generator": GeneratorTraining,
                                  "teachers": TeacherTraining}, preset="quick", dataset=args.dataset,
-                                overrides=args.overrides + ["run.progress=false"])
+                                config_file=args.config, overrides=args.overrides + ["run.progress=false"])
     env = Env.from_options(sections["run"])
     data = load_data(args.dataset, None, seed=0)
     gcfg: GeneratorTraining = sections["generator"]
@@ -72,7 +73,7 @@ def main() -> None:
                         for i in range(args.readers)])
     pairwise = torch.stack([(each[i] == each[j]).float().mean() for i in range(len(each))
                             for j in range(i + 1, len(each))])
-    row = {"dataset": args.dataset, "overrides": args.overrides, "samples": len(sample),
+    row = {"dataset": args.dataset, "config": args.config, "overrides": args.overrides, "samples": len(sample),
            "readers": f"{args.readers} quick DGD teachers (1/{teachers_cfg.num_teachers} of the data each)",
            "agreement_with_source": round(float((plurality == by_source).float().mean()), 4),
            "agreement_with_baseline": round(float((plurality == by_baseline).float().mean()), 4),

@@ -153,3 +153,34 @@ def test_a_named_overlay_configures_every_method(tmp_path, monkeypatch):
     assert packaged_overlay("synthesis") is not None and packaged_overlay("no-such-overlay") is None
     sections = resolve_sections({"generator": GeneratorTraining}, preset="quick", config_file="synthesis")
     assert sections["generator"].source_models >= 2
+
+
+def test_srr_and_dpdfd_generators_use_the_engine(tiny_npz, tmp_path, monkeypatch):
+    """Every method reaches the engine through its generator section: SRR's pre-trained generator (BatchNorm
+    statistics matched on BatchNorm source models) and DPDFD's warm-started one."""
+    from privdistill.methods.common import RunRequest
+    from privdistill.methods.dpdfd import run_dpdfd
+    from privdistill.methods.srr import run_srr
+
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    run = ["run.precision=fp32", "run.progress=false", "run.threads=1"]
+    sources = ["source_models=2", "source_parts=4", "source_steps=5", "source_batch_size=16"]
+    srr = run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), overrides=run + [
+        "srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=10", "srr_teacher.batch_size=32", "srr_generator.rounds=1",
+        "srr_generator.steps_per_round=3", "srr_generator.batch_size=16", "srr_generator.width=16", "srr.stages=2",
+        "srr.num_samples=40", "srr.batch_size=16", "srr.epochs_per_stage=1", "srr.finetune_steps=1",
+        "budget.epsilon=2", "budget.accounting=paper", "srr_generator.source_model=paper-cnn-bn"]
+        + [f"srr_generator.{s}" for s in sources]))
+    import json
+
+    generator_stages = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("generator-*/stage.json")]
+    assert srr.generator is not None and [g["source"][:8] for g in generator_stages] == ["sources:"]
+    dpdfd = run_dpdfd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "dpdfd"), overrides=run + [
+        "baseline.model=small-cnn", "baseline.epochs=1", "baseline.batch_size=32", "dpdfd.batch_size=16",
+        "dpdfd.student_model=small-cnn", "dpdfd.steps=3", "dpdfd.sigma=2", "dpdfd.generator_init=teacher",
+        "dpdfd_generator.rounds=1", "dpdfd_generator.steps_per_round=3", "dpdfd_generator.batch_size=16",
+        "dpdfd_generator.width=16", "budget.epsilon=100", "budget.accounting=paper",
+        "dpdfd_generator.source_model=small-cnn"] + [f"dpdfd_generator.{s}" for s in sources]))
+    assert "NOT DP" in dpdfd.summary["privacy"], "a warm start read private models without noise: said so"
+    generator_stages = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("generator-*/stage.json")]
+    assert sorted(g["source"][:8] for g in generator_stages) == ["sources:", "sources:"]

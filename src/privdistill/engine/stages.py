@@ -119,7 +119,8 @@ class Stages:
             gen, stats = train_generator(source, cfg, self.env, channels=channels, image_size=size, run=run)
             run.save_weights("generator", gen)
             run.remove_checkpoint("generator-checkpoint")
-            stats = {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes)}
+            stats = {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes),
+                     "source": source_key}
             if cfg.quality:  # evaluation only: reads non-private models and the real test set
                 samples = generate(gen, min(10000, cfg.num_samples or len(self.data.train)), self.env)
                 readers = {"baseline": classifier} if source is not classifier else {}
