@@ -144,6 +144,10 @@ def test_small_data_sources_train_on_their_own_share_of_the_data(tiny_npz, tmp_p
     assert stage_json["partition_sizes"] == [share, share], "two sources, each on 1/10 of the data"
     with pytest.raises(ConfigError, match="source_parts"):
         GeneratorTraining(source_models=4, source_parts=3).validate()
+    baseline = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28).eval()
+    with_baseline, key2 = stages.synthesis_source(baseline, "baseline-key", GeneratorTraining(
+        **{**cfg.__dict__, "source_with_classifier": True}))
+    assert len(with_baseline.members) == 3 and with_baseline.members[0] is baseline and key2 == key + "+baseline-key"
 
 
 def test_a_named_overlay_configures_every_method(tmp_path, monkeypatch):

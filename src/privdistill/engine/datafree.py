@@ -63,6 +63,7 @@ class GeneratorTraining:
     # --- the synthesis engine beyond the papers' literal losses (engine/synthesis.py); off: the papers' generator
     source_models: int = 0  # k >= 2: fit to k classifiers on disjoint parts of the private data, not to one
     source_parts: int = 0  # each source sees 1/source_parts of the data (its first parts); 0: 1/source_models
+    source_with_classifier: bool = False  # the classifier (the baseline) is one more member of the ensemble
     source_model: str = "paper-cnn"  # their architecture, and how they are trained (a cached teachers stage)
     source_steps: int = 300
     source_batch_size: int = 64

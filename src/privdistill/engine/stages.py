@@ -152,6 +152,8 @@ class Stages:
         else:
             ensemble, stage = self.teachers(training)
         members = [self.env.place(ensemble.member(i)).eval() for i in range(ensemble.num_teachers)]
+        if cfg.source_with_classifier:  # the samples must also be read alike by the classifier (the baseline)
+            return SourceEnsemble([classifier, *members]), f"sources:{stage.key}+{classifier_key}"
         return SourceEnsemble(members), f"sources:{stage.key}"
 
     def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int, *, source: nn.Module | None = None,
