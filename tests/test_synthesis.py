@@ -188,3 +188,36 @@ def test_srr_and_dpdfd_generators_use_the_engine(tiny_npz, tmp_path, monkeypatch
     assert "NOT DP" in dpdfd.summary["privacy"], "a warm start read private models without noise: said so"
     generator_stages = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("generator-*/stage.json")]
     assert sorted(g["source"][:8] for g in generator_stages) == ["sources:", "sources:"]
+
+
+def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path, monkeypatch):
+    """`privdistill generator quality STAGE` finds the source models a cached stage was fitted to, and measures
+    class balance, another reader's agreement and a grid; a stage whose source is gone asks for --source."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from privdistill.cli import get_app
+
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    data = load_data(f"npz:{tiny_npz}")
+    cfg = GeneratorTraining(loss="dgd", rounds=1, steps_per_round=2, batch_size=16, width=16, source_models=2,
+                            source_parts=4, source_model="small-cnn", source_steps=5, source_batch_size=16)
+    stages = Stages(StageCache(tmp_path / "cache"), Env.cpu(), data, RunDir.open(tmp_path / "run", config={}))
+    _, stage = stages.generator(None, "unused", cfg)
+    teachers_dir = next((tmp_path / "cache").glob("teachers-*"))
+    out = tmp_path / "quality"
+    result = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}",
+                                      "--samples", "40", "--reader", f"sources={teachers_dir}", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "quality.json").read_text())
+    assert report["samples"] == 40 and sum(report["class_counts"]) == 40 and 0 <= report["class_balance"] <= 1
+    # the plurality of the two sources is the label of their mean softmax on most samples, never on none
+    assert 0 < report["agreement_with_sources"] <= 1 and (out / "samples.png").is_file()
+    assert report["fitted_to"].startswith("sources:") and "not covered by any epsilon" in report["note"]
+    shutil.rmtree(teachers_dir)
+    result = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}"])
+    assert result.exit_code != 0 and "--source" in str(result.exception)
+    result = CliRunner().invoke(get_app(), ["generator", "quality", "generator-nosuchkey", "-d", f"npz:{tiny_npz}"])
+    assert result.exit_code != 0 and "no generator stage" in str(result.exception)

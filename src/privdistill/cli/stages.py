@@ -82,6 +82,45 @@ def generator_train(teacher: Annotated[
                   f"Grid: {summary['run_dir']}/samples.png", highlight=False)
 
 
+@generator_app.command("quality")
+def generator_quality(
+    stage: Annotated[str, typer.Argument(help="a generator stage: its key (privdistill cache ls) or directory")],
+    dataset: o.Dataset = "mnist",
+    source: Annotated[Optional[Path], typer.Option(
+        "--source", help="the model the generator was fitted to (default: found in the stage cache)")] = None,
+    reader: Annotated[Optional[list[str]], typer.Option(
+        "--reader", help="NAME=DIR: another model (model.safetensors) or ensemble (teachers.safetensors) whose "
+                         "agreement with the source's labels is measured; repeatable")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=10, help="synthetic samples drawn")] = 2000,
+    ceiling: Annotated[bool, typer.Option(
+        "--ceiling", help="also train a student only on the samples (source labels) and test it")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="where quality.json and samples.png go")] = None,
+    data_root: o.DataRoot = None,
+) -> None:
+    """Print the quality of any generator stage: class balance, other models' agreement, ceiling, a grid."""
+    from privdistill.errors import ConfigError
+    from privdistill.methods.datafree import generator_quality as measure
+
+    readers = {}
+    for item in reader or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--reader takes NAME=DIR, got {item!r}")
+        readers[name] = path
+    report = measure(stage, dataset=dataset, source=str(source) if source else None, readers=readers,
+                     samples=samples, ceiling=ceiling, out=str(out) if out else None,
+                     data_root=str(data_root) if data_root else None)
+    table = Table(title=f"generator stage {report['stage']} on {dataset} (evaluation only, no epsilon)")
+    table.add_column("measure")
+    table.add_column("value")
+    for key, value in report.items():
+        if key not in ("stage", "dataset", "note", "recorded_quality"):
+            table.add_row(key, str(value))
+    console.print(table)
+    if report["recorded_quality"]:
+        console.print(f"recorded when the stage was built: {report['recorded_quality']}", highlight=False)
+
+
 @cache_app.command("ls")
 def cache_ls() -> None:
     """List cached stages."""

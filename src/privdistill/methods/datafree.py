@@ -8,17 +8,23 @@ student has no privacy guarantee: it is the ceiling that the private methods' st
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from torch import nn
+
+from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, RunOptions, resolve_sections, to_plain
 from privdistill.data import ImageDataset, load_data
 from privdistill.engine import Env, RunDir, evaluate, record_result, train_classifier
 from privdistill.engine.cache import StageCache
-from privdistill.engine.datafree import GeneratorTraining
+from privdistill.engine.datafree import GeneratorTraining, generate
+from privdistill.engine.ensemble import TeacherEnsemble
 from privdistill.engine.stages import Stages, file_digest
-from privdistill.engine.synthesis import synthesis_quality
+from privdistill.engine.synthesis import SourceEnsemble, synthesis_quality
 from privdistill.engine.synthetic import save_grid, teacher_view
 from privdistill.engine.trainer import predict_logits
 from privdistill.errors import RunError
@@ -100,3 +106,82 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     if req.record:
         summary["recorded_as"] = str(record_result(summary, results_dir=req.results_dir))
     return summary
+
+
+def resolve_source(recorded: str, cache: StageCache, env: Env) -> nn.Module | None:
+    """The model a cached generator stage was fitted to, from the key its stage recorded: `sources:KEY` (an
+    ensemble of source models, the teachers stage KEY) with an optional `+DIGEST` (the classifier joined to
+    it), or a classifier's weights digest, looked up among the cached baselines. None if not in the cache."""
+    def classifier(digest: str) -> nn.Module | None:
+        for path in sorted(cache.root.glob("baseline-*/model.safetensors")):
+            if file_digest(path) == digest:
+                return env.place(RunDir(path.parent).load_weights("model", device=env.device)).eval()
+        return None
+
+    if not recorded.startswith("sources:"):
+        return classifier(recorded)
+    teachers_key, _, digest = recorded.removeprefix("sources:").partition("+")
+    saved = cache.root / f"teachers-{teachers_key}" / "teachers.safetensors"
+    if not saved.is_file():
+        return None
+    ensemble = TeacherEnsemble.load(saved, env.device)
+    members = [env.place(ensemble.member(i)).eval() for i in range(ensemble.num_teachers)]
+    joined = classifier(digest) if digest else None
+    if digest and joined is None:
+        return None
+    return SourceEnsemble([joined, *members] if joined is not None else members)
+
+
+def load_reader(path: str, env: Env) -> Any:
+    """A model that reads synthetic samples: a run or stage directory with model.safetensors (a classifier) or
+    teachers.safetensors (an ensemble, read by its plurality vote)."""
+    directory = Path(path)
+    if (directory / "model.safetensors").is_file():
+        return env.place(RunDir(directory).load_weights("model", device=env.device)).eval()
+    if (directory / "teachers.safetensors").is_file():
+        return TeacherEnsemble.load(directory / "teachers.safetensors", env.device)
+    raise RunError(f"{path} holds neither model.safetensors nor teachers.safetensors: give the directory of a "
+                   "trained classifier (a run or a cached baseline stage) or of a teacher ensemble")
+
+
+def generator_quality(stage: str, *, dataset: str, source: str | None = None, readers: dict[str, str] | None = None,
+                      samples: int = 2000, ceiling: bool = False, out: str | None = None,
+                      data_root: str | None = None, seed: int = 0) -> dict[str, Any]:
+    """The quality of any generator stage (a cache key such as generator-1a2b…, or its directory): class balance
+    under the model it was fitted to, agreement of other readers with that model's labels, optionally the
+    ceiling, and a sample grid. Evaluation only: non-private models read the samples, no ε is spent."""
+    cache = StageCache()
+    directory = Path(stage) if Path(stage).is_dir() else cache.root / stage
+    if not (directory / "generator.safetensors").is_file():
+        raise RunError(f"{stage}: no generator stage there (give a key from `privdistill cache ls` or a directory "
+                       "holding generator.safetensors)")
+    run = RunDir(directory)
+    recorded = (run.config() or {}).get("classifier", "")
+    env = Env.from_options(RunOptions(seed=seed, precision="fp32", progress=False))
+    data = load_data(dataset, data_root)
+    fitted_to = load_reader(source, env) if source else resolve_source(recorded, cache, env)
+    if fitted_to is None:
+        raise RunError(f"the model {directory.name} was fitted to ({recorded or 'not recorded'}) is not in the "
+                       f"stage cache {cache.root}: pass --source with its directory")
+    generator = run.load_weights("generator", device=env.device).eval()
+    images = generate(generator, samples, env)
+    if tuple(images.shape[1:]) != (data.channels, *data.image_size):
+        raise RunError(f"the generator makes {tuple(images.shape[1:])} images but {dataset} has "
+                       f"{(data.channels, *data.image_size)}: give the dataset the generator was trained for")
+    quality = synthesis_quality(images, fitted_to, env, num_classes=data.num_classes,
+                                readers={name: load_reader(p, env) for name, p in (readers or {}).items()},
+                                ceiling_test=data.test if ceiling else None)
+    target = Path(out or f"generator-quality-{directory.name}")
+    grid = save_grid(images, predict_logits(fitted_to, images, env).argmax(1), target / "samples.png",
+                     num_classes=data.num_classes)
+    report = {"stage": directory.name, "fitted_to": source or recorded, "dataset": dataset,
+              "recorded_quality": run_info(directory).get("quality"), **quality, "grid": str(grid),
+              "note": "evaluation only: non-private models read the samples (and the real test set for the "
+                      "ceiling); not covered by any epsilon"}
+    atomic_write_json(target / "quality.json", report)
+    return report
+
+
+def run_info(directory: Path) -> dict[str, Any]:
+    marker = directory / "stage.json"
+    return json.loads(marker.read_text()) if marker.is_file() else {}
