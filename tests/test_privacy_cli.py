@@ -146,7 +146,7 @@ def test_report_with_pathways(tmp_path):
     assert doc["method"] == "DGD"
     assert round(doc["epsilon"]["paper"], 1) == 10.1
     assert doc["artifacts"]["student"]["fully_covered"] is False
-    assert "generator trained on the non-private baseline: not covered" in json.dumps(doc)
+    assert "not covered: the generator is fitted to models trained without noise" in json.dumps(doc)
     text = render_text(doc)
     assert "NOT covered" in text and "strict" in text and "paper" in text
     assert "noise:" not in text, "no noise source recorded, none claimed"

@@ -221,3 +221,19 @@ def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path,
     assert result.exit_code != 0 and "--source" in str(result.exception)
     result = CliRunner().invoke(get_app(), ["generator", "quality", "generator-nosuchkey", "-d", f"npz:{tiny_npz}"])
     assert result.exit_code != 0 and "no generator stage" in str(result.exception)
+
+
+def test_privacy_reports_name_the_source_models_as_uncovered():
+    """The source models read the private data without noise: DGD's and SRR's reports put them on the
+    uncovered pathways where the papers have the baseline (teacher)."""
+    from privdistill.privacy.report import dgd_pathways, srr_pathways
+
+    paper = GeneratorTraining()
+    assert paper.describe_source("non-private baseline classifier") == "non-private baseline classifier"
+    engine = GeneratorTraining(source_models=6, source_parts=250, source_with_classifier=True)
+    fitted_to = engine.describe_source("non-private baseline classifier")
+    assert fitted_to.startswith("6 source models") and "1/250" in fitted_to and "baseline" in fitted_to
+    for pathways in (dgd_pathways(fitted_to=fitted_to), srr_pathways(fitted_to=fitted_to)):
+        uncovered = [p.via for p in pathways["student"] + pathways["generator"] if not p.covered]
+        assert uncovered and all(fitted_to in via for via in uncovered if "generator" in via)
+        assert all(fitted_to not in p.via for p in pathways["student"] if p.covered)

@@ -105,6 +105,17 @@ class GeneratorTraining:
         return TeacherTraining(num_teachers=self.source_models, model=self.source_model, steps=self.source_steps,
                                batch_size=self.source_batch_size, lr=self.source_lr)
 
+    def describe_source(self, classifier: str) -> str:
+        """What the generator is fitted to, for the privacy report: `classifier` (the papers), or the source
+        models. Under every accounting here these sit on the same uncovered pathway as the baseline: they read
+        the private data without noise."""
+        if self.source_models < 2:
+            return classifier
+        share = f"its own 1/{self.source_parts} of D" if self.source_parts > self.source_models else \
+            f"its own 1/{self.source_models} of D"
+        joined = f" and the {classifier}" if self.source_with_classifier else ""
+        return f"{self.source_models} source models, each trained without noise on {share}{joined}"
+
     @property
     def weights(self) -> tuple[float, float]:
         a, b = LOSS_DEFAULTS[self.loss]

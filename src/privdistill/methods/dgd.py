@@ -196,7 +196,8 @@ class DGDMethod(Method):
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg: DGDConfig = ctx.section("dgd")
         pathways = dgd_pathways(aggregation=cfg.aggregation,
-                                inputs="generator" if cfg.inputs == "generator" else "held-out-private")
+                                inputs="generator" if cfg.inputs == "generator" else "held-out-private",
+                                fitted_to=ctx.section("generator").describe_source("non-private baseline classifier"))
         return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
                       fields={"epsilon_covers": "the teacher-vote channel only (strict); paper adds ε1 for the "
                                                 "latent noise",

@@ -260,7 +260,8 @@ class SRRMethod(Method):
         total, epsilon = plan.details["num_labels"], plan.details["epsilon_per_label"]
         notes = srr_notes(setting=cfg.setting, mechanism=cfg.mechanism, labels=total, epsilon=epsilon)
         # label-dp: no generator is trained or released, so the pathways name the student only
-        return Report(pathways=srr_pathways(setting=cfg.setting), secure_noise=cfg.secure_noise,
+        fitted_to = ctx.section("srr_generator").describe_source("non-private teacher")
+        return Report(pathways=srr_pathways(setting=cfg.setting, fitted_to=fitted_to), secure_noise=cfg.secure_noise,
                       noise_option="srr.secure_noise",
                       extra={"setting": cfg.setting, "mechanism": cfg.mechanism, "epsilon_per_label": epsilon,
                              "delta": ctx.budget.delta, "labels": total},

@@ -51,9 +51,11 @@ PRIVATE = "private training data"
 
 
 # ------------------------------------------------------------------------------------ method helpers
-def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator") -> dict[str, list[Pathway]]:
+def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
+                 fitted_to: str = "non-private baseline classifier") -> dict[str, list[Pathway]]:
     """DGD (and DGD+ with ``aggregation="gaussian"``). ``inputs``: "generator" (the method) or
-    "held-out-private" (Fig. 7 variant: a held-out slice of the private set replaces the generator)."""
+    "held-out-private" (Fig. 7 variant: a held-out slice of the private set replaces the generator).
+    ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models)."""
     check_choice("aggregation", aggregation, ("laplace", "gaussian"))
     check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
     agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
@@ -62,17 +64,18 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator") -> 
                        "the vote channel: what epsilon prices")]
     if inputs == "generator":
         student += [
-            Pathway(PRIVATE, "non-private baseline classifier -> data-free generator -> synthetic inputs",
+            Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
                     "the student's inputs (queried and unlabelled)", False,
-                    "the baseline and the generator are trained on D without noise"),
-            Pathway(PRIVATE, "non-private baseline -> generator -> synthetic data -> VAE -> latent codes + "
+                    "what the generator is fitted to and the generator are trained on D without noise"),
+            Pathway(PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + "
                     "Laplace(2c/eps1) -> decoded triples", "the student's unsupervised regulariser", False,
                     "the latent noise perturbs codes of synthetic samples; it does not protect private records"),
-            Pathway(PRIVATE, "non-private baseline -> generator -> which samples are queried",
+            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried (and kept, when verified)",
                     "the student's query set", False),
         ]
-        generator = [Pathway(PRIVATE, "non-private baseline classifier (trained on D) as fixed discriminator",
-                             "generator weights", False, "generator trained on the non-private baseline: not covered")]
+        generator = [Pathway(PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator",
+                             "generator weights", False, "not covered: the generator is fitted to models "
+                             "trained without noise")]
         out = {"student": student, "generator": generator}
     elif inputs == "held-out-private":
         student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
@@ -107,8 +110,9 @@ def dpdfd_pathways(*, algorithm: int = 1) -> dict[str, list[Pathway]]:
     ]}
 
 
-def srr_pathways(*, setting: str = "data-free") -> dict[str, list[Pathway]]:
-    """SRR (data-free: synthetic inputs) or its label-DP setting (real inputs, labels protected)."""
+def srr_pathways(*, setting: str = "data-free", fitted_to: str = "non-private teacher") -> dict[str, list[Pathway]]:
+    """SRR (data-free: synthetic inputs) or its label-DP setting (real inputs, labels protected). ``fitted_to``:
+    what the pre-trained generator was fitted to (the teacher, or the synthesis engine's source models)."""
     check_choice("setting", setting, ("data-free", "label-dp"))
     if setting == "label-dp":
         return {"student": [
@@ -121,12 +125,12 @@ def srr_pathways(*, setting: str = "data-free") -> dict[str, list[Pathway]]:
         "student": [
             Pathway(PRIVATE, "non-private teacher -> selective randomized response labels", "the student's labels",
                     True, "strict: composed over every label drawn from the teacher"),
-            Pathway(PRIVATE, "non-private teacher -> generator (BN-statistics, trained and fine-tuned against it) "
-                    "-> synthetic inputs", "the student's inputs", False,
-                    "the generator is trained against the teacher without noise"),
+            Pathway(PRIVATE, f"{fitted_to} -> generator (BN-statistics, trained against it, fine-tuned against "
+                    "the teacher) -> synthetic inputs", "the student's inputs", False,
+                    "the generator is trained against models read without noise"),
         ],
-        "generator": [Pathway(PRIVATE, "non-private teacher used as fixed discriminator", "generator weights",
-                              False, "generator trained against the non-private teacher: not covered")],
+        "generator": [Pathway(PRIVATE, f"{fitted_to} used as fixed discriminator", "generator weights",
+                              False, "not covered: the generator is trained against models read without noise")],
     }
 
 
