@@ -32,10 +32,15 @@ class Fixed(nn.Module):
         self.k, self.shift = k, shift
         self.scale = nn.Parameter(torch.tensor(20.0))
 
+    def features(self, x):
+        return x.float().flatten(1).mean(1, keepdim=True)  # in [-1, 1]
+
+    def classifier(self, m):
+        centres = torch.linspace(-0.75, 0.75, self.k, device=m.device)[None]
+        return -self.scale * (m + self.shift - centres).abs()
+
     def forward(self, x):
-        m = x.float().flatten(1).mean(1, keepdim=True) + self.shift  # in [-1, 1]
-        centres = torch.linspace(-0.75, 0.75, self.k, device=x.device)[None]
-        return -self.scale * (m - centres).abs()
+        return self.classifier(self.features(x))
 
 
 def test_source_ensemble_reads_as_the_mean_of_its_members_and_passes_gradients():
@@ -237,3 +242,29 @@ def test_privacy_reports_name_the_source_models_as_uncovered():
         uncovered = [p.via for p in pathways["student"] + pathways["generator"] if not p.covered]
         assert uncovered and all(fitted_to in via for via in uncovered if "generator" in via)
         assert all(fitted_to not in p.via for p in pathways["student"] if p.covered)
+
+
+def test_class_targets_make_a_generator_draw_the_class_it_is_asked_for():
+    """generator.class_targets: a conditional generator whose one-hot term aims at the class each input asks
+    for; after training, the source reads most samples as their target (chance: 1/4), and verified balanced
+    sets keep only samples read as the class they were made for."""
+    from privdistill.engine.datafree import generate
+
+    env = Env.cpu(seed=0)
+    sources = SourceEnsemble([Fixed(), Fixed(shift=0.05)])
+    cfg = GeneratorTraining(loss="dgd", alpha=0.0, beta=0.0, rounds=4, steps_per_round=25, batch_size=32,
+                            width=16, latent_dim=8, lr=0.01, lr_decay=1.0, class_targets=True)
+    with pytest.raises(ConfigError, match="class_targets"):
+        train_generator(sources, cfg, env, channels=1, image_size=8)
+    generator, stats = train_generator(sources, cfg, env, channels=1, image_size=8, num_classes=4)
+    assert generator.num_classes == 4 and generator.latent_dim == 12
+    targets = torch.arange(4).repeat(50)
+    z = generator.sample_latent(200, generator=torch.Generator().manual_seed(3), labels=targets)
+    assert torch.equal(generator.latent_labels(z), targets)
+    images = generate(generator, 200, env, latents=z)
+    read = sources(images.float() / 127.5 - 1).argmax(1)
+    assert float((read == targets).float().mean()) > 0.6, "samples are read as the class they were made for"
+    kept, info = verified_samples(generator, sources, 40, env, num_classes=4, verify=1.0, balance=True)
+    assert info["class_counts"] == [10, 10, 10, 10]
+    label, share = sources.agreement(kept.float() / 127.5 - 1)
+    assert bool((share == 1.0).all()) and torch.bincount(label, minlength=4).tolist() == [10, 10, 10, 10]

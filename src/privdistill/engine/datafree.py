@@ -72,6 +72,7 @@ class GeneratorTraining:
     l2_weight: float = 0.0  # ... and L2 of the images
     verify: float = 0.0  # synthetic set: keep samples on which at least this share of the source models agree
     balance: bool = False  # synthetic set: as many samples of each source label
+    class_targets: bool = False  # a class-conditional generator: each sample is made for a class it is told
     quality: bool = False  # measure the stage's quality (class balance, agreement, ceiling) into its stage.json
 
     def validate(self) -> None:
@@ -179,10 +180,13 @@ class BatchNormStatistics:
 
 
 def datafree_loss(classifier: nn.Module, x: torch.Tensor, kind: str, alpha: float, beta: float,
-                  bn: BatchNormStatistics | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                  bn: BatchNormStatistics | None = None,
+                  targets: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The papers' generator losses; with `targets` (class targets), the one-hot term aims at the class each
+    sample was made for instead of the classifier's own argmax (DAFL's pseudo-label)."""
     logits, feats = logits_and_features(classifier, x)
     logits, feats = logits.float(), feats.float()
-    one_hot = F.cross_entropy(logits, logits.argmax(1))
+    one_hot = F.cross_entropy(logits, logits.argmax(1) if targets is None else targets)
     mean_p = F.softmax(logits, dim=1).mean(0)
     neg_entropy = (mean_p * torch.log(mean_p + 1e-12)).sum()
     if kind == "dgd":
@@ -228,23 +232,28 @@ def warn_if_collapsed(final: dict, num_classes: int, where: str) -> float | None
 
 
 # -------------------------------------------------------------------------------------------- training
-def build_generator(cfg: GeneratorTraining, channels: int, image_size: int, *, output_norm: bool = False) -> nn.Module:
+def build_generator(cfg: GeneratorTraining, channels: int, image_size: int, *, output_norm: bool = False,
+                    num_classes: int = 0) -> nn.Module:
     # output_norm is passed only when set, so that the registry kwargs (and the saved metadata) of the
     # generator stages cached before it existed stay as they were
     extra = {"output_norm": True} if output_norm else {}
+    if cfg.class_targets:
+        extra["num_classes"] = num_classes
     return create_model("dafl-generator", kind="generator", latent_dim=cfg.latent_dim, out_channels=channels,
                         image_size=image_size, width=cfg.width, **extra)
 
 
 def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, channels: int, image_size: int,
-                    run: RunDir | None = None) -> tuple[nn.Module, dict]:
+                    run: RunDir | None = None, num_classes: int = 0) -> tuple[nn.Module, dict]:
     """Train a DAFL generator against the fixed `classifier` (its weights are never updated), or against a
     SourceEnsemble (engine/synthesis.py), with the image priors the config asks for."""
     classifier = env.place(classifier).eval()
     for p in classifier.parameters():
         p.requires_grad_(False)
     torch.manual_seed(env.generator(streams.GENERATOR_LATENT, -1).initial_seed())
-    generator = env.place(build_generator(cfg, channels, image_size)).train()
+    if cfg.class_targets and num_classes < 2:
+        raise ConfigError("generator.class_targets needs the number of classes (train_generator(num_classes=K))")
+    generator = env.place(build_generator(cfg, channels, image_size, num_classes=num_classes)).train()
     optimizer = make_optimizer(generator.parameters(), "adam", lr=cfg.lr)
     alpha, beta = cfg.weights
     bn = BatchNormStatistics(classifier) if cfg.loss == "srr" else None
@@ -262,10 +271,11 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                         entry_fields=round_fields)
     try:
         for step in loop:
-            z = torch.randn(cfg.batch_size, cfg.latent_dim, generator=env.generator(streams.GENERATOR_LATENT, step))
+            z = draw_latent(generator, cfg.batch_size, env.generator(streams.GENERATOR_LATENT, step))
             with env.autocast():
                 x = generator(z.to(env.device))
-                loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn)
+                loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn,
+                                            targets=latent_labels(generator, z.to(env.device)))
             if cfg.tv_weight or cfg.l2_weight:
                 prior, prior_parts = image_prior(x, tv_weight=cfg.tv_weight, l2_weight=cfg.l2_weight)
                 loss, parts = loss + prior, {**parts, **prior_parts}
@@ -278,6 +288,18 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
         p.requires_grad_(True)
     return generator, {"wall_seconds": round(result.wall_seconds, 1), "steps": result.steps,
                        "alpha": alpha, "beta": beta, "final": result.history[-1] if result.history else {}}
+
+
+def draw_latent(generator: nn.Module, n: int, rng: torch.Generator) -> torch.Tensor:
+    """n inputs for `generator`: its own sampler (noise, and a class for a conditional one), else N(0, I)."""
+    if hasattr(generator, "sample_latent"):
+        return generator.sample_latent(n, generator=rng)
+    return torch.randn(n, generator.latent_dim, generator=rng)
+
+
+def latent_labels(generator: nn.Module, z: torch.Tensor) -> torch.Tensor | None:
+    """The classes a conditional generator's inputs ask for; None for an unconditional one."""
+    return generator.latent_labels(z) if hasattr(generator, "latent_labels") else None
 
 
 @torch.no_grad()
@@ -298,7 +320,7 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
         if latents is not None:
             z = latents[start:start + m]
         else:
-            z = torch.randn(m, generator.latent_dim, generator=env.generator(streams.SYNTHETIC, stream, i))
+            z = draw_latent(generator, m, env.generator(streams.SYNTHETIC, stream, i))
         with env.autocast():
             x = generator(z.to(env.device)).float()
         out.append((to_uint8(x) if quantise else x).cpu())

@@ -116,7 +116,8 @@ class Stages:
         source, source_key = self.synthesis_source(classifier, classifier_key, cfg)
 
         def build(run: RunDir) -> dict:
-            gen, stats = train_generator(source, cfg, self.env, channels=channels, image_size=size, run=run)
+            gen, stats = train_generator(source, cfg, self.env, channels=channels, image_size=size, run=run,
+                                         num_classes=self.data.num_classes)
             run.save_weights("generator", gen)
             run.remove_checkpoint("generator-checkpoint")
             stats = {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes),

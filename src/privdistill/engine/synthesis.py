@@ -107,6 +107,8 @@ def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, 
                      batch_size: int = 500) -> tuple[torch.Tensor, dict[str, Any]]:
     """n uint8 samples of `generator` that pass verification: with `verify` > 0 (a SourceEnsemble), at least that
     share of the source models agree with the ensemble's label; with `balance`, n / K samples per label.
+    A class-conditional generator (generator.class_targets) is asked for the classes still short, and a sample
+    is kept only if the source reads it as the class it was made for.
     Candidates are drawn from stream SYNTHETIC (round, batch); refused with a clear message when `max_rounds`
     rounds of n candidates do not fill the set (the generator does not cover a class)."""
     from privdistill.engine.datafree import generate
@@ -117,8 +119,17 @@ def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, 
     kept: list[torch.Tensor] = []
     counts = torch.zeros(num_classes, dtype=torch.long)
     drawn = 0
+    conditional = bool(getattr(generator, "num_classes", 0))
     for round_ in range(max_rounds):
-        images = generate(generator, n, env, batch_size=batch_size, stream=1000 + round_)
+        targets = None
+        if conditional:  # ask for the classes still short, in proportion to what each lacks
+            need = (torch.tensor(quota) - counts).clamp_min(0) if quota is not None else torch.ones(num_classes)
+            rng = env.generator(streams.SYNTHETIC, 1000 + round_)
+            targets = torch.multinomial(need.float(), n, replacement=True, generator=rng)
+            images = generate(generator, n, env, batch_size=batch_size,
+                              latents=generator.sample_latent(n, generator=rng, labels=targets))
+        else:
+            images = generate(generator, n, env, batch_size=batch_size, stream=1000 + round_)
         drawn += len(images)
         x = env.place_batch(to_float(images))
         if isinstance(source, SourceEnsemble):
@@ -126,8 +137,11 @@ def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, 
             labels, share = torch.cat(labels).cpu(), torch.cat(share).cpu()
         else:
             labels, share = source_labels(source, images, env), torch.ones(len(images))
-        for image, label, ok in zip(images, labels.tolist(), (share >= verify).tolist()):
-            if not ok or (quota is not None and counts[label] >= quota[label]):
+        ok = share >= verify
+        if targets is not None:  # a sample made for one class and read as another is not kept
+            ok &= labels == targets
+        for image, label, keep in zip(images, labels.tolist(), ok.tolist()):
+            if not keep or (quota is not None and counts[label] >= quota[label]):
                 continue
             kept.append(image)
             counts[label] += 1

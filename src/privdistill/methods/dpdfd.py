@@ -45,7 +45,7 @@ from privdistill.data.dataset import ImageDataset, to_uint8
 from privdistill.engine import streams
 from privdistill.engine.cache import Stage
 from privdistill.engine.context import Env
-from privdistill.engine.datafree import GeneratorTraining, build_generator, logits_and_features
+from privdistill.engine.datafree import GeneratorTraining, build_generator, draw_latent, logits_and_features
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
 from privdistill.engine.loop import LoopResult, TrainingLoop
 from privdistill.engine.optim import make_optimizer, set_lr
@@ -104,7 +104,8 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
     if not direct:
         if init_generator is None:
             torch.manual_seed(env.generator(streams.DPDFD_GENERATOR_INIT, -1).initial_seed())
-            init_generator = build_generator(generator_cfg, channels, image_size, output_norm=cfg.generator_output_norm)
+            init_generator = build_generator(generator_cfg, channels, image_size, output_norm=cfg.generator_output_norm,
+                                             num_classes=num_classes)
         generator = env.place(init_generator).train()
         opt_g = make_optimizer(generator.parameters(), "adam", lr=cfg.generator_lr, betas=(cfg.generator_beta1, 0.999))
         if not isinstance(teacher, TeacherEnsemble):
@@ -137,8 +138,7 @@ def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Modul
                    teacher, step: int, chunk_seed: int) -> dict[str, float]:
     """One iteration of Alg. 1 (module teacher) or Alg. 2 (TeacherEnsemble), lines 11-14 literally: L_S with the
     student before its update, L_G with the updated student; x is a leaf for both student passes."""
-    z = torch.randn(cfg.batch_size, int(getattr(generator, "latent_dim", 100)),
-                    generator=env.generator(streams.DPDFD_LATENT, step)).to(env.device)
+    z = draw_latent(generator, cfg.batch_size, env.generator(streams.DPDFD_LATENT, step)).to(env.device)
     train_generator = bool(cfg.generator_every) and (step + 1) % cfg.generator_every == 0
     generator.train()
     with env.autocast(), torch.set_grad_enabled(train_generator):

@@ -21,7 +21,13 @@ from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
-from privdistill.engine.datafree import BatchNormStatistics, GeneratorTraining, datafree_loss, generate
+from privdistill.engine.datafree import (
+    BatchNormStatistics,
+    GeneratorTraining,
+    datafree_loss,
+    draw_latent,
+    generate,
+)
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule
 from privdistill.engine.trainer import evaluate, train_classifier
@@ -114,8 +120,7 @@ class SRRTraining:
 
     def latents(self, i: int) -> torch.Tensor:
         """z_i: stage i's latent codes (the same codes again for the generator's fine-tuning)."""
-        return torch.randn(self.schedule.sizes[i], self.generator.latent_dim,
-                           generator=self.env.generator(streams.SRR_LATENT, i))
+        return draw_latent(self.generator, self.schedule.sizes[i], self.env.generator(streams.SRR_LATENT, i))
 
     def recorded(self, i: int) -> torch.Tensor:
         """Stage i's released labels, read back from the ledger: never drawn here."""

@@ -20,10 +20,16 @@ from privdistill.models.registry import register_model
 
 
 class DAFLGenerator(nn.Module):
+    """``num_classes`` > 0: a class-conditional generator (the synthesis engine's class targets, not in the
+    papers): its input is the noise followed by a one-hot class, so ``latent_dim`` counts both; draw inputs
+    with :meth:`sample_latent` and read their classes back with :meth:`latent_labels`."""
+
     def __init__(self, latent_dim: int = 100, out_channels: int = 1, image_size: int | tuple[int, int] = 28,
-                 width: int = 128, output_norm: bool = False):
+                 width: int = 128, output_norm: bool = False, num_classes: int = 0):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+        self.noise_dim, self.num_classes = latent_dim, num_classes
+        latent_dim = latent_dim + num_classes
         self.latent_dim = latent_dim
         self.out_shape = (out_channels, h, w)
         self.init_h, self.init_w = (h + 3) // 4, (w + 3) // 4  # upsampled twice, then cropped to (h, w)
@@ -52,13 +58,23 @@ class DAFLGenerator(nn.Module):
         x = x[:, :, :h, :w]
         return self.output_norm(x) if self.output_norm is not None else x
 
-    def sample_latent(self, n: int, *, generator: torch.Generator | None = None,
-                      device: torch.device | str = "cpu") -> torch.Tensor:
-        return torch.randn(n, self.latent_dim, generator=generator, device=device)
+    def sample_latent(self, n: int, *, generator: torch.Generator | None = None, device: torch.device | str = "cpu",
+                      labels: torch.Tensor | None = None) -> torch.Tensor:
+        """n inputs: Gaussian noise, and for a conditional generator a one-hot class (`labels`, else uniform)."""
+        noise = torch.randn(n, self.noise_dim, generator=generator, device=device)
+        if not self.num_classes:
+            return noise
+        if labels is None:
+            labels = torch.randint(self.num_classes, (n,), generator=generator, device=device)
+        return torch.cat([noise, nn.functional.one_hot(labels.to(device), self.num_classes).to(noise.dtype)], 1)
+
+    def latent_labels(self, z: torch.Tensor) -> torch.Tensor | None:
+        """The classes a conditional generator's inputs ask for (None: unconditional)."""
+        return z[:, self.noise_dim:].argmax(1) if self.num_classes else None
 
 
 @register_model("dafl-generator", kind="generator",
                 description="DAFL generator: z (100) -> image in [-1, 1] (output_norm: standardised, as DAFL's)")
 def dafl_generator(latent_dim: int = 100, out_channels: int = 1, image_size: int = 28, width: int = 128,
-                   output_norm: bool = False) -> DAFLGenerator:
-    return DAFLGenerator(latent_dim, out_channels, image_size, width, output_norm)
+                   output_norm: bool = False, num_classes: int = 0) -> DAFLGenerator:
+    return DAFLGenerator(latent_dim, out_channels, image_size, width, output_norm, num_classes)
