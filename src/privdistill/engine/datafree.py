@@ -36,7 +36,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_step_schedule, step_decay_factor
 from privdistill.engine.run import RunDir
-from privdistill.engine.synthesis import image_prior
+from privdistill.engine.synthesis import contrastive_diversity, image_prior
 from privdistill.errors import ConfigError, ModelError
 from privdistill.models import create_model
 
@@ -73,6 +73,8 @@ class GeneratorTraining:
     verify: float = 0.0  # synthetic set: keep samples on which at least this share of the source models agree
     balance: bool = False  # synthetic set: as many samples of each source label
     class_targets: bool = False  # a class-conditional generator: each sample is made for a class it is told
+    diversity_weight: float = 0.0  # contrastive diversity (CMI's instance discrimination on the batch)
+    diversity_temperature: float = 0.2
     quality: bool = False  # measure the stage's quality (class balance, agreement, ceiling) into its stage.json
 
     def validate(self) -> None:
@@ -90,8 +92,9 @@ class GeneratorTraining:
             raise ConfigError("generator.source_parts must be 0 or at least generator.source_models")
         if min(self.source_steps, self.source_batch_size) < 1 or self.source_lr <= 0:
             raise ConfigError("generator.source_steps and source_batch_size must be >= 1, source_lr > 0")
-        if min(self.tv_weight, self.l2_weight) < 0:
-            raise ConfigError("generator.tv_weight and l2_weight must be >= 0")
+        if min(self.tv_weight, self.l2_weight, self.diversity_weight) < 0 or self.diversity_temperature <= 0:
+            raise ConfigError("generator.tv_weight, l2_weight and diversity_weight must be >= 0, "
+                              "diversity_temperature > 0")
         if not 0 <= self.verify <= 1:
             raise ConfigError("generator.verify must lie in [0, 1]")
         if self.verify and self.source_models < 2:
@@ -279,6 +282,12 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
             if cfg.tv_weight or cfg.l2_weight:
                 prior, prior_parts = image_prior(x, tv_weight=cfg.tv_weight, l2_weight=cfg.l2_weight)
                 loss, parts = loss + prior, {**parts, **prior_parts}
+            if cfg.diversity_weight:
+                with env.autocast():
+                    diversity, diversity_parts = contrastive_diversity(
+                        classifier, x, env.generator(streams.GENERATOR_VIEWS, step),
+                        temperature=cfg.diversity_temperature)
+                loss, parts = loss + cfg.diversity_weight * diversity, {**parts, **diversity_parts}
             loop.update(loss, {"loss": float(loss.detach()), **parts})
     finally:
         if bn is not None:

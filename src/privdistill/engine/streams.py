@@ -19,11 +19,12 @@ TEACHER_EPOCH = 12  # teacher ensembles: each teacher's permutation of each epoc
 GENERATOR_LATENT = 21  # data-free generator learning: latent codes of each step
 SYNTHETIC = 22  # synthetic sets drawn from a trained generator
 SYNTHESIS_CEILING = 23  # the ceiling student of a synthetic set's quality report
+GENERATOR_VIEWS = 24  # data-free generator learning: the shifted views of each step's contrastive term
 VAE_EPOCH = 31  # VAE training: the permutation of each epoch
 
 ENGINE = {"TRAINER_EPOCH": TRAINER_EPOCH, "TRAINER_AUGMENT": TRAINER_AUGMENT, "TEACHER_INIT": TEACHER_INIT,
           "TEACHER_EPOCH": TEACHER_EPOCH, "GENERATOR_LATENT": GENERATOR_LATENT, "SYNTHETIC": SYNTHETIC,
-          "SYNTHESIS_CEILING": SYNTHESIS_CEILING,
+          "SYNTHESIS_CEILING": SYNTHESIS_CEILING, "GENERATOR_VIEWS": GENERATOR_VIEWS,
           "VAE_EPOCH": VAE_EPOCH}
 
 # --- methods ---------------------------------------------------------------------------------------------

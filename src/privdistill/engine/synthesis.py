@@ -13,9 +13,14 @@ generator is fitted to six independently trained models instead of one):
   argmax, class balance of p̄, the activation terms on the members' concatenated features, BatchNorm
   statistics summed over the members.
 * image priors (DeepInversion): total variation and L2 of the images (`generator.tv_weight`, `l2_weight`).
-* sample verification and class targets (`generator.verify`, `generator.balance`): the synthetic set keeps the
-  samples on which at least a share `verify` of the source models agree with the ensemble's label, and an
-  equal number per label, so that every class is covered.
+* class targets (`generator.class_targets`): a class-conditional generator, told which class each sample is
+  for; the one-hot term aims at that class, so every class is drawn as often as asked.
+* contrastive diversity (`generator.diversity_weight`; CMI's instance discrimination, simplified to the batch):
+  two randomly shifted views of each sample must be told apart from the other samples in the source's feature
+  space, which pushes the samples of one class apart instead of onto one confident mode.
+* sample verification (`generator.verify`, `generator.balance`): the synthetic set keeps the samples on which
+  at least a share `verify` of the source models agree with the ensemble's label (and, with class targets,
+  with the class asked for), and an equal number per label, so that every class is covered.
 * `synthesis_quality`: what a synthetic set is worth, measured: the source labels' class balance, the share
   of samples on which other models (independently trained, the DGD teachers' plurality) give the source
   label, and the ceiling (the test accuracy of a student trained only on the samples, labelled by the source).
@@ -92,6 +97,25 @@ def image_prior(x: torch.Tensor, *, tv_weight: float, l2_weight: float) -> tuple
         loss = loss + l2_weight * l2
         parts["l2"] = float(l2.detach())
     return loss, parts
+
+
+def contrastive_diversity(model: nn.Module, x: torch.Tensor, rng: torch.Generator, *, temperature: float = 0.2,
+                          max_shift: int = 2) -> tuple[torch.Tensor, dict[str, float]]:
+    """Instance discrimination on a batch (CMI, Fang et al. 2021, without its memory bank): two views of each
+    sample, each shifted by up to `max_shift` pixels, are embedded by `model`'s features (normalised); the loss
+    is the cross-entropy of finding a sample's second view among the batch's. Low when samples are distinct
+    in the source's eyes, high when the generator draws one image many times."""
+    from privdistill.engine.datafree import logits_and_features
+
+    def view() -> torch.Tensor:
+        shifts = torch.randint(-max_shift, max_shift + 1, (2,), generator=rng).tolist()
+        return torch.roll(x, shifts=shifts, dims=(-2, -1))
+
+    first = F.normalize(logits_and_features(model, view())[1].float().flatten(1), dim=1)
+    second = F.normalize(logits_and_features(model, view())[1].float().flatten(1), dim=1)
+    similarity = first @ second.T / temperature
+    loss = F.cross_entropy(similarity, torch.arange(len(x), device=x.device))
+    return loss, {"diversity": float(loss.detach())}
 
 
 def source_labels(source: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 500) -> torch.Tensor:
