@@ -312,3 +312,26 @@ def test_contrastive_diversity_is_low_for_distinct_samples_and_passes_gradients(
     assert math.isfinite(with_term["final"]["diversity"]) and "diversity" not in without["final"]
     with pytest.raises(ConfigError, match="diversity"):
         GeneratorTraining(diversity_temperature=0.0).validate()
+
+
+def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
+    """teachers.augment / input_noise: the loop and vectorised trainers perturb each teacher's batches alike
+    (its own stream), the perturbation changes what is learnt, and a config without them keys its stages as
+    before they existed."""
+    from privdistill.engine.ensemble import TeacherTraining, train_teachers
+    from privdistill.engine.stages import keyed_config
+
+    data = load_data(f"npz:{tiny_npz}")
+    env = Env.cpu(seed=0)
+    base = dict(num_teachers=2, model="small-cnn", steps=4, batch_size=8, lr=0.01)
+    plain, _ = train_teachers(data.train, TeacherTraining(**base, trainer="loop"), env)
+    noisy = {t: train_teachers(data.train, TeacherTraining(**base, trainer=t, augment="shift", input_noise=0.3),
+                               env)[0] for t in ("loop", "vectorized")}
+    x = data.test.images[:20].float() / 127.5 - 1
+    loop_out, vec_out = (noisy[t].member(1).eval()(x) for t in ("loop", "vectorized"))
+    assert torch.allclose(loop_out, vec_out, atol=1e-4), "the same perturbed batches in both trainers"
+    assert not torch.allclose(plain.member(1).eval()(x), loop_out, atol=1e-4)
+    assert "augment" not in keyed_config(TeacherTraining(**base))
+    assert keyed_config(TeacherTraining(**base, input_noise=0.3))["input_noise"] == 0.3
+    with pytest.raises(ConfigError, match="augment"):
+        TeacherTraining(augment="rotate").validate()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,8 @@ LOSS_DEFAULTS = {"dgd": (5.0, 0.1), "dpdfd": (1.0, 1.0), "srr": (5.0, 10.0)}
 @dataclass
 class GeneratorTraining:
     """Config section `generator`."""
+
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("class_targets", "diversity_weight", "diversity_temperature")
 
     loss: str = "dgd"  # dgd | dpdfd | srr
     alpha: Optional[float] = None  # None: the paper's value for the chosen loss

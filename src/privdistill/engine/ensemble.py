@@ -17,6 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ from privdistill.atomic import atomic_write_bytes
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
 from privdistill.engine import streams
+from privdistill.engine.augment import augment_batch
 from privdistill.engine.context import Env
 from privdistill.engine.optim import make_optimizer, set_lr
 from privdistill.engine.progress import progress_bar
@@ -59,8 +61,18 @@ class TeacherTraining:
     trainer: str = "auto"  # auto | vectorized | loop
     chunk_size: int = 0  # teachers per vectorised step; 0: automatic (memory-bounded)
     partition_seed: int = 0
+    # The synthesis engine's teacher side (issue 24): training that extrapolates consistently off the data, so
+    # that teachers read synthetic samples alike. Off by default (the papers' teachers).
+    augment: str = "none"  # none | shift | flip-shift (engine/augment.py)
+    input_noise: float = 0.0  # std of Gaussian noise added to each training image (in [-1, 1] units)
+
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment", "input_noise")
 
     def validate(self) -> None:
+        if self.augment not in ("none", "shift", "flip-shift"):
+            raise ConfigError(f"teachers.augment must be none, shift or flip-shift, got {self.augment!r}")
+        if self.input_noise < 0:
+            raise ConfigError("teachers.input_noise must be >= 0")
         if self.num_teachers < 1:
             raise ConfigError(f"num_teachers must be >= 1, got {self.num_teachers}")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -268,6 +280,22 @@ class _BatchPlan:
         return self._orders[:, pos * self.batch:(pos + 1) * self.batch]
 
 
+def _perturb(x: torch.Tensor, cfg: TeacherTraining, rng_ids: torch.Tensor, step: int, env: Env) -> torch.Tensor:
+    """Each teacher's batch [m, B, C, H, W] augmented and noised (teachers.augment, input_noise) from its own
+    stream (teacher id, step): the same whether it is trained alone or in any chunk."""
+    if cfg.augment == "none" and not cfg.input_noise:
+        return x
+    rows = []
+    for row, tid in zip(x, rng_ids.tolist()):
+        rng = env.generator(streams.TEACHER_AUGMENT, tid, step)
+        if cfg.augment != "none":
+            row = augment_batch(row, cfg.augment, rng)
+        if cfg.input_noise:
+            row = row + cfg.input_noise * torch.randn(row.shape, generator=rng).to(row.device)
+        rows.append(row)
+    return torch.stack(rows)
+
+
 def _gather(train: ImageDataset, partitions: torch.Tensor, positions: torch.Tensor, env: Env):
     """Images [m, B, C, H, W] and labels [m, B]: row r of `positions` indexes partition row r."""
     idx = torch.gather(partitions, 1, positions)  # [m, B] dataset indices
@@ -366,6 +394,7 @@ def _train_chunk_vectorized(models, train, partitions, sizes, rng_ids, cfg: Teac
     for step in range(cfg.steps):
         set_lr(optimizer, cfg.lr, cfg.lr_schedule, step, cfg.steps)
         x, y = _gather(train, partitions, plan.positions(step), env)
+        x = _perturb(x, cfg, rng_ids, step, env)
         with env.autocast():
             # Sum over teachers: each teacher's gradient is that of its own mean loss.
             loss = batched_loss(params, x, y).sum()
@@ -387,6 +416,7 @@ def _train_chunk_loop(models, train, partitions, sizes, rng_ids, cfg: TeacherTra
         for step in range(cfg.steps):
             set_lr(optimizer, cfg.lr, cfg.lr_schedule, step, cfg.steps)
             x, y = _gather(train, partitions[row:row + 1], plan.positions(step), env)
+            x = _perturb(x, cfg, rng_ids[row:row + 1], step, env)
             with env.autocast():
                 logits = model(env.place_batch(x[0]))
             loss = F.cross_entropy(logits.float(), y[0])

@@ -7,6 +7,7 @@ of upstream stages, so any run needing the same stage reuses it (see `engine.cac
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -36,6 +37,18 @@ TEACHER_EVAL_LAPLACE_SCALE = 40.0
 VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1"}
 
 
+def keyed_config(cfg) -> dict:
+    """A config section as it enters a stage key: options added after stages were cached
+    (`KEYED_WHEN_SET` of the section's class) count only when set, so that the stages built before them
+    keep their keys (a cached teacher ensemble is hours of CPU)."""
+    plain = to_plain(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name in getattr(type(cfg), "KEYED_WHEN_SET", ()):
+        if plain.get(name) == defaults[name]:
+            plain.pop(name, None)
+    return plain
+
+
 def file_digest(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -61,7 +74,7 @@ class Stages:
         return self._fingerprint
 
     def _material(self, cfg, **extra) -> dict:
-        return {"data": self.fingerprint, "config": to_plain(cfg), "seed": self.env.seed,
+        return {"data": self.fingerprint, "config": keyed_config(cfg), "seed": self.env.seed,
                 "precision": self.env.precision, **extra}
 
     def _get(self, name: str, material: dict, build) -> Stage:
@@ -129,7 +142,7 @@ class Stages:
                                                      readers=readers, ceiling_test=self.data.test)
             return stats
 
-        material = {"classifier": source_key, "config": to_plain(cfg), "seed": self.env.seed,
+        material = {"classifier": source_key, "config": keyed_config(cfg), "seed": self.env.seed,
                     "precision": self.env.precision, "shape": [channels, size]}
         stage = self._get("generator", material, build)
         # checked on every use, so a cached collapsed generator warns again (stages made before the check too)

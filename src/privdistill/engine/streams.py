@@ -16,16 +16,17 @@ TRAINER_EPOCH = 1  # supervised training: the permutation of each epoch
 TRAINER_AUGMENT = 2  # supervised training: augmentation of each step
 TEACHER_INIT = 11  # teacher ensembles: initial weights of each teacher
 TEACHER_EPOCH = 12  # teacher ensembles: each teacher's permutation of each epoch
+TEACHER_AUGMENT = 13  # teacher ensembles: each teacher's augmentation and input noise of each step
 GENERATOR_LATENT = 21  # data-free generator learning: latent codes of each step
 SYNTHETIC = 22  # synthetic sets drawn from a trained generator
 SYNTHESIS_CEILING = 23  # the ceiling student of a synthetic set's quality report
 GENERATOR_VIEWS = 24  # data-free generator learning: the shifted views of each step's contrastive term
 VAE_EPOCH = 31  # VAE training: the permutation of each epoch
 
-ENGINE = {"TRAINER_EPOCH": TRAINER_EPOCH, "TRAINER_AUGMENT": TRAINER_AUGMENT, "TEACHER_INIT": TEACHER_INIT,
-          "TEACHER_EPOCH": TEACHER_EPOCH, "GENERATOR_LATENT": GENERATOR_LATENT, "SYNTHETIC": SYNTHETIC,
-          "SYNTHESIS_CEILING": SYNTHESIS_CEILING, "GENERATOR_VIEWS": GENERATOR_VIEWS,
-          "VAE_EPOCH": VAE_EPOCH}
+ENGINE = {name: globals()[name] for name in (
+    "TRAINER_EPOCH", "TRAINER_AUGMENT", "TEACHER_INIT", "TEACHER_EPOCH", "TEACHER_AUGMENT", "GENERATOR_LATENT",
+    "SYNTHETIC", "SYNTHESIS_CEILING", "GENERATOR_VIEWS", "VAE_EPOCH",
+)}
 
 # --- methods ---------------------------------------------------------------------------------------------
 DGD_SPLIT = 41  # queries / unlabelled split of the pool; (41, 1): the held-out public slice (DGD Fig. 7, PATE)
