@@ -319,7 +319,7 @@ def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
     (its own stream), the perturbation changes what is learnt, and a config without them keys its stages as
     before they existed."""
     from privdistill.engine.ensemble import TeacherTraining, train_teachers
-    from privdistill.engine.stages import keyed_config
+    from privdistill.config import keyed_config
 
     data = load_data(f"npz:{tiny_npz}")
     env = Env.cpu(seed=0)
@@ -335,3 +335,23 @@ def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
     assert keyed_config(TeacherTraining(**base, input_noise=0.3))["input_noise"] == 0.3
     with pytest.raises(ConfigError, match="augment"):
         TeacherTraining(augment="rotate").validate()
+
+
+def test_a_run_started_before_new_options_existed_still_resumes(tmp_path):
+    """A run's config.yaml records new options (KEYED_WHEN_SET) only when set: a run written before they
+    existed resumes while they stay at their defaults, and is refused once one is set."""
+    import yaml
+
+    from privdistill.config import keyed_config
+    from privdistill.errors import RunError
+
+    old = keyed_config(GeneratorTraining())
+    assert "class_targets" not in old and "diversity_weight" not in old
+    run_dir = tmp_path / "run"
+    RunDir.open(run_dir, config={"generator": old})
+    (run_dir / "metrics.jsonl").write_text("{}\n")  # not abandoned: it had begun training
+    assert "class_targets" not in yaml.safe_load((run_dir / "config.yaml").read_text())["config"]["generator"]
+    RunDir.open(run_dir, config={"generator": keyed_config(GeneratorTraining())}, resume=True)
+    with pytest.raises(RunError, match="class_targets"):
+        RunDir.open(run_dir, config={"generator": keyed_config(GeneratorTraining(class_targets=True))},
+                    resume=True)

@@ -328,6 +328,19 @@ def _check_user_sections(user: dict[str, Any], sections: dict[str, type], base: 
                               f"reads {sorted(sections)}, other commands {others}")
 
 
+def keyed_config(cfg) -> dict:
+    """A config section as it enters a stage key or a run's config.yaml: options added after stages were
+    cached or runs started (`KEYED_WHEN_SET` of the section's class) count only when set, so that stages
+    built before them keep their keys (a cached teacher ensemble is hours of CPU) and runs started before
+    them can still be resumed."""
+    plain = to_plain(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name in getattr(type(cfg), "KEYED_WHEN_SET", ()):
+        if plain.get(name) == defaults[name]:
+            plain.pop(name, None)
+    return plain
+
+
 def to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}

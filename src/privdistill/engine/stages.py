@@ -7,7 +7,6 @@ of upstream stages, so any run needing the same stage reuses it (see `engine.cac
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ import torch
 from torch import nn
 
 from privdistill.atomic import atomic_write_json
-from privdistill.config import ClassifierTraining, to_plain
+from privdistill.config import ClassifierTraining, keyed_config, to_plain
 from privdistill.data.dataset import DataSplits
 from privdistill.data.partition import partition_indices
 from privdistill.engine.cache import Stage, StageCache
@@ -35,18 +34,6 @@ TEACHER_EVAL_LAPLACE_SCALE = 40.0
 
 # Bump a stage's version when what it computes changes: old cache entries are then never reused.
 VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1"}
-
-
-def keyed_config(cfg) -> dict:
-    """A config section as it enters a stage key: options added after stages were cached
-    (`KEYED_WHEN_SET` of the section's class) count only when set, so that the stages built before them
-    keep their keys (a cached teacher ensemble is hours of CPU)."""
-    plain = to_plain(cfg)
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    for name in getattr(type(cfg), "KEYED_WHEN_SET", ()):
-        if plain.get(name) == defaults[name]:
-            plain.pop(name, None)
-    return plain
 
 
 def file_digest(path: str | Path) -> str:

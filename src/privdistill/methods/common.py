@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privdistill.config import RunOptions, resolve_sections, to_plain
+from privdistill.config import RunOptions, keyed_config, resolve_sections
 from privdistill.data import DataSplits, canonical_name, dataset_slug, load_data
 from privdistill.engine import Env, RunDir, record_result
 from privdistill.errors import RunError
@@ -49,7 +49,8 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     options: RunOptions = resolved["run"]
     env = Env.from_options(options)
     data = load_data(dataset, options.data_root, seed=options.seed)
-    config = {"method": method, "dataset": dataset, "preset": request.preset, **to_plain(resolved)}
+    config = {"method": method, "dataset": dataset, "preset": request.preset,
+              **{name: keyed_config(section) for name, section in resolved.items()}}
     run_dir = request.run_dir or str(
         Path(options.runs_dir) / f"{method}-{dataset_slug(dataset)}-{time.strftime('%Y%m%d-%H%M%S')}")
     run = RunDir.open(run_dir, config=config, resume=request.resume)
