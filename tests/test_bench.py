@@ -197,7 +197,9 @@ def _fake_results(root: Path, run_root: Path) -> None:
         # SRR's "stages" is a stage COUNT, DGD's a dict of stage references (the sample grid lives in one)
         {"method": "srr", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.97, "target_epsilon": 1.0,
          "stages": 20, "setting": "data-free", "mechanism": "srr", "label_accuracy_vs_teacher": 0.345,
-         "mean_candidate_set_size": 6.5},
+         "mean_candidate_set_size": 6.5,
+         "stage_trace": [{"stage": 1, "count": 10, "correct": 0.2, "mean_set_size": 10.0, "test_accuracy": None},
+                         {"stage": 2, "count": 10, "correct": 0.5, "mean_set_size": 3.0, "test_accuracy": 0.9}]},
         {"method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9, "target_epsilon": 10.0,
          "queries": 1300, "epsilon_strict": 9.3,
          "stages": {"generator": {"stage": "generator", "path": str(run_root / "generator-stage")}}},
@@ -229,7 +231,7 @@ def test_tables_and_figures_from_results(tmp_path):
     assert "| 97.62 | - | - | - | - | data-free | srr | 20 | 34.50 | 6.50 |" in text  # SRR's own columns
     files = {p.name for p in make_figures(tmp_path / "results", tmp_path / "fig")}
     assert {"privacy-vs-queries.png", "accuracy-vs-epsilon-quick.png", "mia-roc-quick-mnist.png",
-            "samples-quick-mnist.png", "dgd-accuracy-vs-queries-quick.png"} <= files
+            "samples-quick-mnist.png", "dgd-accuracy-vs-queries-quick.png", "srr-stages-quick-mnist.png"} <= files
 
 
 def test_run_report_markdown_and_html(tmp_path):

@@ -18,7 +18,12 @@ from privdistill.methods.runner import Budget
 from privdistill.methods.srr import SRRConfig, label_event, run_srr, stage_sizes
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
-from privdistill.privacy.mechanisms import release_labels, rr_on_sets, rr_with_prior_sets
+from privdistill.privacy.mechanisms import (
+    release_labels,
+    released_label_likelihood,
+    rr_on_sets,
+    rr_with_prior_sets,
+)
 
 # a config that runs in a few seconds on one thread (fabricated 28x28 patterns, 10 classes)
 TINY = ["srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.batch_size=32",
@@ -77,6 +82,26 @@ def test_rr_on_sets_has_the_rr_distribution_and_is_eps_dp():
         rr_on_sets(torch.zeros(2, 3, dtype=torch.bool), torch.tensor([0, 1]), epsilon=1.0, generator=g)
 
 
+def test_released_label_likelihood_is_the_mechanisms_output_distribution():
+    """P(released | y) from `released_label_likelihood` matches rr_on_sets' measured output frequencies, for a
+    true label inside and outside the candidate set."""
+    eps, n = 0.8, 200_000
+    in_set = torch.zeros(n, 5, dtype=torch.bool)
+    in_set[:, [0, 2, 3]] = True
+    g = torch.Generator().manual_seed(1)
+    for y in (0, 1, 3):
+        released = rr_on_sets(in_set, torch.full((n,), y), epsilon=eps, generator=g)
+        measured = torch.bincount(released, minlength=5).double() / n
+        for j in (0, 2, 3):
+            predicted = released_label_likelihood(in_set[:1], torch.tensor([j]), epsilon=eps)[0, y]
+            assert float(predicted) == pytest.approx(float(measured[j]), abs=0.005)
+    full = torch.ones(1, 10, dtype=torch.bool)  # plain RR: keep e^eps/(e^eps + 9), any other 1/(e^eps + 9)
+    row = released_label_likelihood(full, torch.tensor([4]), epsilon=1.0)[0]
+    assert float(row[4]) == pytest.approx(math.e / (math.e + 9)) and float(row[0]) == pytest.approx(1 / (math.e + 9))
+    with pytest.raises(PrivacyError, match="member"):
+        released_label_likelihood(in_set[:1], torch.tensor([1]), epsilon=eps)
+
+
 def test_release_labels_dispatches_and_srr_keeps_the_teacher_label_in_the_prior_set():
     g = torch.Generator().manual_seed(1)
     prior = torch.tensor([[0.6, 0.3, 0.05, 0.05]] * 4000, dtype=torch.float64)
@@ -98,6 +123,7 @@ def test_events_stage_sizes_and_config_checks():
         assert label_event(SRRConfig(setting="label-dp", mechanism=mech), 7, 10, 10.0) \
             == SRRLabels(10.0, 7, 10, "label-dp")
     assert stage_sizes(10, 3) == [4, 3, 3] and sum(stage_sizes(60000, 320)) == 60000
+    assert stage_sizes(60000, 3, 0.5) == [30000, 15000, 15000] and stage_sizes(5, 3, 0.9) == [3, 1, 1]
     with pytest.raises(ConfigError, match="at least"):
         stage_sizes(2, 3)
     with pytest.raises(ConfigError):  # the epsilon is the budget section's
@@ -165,6 +191,25 @@ def test_budget_refuses_before_training(tiny_npz, tmp_path, cache):
 
 class _Interrupt(Exception):
     pass
+
+
+def test_likelihood_loss_multi_stage_run_traces_every_stage(tiny_npz, tmp_path, cache):
+    """Label-DP RRWithPrior in two stages (half the labels first), cumulative, trained on the released labels'
+    likelihood: the stage trace has each stage's candidate sets, label correctness and test accuracy; the
+    candidate sets are kept for the loss and the first stage (no prior yet) is plain RR."""
+    summary = run_srr(request(tiny_npz, tmp_path / "run", "srr.setting=label-dp", "srr.mechanism=rr-prior",
+                                *PER_LABEL, "budget.epsilon=2", "srr.num_samples=0", "srr.stages=2",
+                                "srr.first_stage_fraction=0.6", "srr.student_data=cumulative",
+                                "srr.loss=likelihood", "srr.eval_every_stages=1", "srr.epochs_per_stage=4",
+                                "srr.lr=0.003", "srr.student_model=small-cnn")).summary
+    trace = summary["stage_trace"]
+    assert [t["stage"] for t in trace] == [1, 2] and [t["count"] for t in trace] == [180, 120]
+    assert trace[0]["mean_set_size"] == 10 and trace[1]["mean_set_size"] < 10
+    assert all(t["test_accuracy"] is not None for t in trace) and summary["test_accuracy"] > 0.5
+    assert summary["config"]["loss"] == "likelihood"
+    assert sorted(p.name for p in (tmp_path / "run" / "label-sets").iterdir()) == ["stage-0001.pt", "stage-0002.pt"]
+    with pytest.raises(ConfigError, match="final_epochs"):
+        SRRConfig(loss="likelihood", final_epochs=1).validate()
 
 
 def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz, tmp_path, cache, monkeypatch):

@@ -9,6 +9,8 @@
     mia-roc-<preset>-<dataset>.png     LiRA ROC curves (log-log) of every audited model of a dataset
     inversion-<preset>-<dataset>.png   the audited models' model-inversion grids side by side
     samples-<preset>-<dataset>.png     the synthetic-sample grids (samples.png) of the generator runs
+    srr-stages-<preset>-<dataset>.png  SRR / RR / RRWithPrior runs at ε <= 1: candidate-set size, correctness of
+                                       the released labels and the student's test accuracy, stage by stage
 """
 
 from __future__ import annotations
@@ -208,6 +210,34 @@ def sample_grids(results: list[dict], dataset: str, path: str | Path) -> Path | 
     return _compose(images, path, f"Synthetic samples on {dataset} (one row per class, as labelled by the teacher)")
 
 
+def srr_stage_traces(results: list[dict], dataset: str, path: str | Path, max_epsilon: float = 1.0) -> Path | None:
+    """Each SRR-family run's `stage_trace` at target ε <= `max_epsilon`: how the candidate sets, the released
+    labels' correctness and the student evolve (x: share of the labels drawn so far, so that runs with
+    different T line up)."""
+    rows = [r for r in results if r.get("method") == "srr" and r.get("dataset") == dataset and r.get("stage_trace")
+            and r.get("target_epsilon") is not None and float(r["target_epsilon"]) <= max_epsilon]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    panels = [("mean_set_size", "mean candidate-set size |I|", 1), ("correct", "released labels correct %", 100),
+              ("test_accuracy", "student test accuracy % (after the stage)", 100)]
+    for r in sorted(rows, key=_label):
+        trace = r["stage_trace"]
+        total = sum(t["count"] for t in trace)
+        x = [sum(t["count"] for t in trace[:i + 1]) / total for i in range(len(trace))]
+        for ax, (key, _, scale) in zip(axes, panels):
+            pts = [(xi, scale * t[key]) for xi, t in zip(x, trace) if t.get(key) is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3,
+                    label=f"{_label(r)} ε={r['target_epsilon']:g}")
+    for ax, (_, title, _) in zip(axes, panels):
+        ax.set(xlabel="share of the labels drawn", title=title)
+        ax.grid(alpha=0.3)
+    axes[2].legend(fontsize=7)
+    fig.suptitle(f"SRR stage by stage on {dataset} (label statistics read the protected labels: evaluation only)")
+    return _save(fig, path)
+
+
 def make_figures(results_dir: str | Path = "results", out_dir: str | Path = "docs/figures",
                  presets: list[str] | None = None) -> list[Path]:
     """Every figure above, for every preset with results; returns the files written."""
@@ -224,5 +254,6 @@ def make_figures(results_dir: str | Path = "results", out_dir: str | Path = "doc
             written.append(mia_roc(results, ds, out_dir / f"mia-roc-{preset}-{ds}.png"))
             written.append(inversion_grids(results, ds, out_dir / f"inversion-{preset}-{ds}.png"))
             written.append(sample_grids(results, ds, out_dir / f"samples-{preset}-{ds}.png"))
+            written.append(srr_stage_traces(results, ds, out_dir / f"srr-stages-{preset}-{ds}.png"))
     return [p for p in written if p is not None]
 

@@ -45,7 +45,15 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
   adds the pre-training loss Eq. 2 against the teacher (keeps the generator on the teacher's statistics);
   ``none`` disables fine-tuning. Either way the generator pathway is not covered by any ε.
 - Stage sizes: N synthetic samples split evenly over the T stages (the paper: "iff the size of dataset in
-  each stage is the same, their order will have no effect").
+  each stage is the same, their order will have no effect"); ``first_stage_fraction`` gives stage 1 a larger
+  share (Ghazi et al.'s multi-stage training), off in the presets.
+- The first stage's prior: φs^(0) is the untrained student; its softmax is noise, so stage 1 uses the uniform
+  prior (for SRR's R the same set I = all classes; for RRWithPrior plain RR, as in Ghazi et al.).
+- ``loss: likelihood`` (ours, off in the presets): instead of Eq. 3's cross-entropy on the released label, the
+  student maximises the probability it gives the released label through the mechanism,
+  Σ_y p_s(y | x) P(released | y, I) (`released_label_likelihood`): the mechanism's candidate set and ε are
+  known, so a label released uniformly from a set that missed the true class counts for little. It reads
+  only the release and the set (post-processing: no privacy cost).
 - Student: the paper uses DataLens' network for the data-free setting and ResNet-18 for the label-sensitive
   one; we use the paper CNN (DGD/DPDFD's) for both in the quick preset and ResNet-18 for label-dp in the
   paper preset.
@@ -56,13 +64,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 
 from privdistill.config import ClassifierTraining, check_model_name
 from privdistill.engine import streams
-from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.trainer import predict_logits
 from privdistill.errors import ConfigError
@@ -103,6 +110,10 @@ class SRRConfig:
     lr_schedule: str = "linear"  # over all student steps of the run: linear | cosine | constant
     epochs_per_stage: float = 5.0
     student_data: str = "stage"  # stage (Eq. 3) | cumulative
+    # ce: Eq. 3 (cross-entropy on the released label); likelihood: the student's probability of the released
+    # label under the mechanism (its candidate set and ε known: `released_label_likelihood`), free post-processing
+    loss: str = "ce"
+    first_stage_fraction: float = 0.0  # share of the N labels drawn at stage 1 (0: N/T, the paper's equal split)
     final_epochs: float = 0.0  # extra epochs on the union of all labelled samples after the last stage
     augment: str = "none"  # none | shift | flip-shift (label-dp on real images)
     # generator fine-tuning (data-free)
@@ -113,6 +124,9 @@ class SRRConfig:
     # bookkeeping
     eval_every_stages: int = 0  # 0: about 10 evaluations per run
     keep_synthetic: bool = False  # keep each stage's synthetic images in the run directory
+
+    # options added after runs were recorded: in config.yaml only when set (config.keyed_config)
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("loss", "first_stage_fraction")
 
     def validate(self) -> None:
         check_model_name(self.student_model, "srr.student_model")
@@ -130,6 +144,10 @@ class SRRConfig:
             (self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}"),
             (self.epochs_per_stage > 0, "epochs_per_stage must be > 0"),
             (self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative"),
+            (self.loss in ("ce", "likelihood"), f"loss must be ce or likelihood, got {self.loss!r}"),
+            (0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)"),
+            (self.loss == "ce" or self.final_epochs == 0,
+             "final_epochs trains with cross-entropy on the released labels; it cannot follow loss=likelihood"),
             (self.final_epochs >= 0, "final_epochs must be >= 0"),
             (self.augment in ("none", "shift", "flip-shift"), f"unknown augment {self.augment!r}"),
             (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
@@ -151,10 +169,15 @@ class SRRConfig:
                         + ([self.mechanism] if self.mechanism != "srr" else [])) or None
 
 
-def stage_sizes(total: int, stages: int) -> list[int]:
-    """N samples split as evenly as possible over T stages (earlier stages take the remainder)."""
+def stage_sizes(total: int, stages: int, first_fraction: float = 0.0) -> list[int]:
+    """N samples split as evenly as possible over T stages (earlier stages take the remainder); with
+    `first_fraction` > 0, stage 1 takes that share and the other stages split the rest (Ghazi et al.'s
+    multi-stage training gives its first, prior-less stage a larger share)."""
     if stages > total:
         raise ConfigError(f"{stages} stages need at least {stages} samples, got {total}")
+    if first_fraction > 0 and stages > 1:
+        first = min(max(1, round(first_fraction * total)), total - (stages - 1))
+        return [first] + stage_sizes(total - first, stages - 1)
     base, extra = divmod(total, stages)
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
@@ -188,7 +211,7 @@ class StageSchedule:
 
     @classmethod
     def of(cls, cfg: SRRConfig, total: int) -> "StageSchedule":
-        sizes = stage_sizes(total, cfg.stages)
+        sizes = stage_sizes(total, cfg.stages, cfg.first_stage_fraction)
         # the student trains on the stage's samples, or (cumulative) on all samples labelled so far
         seen = [sum(sizes[:i + 1]) if cfg.student_data == "cumulative" else n for i, n in enumerate(sizes)]
         batch = [min(cfg.batch_size, m) for m in seen]
@@ -232,14 +255,15 @@ class SRRMethod(Method):
         try:
             for i in srr.loop:  # for i = 1..T (0-based here)
                 images, protected, truth = srr.inputs(i)  # D̃(i) = φg(z_i); label-dp: chunk i of the private set
-                prior = _probs(srr.student, images, srr.env)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
+                prior = stage_prior(srr, i, images)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
                 if protected is None:  # data-free: the teacher's label y_t = argmax φt(D̃(i))
                     protected = predict_logits(srr.teacher, images, srr.env).argmax(1)
                 labels = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), in the ledger
                 in_set = candidate_sets(srr.cfg.mechanism, prior, epsilon=srr.epsilon, threshold=srr.threshold)
                 stats = _label_stats(i, prior, protected, labels, truth, in_set)
                 srr.loop.extra["labels"].append(stats)
-                parts = {"train_loss": srr.train_student(i, *srr.student_data(i, images, labels)),  # φs on L_i
+                sets = srr.candidate_sets(i, in_set)  # I_i, kept for the likelihood loss (never read a label)
+                parts = {"train_loss": srr.train_student(i, *srr.student_data(i, images, labels, sets)),  # φs on L_i
                          srr.label_field: stats["correct"]}
                 if srr.generator_optimizer is not None:  # fine-tune φg on (D̃(i), L_i)
                     parts["finetune_loss"] = srr.finetune_generator(i, labels)
@@ -284,8 +308,14 @@ def release_stage_labels(srr: SRRTraining, i: int, prior: torch.Tensor, protecte
     return torch.as_tensor(srr.ledger.spend(stage_key(i), srr.events[i], draw)).long()
 
 
-def _probs(model: torch.nn.Module, images: torch.Tensor, env: Env) -> torch.Tensor:
-    return torch.softmax(predict_logits(model, images, env).double(), dim=1)
+def stage_prior(srr: SRRTraining, i: int, images: torch.Tensor) -> torch.Tensor:
+    """y_s = softmax φs^(i-1)(D̃(i)); at the first stage, before φs has seen a label, the uniform prior: an
+    untrained network's softmax is noise, and RRWithPrior would shrink its sets on it (Ghazi et al.'s first
+    stage is plain RR); SRR's R, whose threshold 1/(2K) a near-uniform softmax passes, gives I = all classes
+    either way."""
+    if i == 0:
+        return torch.full((len(images), srr.data.num_classes), 1.0 / srr.data.num_classes, dtype=torch.float64)
+    return torch.softmax(predict_logits(srr.student, images, srr.env).double(), dim=1)
 
 
 def _label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: torch.Tensor,

@@ -34,6 +34,7 @@ from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.methods.runner import Context, Plan
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.mechanisms import released_label_likelihood
 
 if TYPE_CHECKING:
     from privdistill.methods.srr import SRRConfig, StageSchedule
@@ -129,19 +130,52 @@ class SRRTraining:
 
         return torch.as_tensor(self.ledger.spend(stage_key(i), self.events[i], not_drawn)).long()
 
-    def student_data(self, i: int, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """What φs trains on at stage i: (D̃(i), L_i), or (cumulative) every stage labelled so far."""
-        return self.labelled_union(i + 1) if self.cfg.student_data == "cumulative" else (images, labels)
+    def candidate_sets(self, i: int, in_set: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Stage i's candidate sets I [n, K] (computed from the prior, never from a label): saved when given, read
+        back when not. Only the likelihood loss needs them (for earlier stages too, under `cumulative`)."""
+        if self.cfg.loss != "likelihood":
+            return None
+        path = self.run.path / "label-sets" / f"stage-{i + 1:04d}.pt"
+        if in_set is not None:
+            atomic_torch_save(path, in_set.cpu())
+            return in_set.cpu()
+        return torch.load(path, map_location="cpu", weights_only=True)
 
-    def labelled_union(self, stages: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The inputs and recorded labels of the first `stages` stages."""
+    def student_data(self, i: int, images: torch.Tensor, labels: torch.Tensor,
+                     in_set: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What φs trains on at stage i: (D̃(i), L_i, I_i), or (cumulative) every stage labelled so far."""
+        return self.labelled_union(i + 1) if self.cfg.student_data == "cumulative" else (images, labels, in_set)
+
+    def labelled_union(self, stages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The inputs, recorded labels and (likelihood loss) candidate sets of the first `stages` stages."""
+        sets = [self.candidate_sets(j) for j in range(stages)]
         return (torch.cat([self.inputs(j)[0] for j in range(stages)]),
-                torch.cat([self.recorded(j) for j in range(stages)]))
+                torch.cat([self.recorded(j) for j in range(stages)]),
+                None if sets[0] is None else torch.cat(sets))
+
+    def label_targets(self, labels: torch.Tensor, in_set: torch.Tensor | None) -> torch.Tensor:
+        """The student's targets: the released labels [n] (ce), or their log-likelihood under every true class
+        [n, K] (likelihood: `released_label_likelihood`, post-processing of the release)."""
+        if self.cfg.loss == "ce":
+            return labels
+        likelihood = released_label_likelihood(in_set, labels, epsilon=self.epsilon)
+        return likelihood.clamp(min=1e-300).log().float()
+
+    @staticmethod
+    def student_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Eq. 3's KL(onehot(label) ‖ softmax(student)) = cross-entropy (targets [b]); or the negative log of
+        the student's probability of the released label, Σ_y p_s(y) P(released | y) (targets [b, K], log)."""
+        if targets.dim() == 1:
+            return F.cross_entropy(logits, targets)
+        return -torch.logsumexp(F.log_softmax(logits, dim=1) + targets, dim=1).mean()
 
     # ---------------------------------------------------------------------------------------- steps
-    def train_student(self, i: int, images: torch.Tensor, labels: torch.Tensor) -> float:
-        """φs's steps at stage i, in seeded epochs over (images, labels) with L_kd (Eq. 3); the mean loss."""
+    def train_student(self, i: int, images: torch.Tensor, labels: torch.Tensor,
+                      in_set: torch.Tensor | None = None) -> float:
+        """φs's steps at stage i, in seeded epochs over (images, labels) with L_kd (Eq. 3) or the likelihood loss;
+        the mean loss."""
         cfg, env, student = self.cfg, self.env, self.student
+        targets = self.label_targets(labels, in_set)
         student.train()
         m, b, losses = len(images), self.schedule.batch[i], []
         per_epoch = math.ceil(m / b)
@@ -152,10 +186,10 @@ class SRRTraining:
             x = to_float(images[idx])
             if cfg.augment != "none":
                 x = augment_batch(x, cfg.augment, env.generator(streams.SRR_AUGMENT, i, step))
-            x, y = env.place_batch(x), labels[idx].to(env.device)
+            x, y = env.place_batch(x), targets[idx].to(env.device)
             with env.autocast():
                 logits = student(x)
-            loss = F.cross_entropy(logits.float(), y)  # Eq. 3's KL(onehot(label) ‖ softmax(student)) = cross-entropy
+            loss = self.student_loss(logits.float(), y)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -194,7 +228,7 @@ class SRRTraining:
     def train_final_epochs(self) -> None:
         """`final_epochs` more epochs on the union of every stage's recorded labels, at a tenth of the rate."""
         cfg = self.cfg
-        images, labels = self.labelled_union(cfg.stages)
+        images, labels, _ = self.labelled_union(cfg.stages)
         final = ClassifierTraining(model=cfg.student_for_setting, epochs=cfg.final_epochs, batch_size=cfg.batch_size,
                                    optimizer=cfg.optimizer, lr=cfg.lr * 0.1, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay, lr_schedule=cfg.lr_schedule, augment=cfg.augment,
@@ -213,6 +247,12 @@ class SRRTraining:
         if self.synthetic_dir.exists() and not self.cfg.keep_synthetic:
             shutil.rmtree(self.synthetic_dir, ignore_errors=True)
 
+    def stage_trace(self) -> list[dict[str, Any]]:
+        """Every stage's label statistics with the student's test accuracy after it, where evaluated (each stage
+        with `eval_every_stages: 1`): how the candidate sets and the labels' correctness evolve (evaluation only)."""
+        accuracy = {entry["step"]: entry.get("test_accuracy") for entry in self.loop.history}
+        return [{**stats, "test_accuracy": accuracy.get(stats["stage"])} for stats in self.loop.extra["labels"]]
+
     def summary_fields(self, loop_seconds: float) -> dict[str, Any]:
         """The run's SRR fields of summary.json (label statistics are evaluation only: see label_accuracy_note)."""
         cfg, log = self.cfg, self.loop.extra["labels"]
@@ -230,5 +270,6 @@ class SRRTraining:
                     mean_candidate_set_size=round(mean("mean_set_size"), 3),
                     teacher_label_in_set=round(mean("label_in_set"), 4), stages_used=self.stages_used,
                     loop_seconds=round(loop_seconds, 1), history=self.loop.history[-12:],
-                    label_stats_first_last=[log[0], log[-1]] if log else [], config=to_plain(cfg),
+                    label_stats_first_last=[log[0], log[-1]] if log else [], stage_trace=self.stage_trace(),
+                    config=to_plain(cfg),
                     stopped=None)  # kept for readers of summary.json: a budget error mid-run propagates instead

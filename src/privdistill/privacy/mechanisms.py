@@ -315,6 +315,27 @@ def rr_on_sets(in_set: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
     return torch.where(keep, labels, other)
 
 
+def released_label_likelihood(in_set: torch.Tensor, released: torch.Tensor, *, epsilon: float) -> torch.Tensor:
+    """What a released label says about the label it hides: P(released | true label = y) for every class y,
+    [N, K], for k-RR on the candidate set I (`rr_on_sets`; plain RR is I = all classes, SRR's R the same with
+    SRR's I). With k = |I|: e^eps/(e^eps + k - 1) for y = the released label, 1/(e^eps + k - 1) for the other
+    members of I, 1/k for y outside I (a uniform member of I was released). Post-processing of the release
+    and the set (which never depends on the label): a student may train on this likelihood at no privacy cost."""
+    if in_set.dim() != 2 or in_set.dtype != torch.bool:
+        raise PrivacyError(f"released_label_likelihood: in_set must be a bool tensor [N, K], got "
+                           f"{in_set.dtype} {tuple(in_set.shape)}")
+    n, _ = in_set.shape
+    released = released.long().to(in_set.device)
+    if released.shape != (n,) or not bool(in_set.gather(1, released[:, None]).all()):
+        raise PrivacyError("released_label_likelihood: every released label must be a member of its row's set")
+    epsilon = check_epsilon(epsilon, "epsilon per label")
+    k = in_set.sum(dim=1, keepdim=True).to(torch.float64)
+    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))
+    p_other = torch.where(k > 1, (1.0 - p_keep) / (k - 1.0).clamp(min=1.0), torch.zeros_like(k))
+    likelihood = torch.where(in_set, p_other, 1.0 / k)
+    return likelihood.scatter(1, released[:, None], p_keep)
+
+
 def candidate_sets(mechanism: str, prior: torch.Tensor, *, epsilon: float, threshold: float) -> torch.Tensor:
     """The set I each label mechanism draws from, given the prior [N, K] (evaluation statistics read it)."""
     if mechanism == "srr":
