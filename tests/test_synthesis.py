@@ -318,8 +318,8 @@ def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
     """teachers.augment / input_noise: the loop and vectorised trainers perturb each teacher's batches alike
     (its own stream), the perturbation changes what is learnt, and a config without them keys its stages as
     before they existed."""
-    from privdistill.engine.ensemble import TeacherTraining, train_teachers
     from privdistill.config import keyed_config
+    from privdistill.engine.ensemble import TeacherTraining, train_teachers
 
     data = load_data(f"npz:{tiny_npz}")
     env = Env.cpu(seed=0)
