@@ -47,13 +47,10 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
 - Stage sizes: N synthetic samples split evenly over the T stages (the paper: "iff the size of dataset in
   each stage is the same, their order will have no effect"); ``first_stage_fraction`` gives stage 1 a larger
   share (Ghazi et al.'s multi-stage training), off in the presets.
-- The first stage's prior: φs^(0) is the untrained student; its softmax is noise, so stage 1 uses the uniform
-  prior (for SRR's R the same set I = all classes; for RRWithPrior plain RR, as in Ghazi et al.).
-- ``loss: likelihood`` (ours, off in the presets): instead of Eq. 3's cross-entropy on the released label, the
-  student maximises the probability it gives the released label through the mechanism,
-  Σ_y p_s(y | x) P(released | y, I) (`released_label_likelihood`): the mechanism's candidate set and ε are
-  known, so a label released uniformly from a set that missed the true class counts for little. It reads
-  only the release and the set (post-processing: no privacy cost).
+- Stage 1's prior: φs^(0) is untrained, its softmax noise: the uniform prior is used (`stage_prior`).
+- ``loss: likelihood`` (ours, off in the presets): instead of Eq. 3, the student maximises the probability
+  Σ_y p_s(y | x) P(released | y, I) it gives the released label through the mechanism (I and ε are known;
+  `released_label_likelihood`): post-processing of the release, no privacy cost.
 - Student: the paper uses DataLens' network for the data-free setting and ResNet-18 for the label-sensitive
   one; we use the paper CNN (DGD/DPDFD's) for both in the quick preset and ResNet-18 for label-dp in the
   paper preset.
@@ -309,10 +306,8 @@ def release_stage_labels(srr: SRRTraining, i: int, prior: torch.Tensor, protecte
 
 
 def stage_prior(srr: SRRTraining, i: int, images: torch.Tensor) -> torch.Tensor:
-    """y_s = softmax φs^(i-1)(D̃(i)); at the first stage, before φs has seen a label, the uniform prior: an
-    untrained network's softmax is noise, and RRWithPrior would shrink its sets on it (Ghazi et al.'s first
-    stage is plain RR); SRR's R, whose threshold 1/(2K) a near-uniform softmax passes, gives I = all classes
-    either way."""
+    """y_s = softmax φs^(i-1)(D̃(i)); at stage 1 the uniform prior: an untrained softmax is noise on which
+    RRWithPrior would shrink its sets (Ghazi et al.'s stage 1 is plain RR; SRR's R gives I = all either way)."""
     if i == 0:
         return torch.full((len(images), srr.data.num_classes), 1.0 / srr.data.num_classes, dtype=torch.float64)
     return torch.softmax(predict_logits(srr.student, images, srr.env).double(), dim=1)
