@@ -22,6 +22,9 @@ import yaml
 
 from privdistill.errors import ConfigError
 
+# engine/augment.py's batch augmentations, by name (every config section with an `augment` option)
+AUGMENTATIONS = ("none", "shift", "flip-shift")
+
 PRESETS = ("quick", "paper")
 
 T = TypeVar("T")
@@ -72,7 +75,7 @@ class ClassifierTraining:
         _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _check(self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}")
         _check(self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}")
-        _check(self.augment in ("none", "shift", "flip-shift"), f"unknown augment {self.augment!r}")
+        _check(self.augment in AUGMENTATIONS, f"unknown augment {self.augment!r}")
         _check(0 <= self.label_smoothing < 1, "label_smoothing must lie in [0, 1)")
         _check(self.checkpoint_every >= 1, "checkpoint_every must be >= 1")
         _check(self.weight_decay >= 0, "weight_decay must be >= 0")

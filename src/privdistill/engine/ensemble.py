@@ -25,6 +25,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from privdistill.atomic import atomic_write_bytes
+from privdistill.config import AUGMENTATIONS
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
 from privdistill.engine import streams
@@ -69,7 +70,7 @@ class TeacherTraining:
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment", "input_noise")
 
     def validate(self) -> None:
-        if self.augment not in ("none", "shift", "flip-shift"):
+        if self.augment not in AUGMENTATIONS:
             raise ConfigError(f"teachers.augment must be none, shift or flip-shift, got {self.augment!r}")
         if self.input_noise < 0:
             raise ConfigError("teachers.input_noise must be >= 0")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from privdistill.atomic import atomic_write_json
-from privdistill.config import ClassifierTraining, keyed_config, to_plain
+from privdistill.config import ClassifierTraining, keyed_config
 from privdistill.data.dataset import DataSplits
 from privdistill.data.partition import partition_indices
 from privdistill.engine.cache import Stage, StageCache
@@ -203,7 +203,7 @@ class Stages:
             run.remove_checkpoint("vae-checkpoint")
             return stats
 
-        stage = self._get("vae", {"images": images_key, "config": to_plain(cfg), "seed": self.env.seed,
+        stage = self._get("vae", {"images": images_key, "config": keyed_config(cfg), "seed": self.env.seed,
                                   "precision": self.env.precision}, build)
         return stage.run.load_weights("vae", device=self.env.device).eval(), stage
 

@@ -65,7 +65,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
-from privdistill.config import ClassifierTraining, check_model_name
+from privdistill.config import AUGMENTATIONS, ClassifierTraining, check_model_name
 from privdistill.engine import streams
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.trainer import predict_logits
@@ -146,7 +146,7 @@ class SRRConfig:
             (self.loss == "ce" or self.final_epochs == 0,
              "final_epochs trains with cross-entropy on the released labels; it cannot follow loss=likelihood"),
             (self.final_epochs >= 0, "final_epochs must be >= 0"),
-            (self.augment in ("none", "shift", "flip-shift"), f"unknown augment {self.augment!r}"),
+            (self.augment in AUGMENTATIONS, f"unknown augment {self.augment!r}"),
             (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
             (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
             (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
@@ -259,7 +259,7 @@ class SRRMethod(Method):
                 in_set = candidate_sets(srr.cfg.mechanism, prior, epsilon=srr.epsilon, threshold=srr.threshold)
                 stats = _label_stats(i, prior, protected, labels, truth, in_set)
                 srr.loop.extra["labels"].append(stats)
-                sets = srr.candidate_sets(i, in_set)  # I_i, kept for the likelihood loss (never read a label)
+                sets = srr.stage_sets(i, in_set)  # I_i, kept for the likelihood loss (never read a label)
                 parts = {"train_loss": srr.train_student(i, *srr.student_data(i, images, labels, sets)),  # φs on L_i
                          srr.label_field: stats["correct"]}
                 if srr.generator_optimizer is not None:  # fine-tune φg on (D̃(i), L_i)

@@ -130,7 +130,7 @@ class SRRTraining:
 
         return torch.as_tensor(self.ledger.spend(stage_key(i), self.events[i], not_drawn)).long()
 
-    def candidate_sets(self, i: int, in_set: torch.Tensor | None = None) -> torch.Tensor | None:
+    def stage_sets(self, i: int, in_set: torch.Tensor | None = None) -> torch.Tensor | None:
         """Stage i's candidate sets I [n, K] (computed from the prior, never from a label): saved when given, read
         back when not. Only the likelihood loss needs them (for earlier stages too, under `cumulative`)."""
         if self.cfg.loss != "likelihood":
@@ -148,7 +148,7 @@ class SRRTraining:
 
     def labelled_union(self, stages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The inputs, recorded labels and (likelihood loss) candidate sets of the first `stages` stages."""
-        sets = [self.candidate_sets(j) for j in range(stages)]
+        sets = [self.stage_sets(j) for j in range(stages)]
         return (torch.cat([self.inputs(j)[0] for j in range(stages)]),
                 torch.cat([self.recorded(j) for j in range(stages)]),
                 None if sets[0] is None else torch.cat(sets))

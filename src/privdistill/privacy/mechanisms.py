@@ -199,6 +199,12 @@ def _check_labels(labels, num_classes: int, what: str) -> torch.Tensor:
     return labels.long()
 
 
+def rr_keep_probability(k, epsilon: float):
+    """k-ary randomized response's probability of releasing the true label, e^eps/(e^eps + k - 1), written
+    stably for large eps; 1 when k = 1. `k` may be a number or a tensor of set sizes."""
+    return 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))
+
+
 def randomized_response(labels: torch.Tensor, *, num_classes: int, epsilon: float,
                         generator: torch.Generator) -> torch.Tensor:
     """k-ary randomized response: keep each label with probability e^eps / (e^eps + K - 1), else
@@ -209,7 +215,7 @@ def randomized_response(labels: torch.Tensor, *, num_classes: int, epsilon: floa
     labels = _check_labels(labels, num_classes, "randomized_response")
     _check_generator(generator, labels, "randomized_response")
     k = num_classes
-    p_keep = 1.0 / (1.0 + (k - 1) * math.exp(-epsilon))  # = e^eps/(e^eps+k-1), stable for large eps
+    p_keep = rr_keep_probability(k, epsilon)
     u = torch.rand(labels.shape, generator=generator, device=labels.device, dtype=torch.float64)
     shift = torch.randint(1, k, labels.shape, generator=generator, device=labels.device)
     other = (labels + shift) % k
@@ -279,7 +285,7 @@ def rr_with_prior_sets(prior: torch.Tensor, epsilon: float) -> torch.Tensor:
     n, k_classes = prior.shape
     sorted_p, order = torch.sort(prior.double(), dim=1, descending=True, stable=True)
     ks = torch.arange(1, k_classes + 1, dtype=torch.float64, device=prior.device)
-    weight = 1.0 / (1.0 + (ks - 1.0) * math.exp(-epsilon))
+    weight = rr_keep_probability(ks, epsilon)
     objective = sorted_p.cumsum(dim=1) * weight
     k_star = objective.argmax(dim=1) + 1  # argmax returns the first maximum: the smallest k
     rank_mask = ks[None, :] <= k_star[:, None].double()
@@ -298,7 +304,7 @@ def rr_on_sets(in_set: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
     labels = labels.long()
     k = in_set.sum(dim=1).to(torch.float64)
     y_in = in_set.gather(1, labels[:, None]).squeeze(1)
-    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))  # e^eps/(e^eps + k - 1), stable; 1 when k = 1
+    p_keep = rr_keep_probability(k, epsilon)
     dev = in_set.device  # draws on the generator's device, then moved: any device pairing works
 
     def uniform(*shape):
@@ -330,8 +336,8 @@ def released_label_likelihood(in_set: torch.Tensor, released: torch.Tensor, *, e
         raise PrivacyError("released_label_likelihood: every released label must be a member of its row's set")
     epsilon = check_epsilon(epsilon, "epsilon per label")
     k = in_set.sum(dim=1, keepdim=True).to(torch.float64)
-    p_keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))
-    p_other = torch.where(k > 1, (1.0 - p_keep) / (k - 1.0).clamp(min=1.0), torch.zeros_like(k))
+    p_keep = rr_keep_probability(k, epsilon)
+    p_other = (1.0 - p_keep) / (k - 1.0).clamp(min=1.0)  # k = 1: p_keep = 1, and I has no other member
     likelihood = torch.where(in_set, p_other, 1.0 / k)
     return likelihood.scatter(1, released[:, None], p_keep)
 
