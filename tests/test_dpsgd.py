@@ -51,7 +51,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_npz, tmp_path, monkeypat
     whole = _run(tiny_npz, tmp_path, "whole", cpu)
     import privdistill.methods.dpsgd as dpsgd
 
-    real, calls = dpsgd.evaluate, {"n": 0}
+    real, calls = dpsgd._accuracy, {"n": 0}
 
     def crash_in_second_epoch(*args, **kwargs):
         calls["n"] += 1
@@ -59,10 +59,10 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_npz, tmp_path, monkeypat
             raise KeyboardInterrupt("simulated crash after the first epoch's checkpoint")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dpsgd, "evaluate", crash_in_second_epoch)
+    monkeypatch.setattr(dpsgd, "_accuracy", crash_in_second_epoch)
     with pytest.raises(KeyboardInterrupt):
         _run(tiny_npz, tmp_path, "crashed", cpu)
-    monkeypatch.setattr(dpsgd, "evaluate", real)
+    monkeypatch.setattr(dpsgd, "_accuracy", real)
     resumed = _run(tiny_npz, tmp_path, "crashed", cpu, resume=True)
     from safetensors.torch import load_file
 
@@ -85,3 +85,4 @@ def test_trains_on_cuda_with_autocast_evaluation(tiny_npz, tmp_path):
     # On an H100 the model stayed on the CPU and the first (bf16-autocast) evaluation crashed.
     s = _run(tiny_npz, tmp_path, "cuda", ["run.device=cuda", "run.precision=bf16", "dpsgd.epochs=1"])
     assert s["device"].startswith("cuda") and 0.0 <= s["test_accuracy"] <= 1.0
+

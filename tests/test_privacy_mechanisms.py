@@ -211,6 +211,9 @@ def test_secure_generator():
         M.make_generator()
     with pytest.raises(PrivacyError, match="seed"):
         M.make_generator(-1)
+    with pytest.raises(PrivacyError, match=r"\[0, 2\*\*64\)"):  # torch's own error would be a bare ValueError
+        M.make_generator(2**64)
+    assert M.make_generator(2**64 - 1).initial_seed() == 2**64 - 1
 
 
 @CUDA

@@ -236,9 +236,12 @@ def dpsgd_table(results: list[dict]) -> str:
         return _eps((r.get("dpsgd_accounting") or {}).get(key))
 
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]), ("target ε", lambda r: _eps(r.get("target_epsilon"))),
+        ("dataset", lambda r: r["dataset"]), ("model", lambda r: r.get("model", "-")),
+        ("target ε", lambda r: _eps(r.get("target_epsilon"))),
+        ("σ calibrated on", lambda r: "strict" if r.get("accounting") == "strict" else "Opacus RDP"),
         ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
-        ("paper %", lambda r: _pct(PAPER.get(("dpsgd", r["dataset"], r.get("target_epsilon"))))),
+        ("paper %", lambda r: _pct(PAPER.get(("dpsgd", r["dataset"], r.get("target_epsilon")))
+                                   if r.get("model", "paper-cnn") == "paper-cnn" else None)),
         ("σ", lambda r: acc(r, "noise_multiplier")), ("steps", lambda r: acc(r, "steps")),
         ("ε Opacus RDP", lambda r: acc(r, "epsilon_opacus_rdp")),
         ("ε Opacus PRV", lambda r: acc(r, "epsilon_opacus_prv")),

@@ -17,7 +17,7 @@ from torch import nn
 
 from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, keyed_config
-from privdistill.data.dataset import DataSplits
+from privdistill.data.dataset import DataSplits, to_float
 from privdistill.data.partition import partition_indices
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
@@ -33,7 +33,7 @@ from privdistill.models import create_model
 TEACHER_EVAL_LAPLACE_SCALE = 40.0
 
 # Bump a stage's version when what it computes changes: old cache entries are then never reused.
-VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1"}
+VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1", "features": "1"}
 
 
 def file_digest(path: str | Path) -> str:
@@ -42,6 +42,14 @@ def file_digest(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:16]
+
+
+def fixed_features(model: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 1000) -> torch.Tensor:
+    """`model.scatter(images)` in batches, on the CPU (float32)."""
+    model.to(env.device)
+    with torch.no_grad():
+        return torch.cat([model.scatter(env.place_batch(to_float(images[i:i + batch_size]))).float().cpu()
+                          for i in range(0, len(images), batch_size)])
 
 
 @dataclass
@@ -194,6 +202,24 @@ class Stages:
         material = {**self._material(cfg), "data": train.fingerprint()}
         stage = self._get("teachers", material, build)
         return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
+
+    def features(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """A fixed feature transform's output (a ScatterNet's `scatter`, named by its `transform_id`) on the train
+        and test images: a public per-example function, computed once per dataset (about a minute for MNIST on 2
+        cores) and shared by every model with the same transform."""
+        def build(run: RunDir) -> dict:
+            from safetensors.torch import save_file
+
+            save_file({name: fixed_features(model, split.images, self.env) for name, split in
+                       (("train", self.data.train), ("test", self.data.test))}, str(run.path / "features.safetensors"))
+            return {"transform": model.transform_id}
+
+        material = {"data": self.fingerprint, "test": self.data.test.fingerprint(), "transform": model.transform_id}
+        stage = self._get("features", material, build)
+        from safetensors.torch import load_file
+
+        saved = load_file(str(stage.path / "features.safetensors"))
+        return saved["train"], saved["test"]
 
     def vae(self, images: torch.Tensor, images_key: str, cfg: VAETraining) -> tuple[nn.Module, Stage]:
         """A VAE fitted to `images` (synthetic samples, identified by their stage key)."""

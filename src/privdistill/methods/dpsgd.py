@@ -40,14 +40,16 @@ from torch import nn
 
 from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import to_float
-from privdistill.engine import evaluate, streams
+from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import lr_factor, make_optimizer
+from privdistill.engine.trainer import predict_logits
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
+from privdistill.models.scatternet import ScatterNet
 from privdistill.privacy.ledger import LedgerView
 from privdistill.privacy.report import PRIVATE, Pathway
 
@@ -59,7 +61,8 @@ class DPSGDConfig:
     """Config section `dpsgd`."""
 
     accountant: str = "rdp"  # Opacus accountant: calibrates σ under budget.accounting=paper (the headline)
-    model: str = "paper-cnn"  # no BatchNorm: per-sample gradients need per-sample independent layers
+    model: str = "paper-cnn"  # no BatchNorm: per-sample gradients need per-sample independent layers;
+    # scatter-linear / scatter-cnn: Tramèr & Boneh's ScatterNet, whose fixed features are computed once
     epochs: int = 5
     batch_size: int = 256  # expected batch size (Poisson sampling)
     max_grad_norm: float = 1.0  # C
@@ -84,6 +87,9 @@ class DPSGDConfig:
             raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
         if self.augment not in ("none", "shift", "flip-shift"):
             raise ConfigError("dpsgd.augment must be none, shift or flip-shift")
+        if self.model.startswith("scatter-") and self.augment != "none":
+            raise ConfigError(f"dpsgd.model={self.model} trains on scattering features computed once: "
+                              "dpsgd.augment must be none")
 
 
 # ----------------------------------------------------------------------------------------- accounting
@@ -150,14 +156,15 @@ def dpsgd_pathways() -> dict[str, list[Pathway]]:
 class _Private:
     """The Opacus-wrapped model, optimiser and loader of a run, and its generators."""
 
-    model: nn.Module
-    dp_model: nn.Module
+    model: nn.Module  # the released model (for a ScatterNet: the fixed transform and the trained head)
+    dp_model: nn.Module  # what Opacus trains: the model, or a ScatterNet's head
     optimizer: Any
     loader: Any
     engine: Any
     sigma: float
     sample_gen: torch.Generator
     noise_gen: torch.Generator
+    test_inputs: torch.Tensor  # what dp_model reads for the test set (images, or scattering features)
 
 
 class DPSGDMethod(Method):
@@ -237,19 +244,23 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     for module in model.modules():  # Opacus's backward hooks refuse in-place ops on hooked outputs
         if isinstance(module, nn.ReLU):
             module.inplace = False
-    errors = ModuleValidator.validate(model, strict=False)
+    trainable, train_inputs, test_inputs = model, data.train.images, data.test.images
+    if isinstance(model, ScatterNet):  # the fixed transform once, then DP-SGD on the head alone
+        trainable = model.head
+        train_inputs, test_inputs = ctx.stages.features(model)
+    errors = ModuleValidator.validate(trainable, strict=False)
     if errors:
         raise ConfigError(f"model {cfg.model!r} is not DP-SGD compatible (e.g. BatchNorm): {errors[0]}")
-    optimizer = make_optimizer(model.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum)
+    optimizer = make_optimizer(trainable.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum)
     # Poisson sampling runs in the CPU loader; Opacus draws the noise on the parameters' device, so the noise
     # generator lives there.
     sample_gen, noise_gen = torch.Generator(), torch.Generator(device=env.device)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.train.images, data.train.labels),
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train_inputs, data.train.labels),
                                          batch_size=cfg.batch_size, generator=sample_gen)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         engine = PrivacyEngine(accountant=cfg.accountant, secure_mode=cfg.secure_mode)
-    common = dict(module=model, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.max_grad_norm,
+    common = dict(module=trainable, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.max_grad_norm,
                   poisson_sampling=True, noise_generator=None if cfg.secure_mode else noise_gen,
                   grad_sample_mode=cfg.grad_sample_mode)
     if budget.accounting == "paper":
@@ -263,7 +274,13 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
         dp_loader.batch_sampler.generator = sample_gen  # the generator re-seeded at every epoch below
         dp_optimizer.generator = noise_gen
     return _Private(model=model, dp_model=dp_model, optimizer=dp_optimizer, loader=dp_loader, engine=engine,
-                    sigma=float(dp_optimizer.noise_multiplier), sample_gen=sample_gen, noise_gen=noise_gen)
+                    sigma=float(dp_optimizer.noise_multiplier), sample_gen=sample_gen, noise_gen=noise_gen,
+                    test_inputs=test_inputs)
+
+
+def _accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, env) -> float:
+    logits = predict_logits(model, inputs, env)
+    return float((logits.argmax(1) == labels).float().mean())
 
 
 def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tuple[float, list[dict]]:
@@ -276,9 +293,10 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
     # the schedule's base rates, read before a checkpoint's (already decayed) rates are loaded
     base_lrs = [g["lr"] for g in p.optimizer.param_groups]
 
-    def evaluate_epoch() -> dict:
+    def evaluate_epoch() -> dict:  # on what dp_model reads (scattering features are not recomputed every epoch)
         eps_now = float(p.engine.accountant.get_epsilon(delta=budget.delta))
-        return {"test_accuracy": evaluate(p.model, ctx.data.test, env), f"epsilon_{cfg.accountant}": round(eps_now, 4)}
+        accuracy = _accuracy(p.dp_model._module, p.test_inputs, ctx.data.test.labels, env)
+        return {"test_accuracy": accuracy, f"epsilon_{cfg.accountant}": round(eps_now, 4)}
 
     loop = TrainingLoop(steps=cfg.epochs, env=env, run=ctx.run, checkpoint="dpsgd-checkpoint", title="DP-SGD epochs",
                         log_stage="dpsgd", modules={"model": p.model},

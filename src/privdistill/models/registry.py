@@ -62,4 +62,4 @@ def create_model(name: str, *, kind: str | None = None, **kwargs) -> nn.Module:
 
 def _ensure_loaded() -> None:
     # The model modules register themselves on import.
-    from privdistill.models import cnn, generator, resnet, vae  # noqa: F401
+    from privdistill.models import cnn, generator, resnet, scatternet, vae  # noqa: F401

@@ -73,8 +73,8 @@ def make_generator(seed: int | None = None, *, secure: bool = False,
     else:
         if seed is None:
             raise PrivacyError("make_generator needs a seed (or secure=True for an OS-drawn, unrecorded seed)")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise PrivacyError(f"seed must be a non-negative integer, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise PrivacyError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         seed_value = seed
     gen = torch.Generator(device=device)
     gen.manual_seed(seed_value)

@@ -1,0 +1,90 @@
+"""ScatterNet classifiers (Tramèr & Boneh, "Differentially private learning needs better features (or much more
+data)", ICLR 2021): a fixed scattering transform, a data-independent normalisation, and a small trainable head.
+
+    image [C, H, W] -> scattering, J = 2, L = 8 (kymatio; no parameters)  -> [81 C, H/4, W/4]
+                    -> GroupNorm without affine parameters (per example: needs no statistics of the data)
+                    -> head: "linear" (one linear layer) or "cnn" (their small CNN on ScatterNet features: 3x3
+                       convolutions of 16 (stride 2) and 32 channels, a hidden layer of 32, tanh throughout)
+
+Only the head has parameters, so DP-SGD (methods/dpsgd.py) trains the head on the scattering features computed
+once: the transform is a fixed function of each image (no privacy cost, and the released model contains it).
+
+Reading chosen where the paper leaves room: Tramèr & Boneh's best MNIST/Fashion-MNIST models normalise with
+per-channel statistics estimated under DP (a small share of the budget); this module uses GroupNorm instead,
+which they also report and which needs no privacy budget at all. The scattering transform is held outside the
+module tree (it is rebuilt from (J, L, image size), not saved): a saved model is only its head.
+
+kymatio note: `import kymatio.torch` fails with SciPy >= 1.15 (it imports scipy.special.sph_harm for the 3-D
+transform); the 2-D frontend is imported directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from privdistill.errors import ModelError
+from privdistill.models.registry import register_model
+
+SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channel at J = 2, L = 8
+
+
+def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> nn.Module:
+    try:
+        from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
+    except ImportError as err:
+        raise ModelError("ScatterNet models need kymatio: pip install 'privdistill[dpsgd]' (or pip install kymatio)"
+                         ) from err
+    return ScatteringTorch2D(J=J, shape=tuple(image_size), L=L)
+
+
+class ScatterNet(nn.Module):
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int | tuple[int, int] = 28,
+                 head: str = "linear", groups: int = 27, width: int = 32):
+        super().__init__()
+        h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+        if h % 4 or w % 4:
+            raise ModelError(f"ScatterNet (J = 2) needs image sides divisible by 4, got {h}x{w}")
+        channels = SCATTER_ORDERS * in_channels
+        if channels % groups:
+            raise ModelError(f"GroupNorm groups ({groups}) must divide the {channels} scattering channels")
+        # not a submodule: a fixed function, rebuilt rather than saved (see _apply for device moves)
+        object.__setattr__(self, "_scattering", make_scattering((h, w)))
+        self.norm = nn.GroupNorm(groups, channels, affine=False)
+        if head == "linear":
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(channels * (h // 4) * (w // 4), num_classes))
+        elif head == "cnn":  # Tramèr & Boneh's small CNN on scattering features (their MNIST model's shape)
+            side = lambda n: (n + 1) // 2  # noqa: E731 - the stride-2 convolution's output side
+            self.head = nn.Sequential(
+                nn.Conv2d(channels, width // 2, 3, stride=2, padding=1), nn.Tanh(),
+                nn.Conv2d(width // 2, width, 3, padding=1), nn.Tanh(), nn.Flatten(),
+                nn.Linear(width * side(h // 4) * side(w // 4), width), nn.Tanh(), nn.Linear(width, num_classes))
+        else:
+            raise ModelError(f"ScatterNet head must be 'linear' or 'cnn', got {head!r}")
+        self.in_channels = in_channels
+        # what the fixed features depend on (the head does not): the key of their cached stage
+        self.transform_id = f"scattering-J2-L8-{in_channels}x{h}x{w}-groupnorm{groups}"
+
+    def _apply(self, fn, recurse=True):  # .to(device) / .float() reach the (unregistered) scattering too
+        self._scattering._apply(fn, recurse)
+        return super()._apply(fn, recurse)
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """The fixed features the head reads: scattering coefficients, normalised per example."""
+        s = self._scattering(x.float())  # [B, C, 81, H/4, W/4]
+        return self.norm(s.flatten(1, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.scatter(x))
+
+
+@register_model("scatter-linear", kind="classifier",
+                description="ScatterNet (kymatio, J=2, L=8) + GroupNorm + linear (Tramer & Boneh 2021), for DP-SGD")
+def scatter_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
+    return ScatterNet(in_channels, num_classes, image_size, head="linear")
+
+
+@register_model("scatter-cnn", kind="classifier",
+                description="ScatterNet (kymatio, J=2, L=8) + GroupNorm + a small tanh CNN (Tramer & Boneh 2021)")
+def scatter_cnn(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
+    return ScatterNet(in_channels, num_classes, image_size, head="cnn")
