@@ -67,3 +67,13 @@ def test_scatternet_dpsgd_release_covers_the_model_and_reloads(tiny_npz, tmp_pat
 def test_scatternet_refuses_augmentation(tiny_npz, tmp_path):
     with pytest.raises(ConfigError, match="augment must be none"):
         _run(tiny_npz, tmp_path, "aug", ["dpsgd.augment=shift"])
+
+
+def test_the_scatternet_overlay_sets_the_recipe(tmp_path, monkeypatch):
+    from privdistill.config import resolve_sections
+    from privdistill.methods.dpsgd import DPSGDConfig
+
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve_sections({"dpsgd": DPSGDConfig}, preset="quick", config_file="scatternet")["dpsgd"]
+    assert (cfg.model, cfg.max_grad_norm, cfg.augment) == ("scatter-linear", 0.1, "none")
+    cfg.validate()
