@@ -52,13 +52,15 @@ class ScatterNet(nn.Module):
         object.__setattr__(self, "_scattering", make_scattering((h, w)))
         self.norm = nn.GroupNorm(groups, channels, affine=False)
         if head == "linear":
-            self.head = nn.Sequential(nn.Flatten(), nn.Linear(channels * (h // 4) * (w // 4), num_classes))
+            self.feature_dim = channels * (h // 4) * (w // 4)
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(self.feature_dim, num_classes))
         elif head == "cnn":  # Tramèr & Boneh's small CNN on scattering features (their MNIST model's shape)
             side = lambda n: (n + 1) // 2  # noqa: E731 - the stride-2 convolution's output side
             self.head = nn.Sequential(
                 nn.Conv2d(channels, width // 2, 3, stride=2, padding=1), nn.Tanh(),
                 nn.Conv2d(width // 2, width, 3, padding=1), nn.Tanh(), nn.Flatten(),
                 nn.Linear(width * side(h // 4) * side(w // 4), width), nn.Tanh(), nn.Linear(width, num_classes))
+            self.feature_dim = width
         else:
             raise ModelError(f"ScatterNet head must be 'linear' or 'cnn', got {head!r}")
         self.in_channels = in_channels
@@ -73,6 +75,14 @@ class ScatterNet(nn.Module):
         """The fixed features the head reads: scattering coefficients, normalised per example."""
         s = self._scattering(x.float())  # [B, C, 81, H/4, W/4]
         return self.norm(s.flatten(1, 2))
+
+    # the classifier contract of every model here (models/cnn.py): forward = classifier(features)
+    @property
+    def classifier(self) -> nn.Module:
+        return self.head[-1]
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head[:-1](self.scatter(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.scatter(x))
