@@ -156,6 +156,9 @@ def test_npz_float_images_and_holdout(tmp_path):
     ({"x": np.full((10, 8, 8), np.nan), "y": np.arange(10) % 2}, "NaN"),
     ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.zeros(10)}, "at least 2"),
     ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.arange(10) % 2 * 1000}, "relabel"),
+    ({"x": np.zeros((3, 8, 8), np.uint8), "y": np.arange(3) % 2}, "needs at least 20"),
+    ({"x": np.zeros((30, 8, 8), np.uint8), "y": np.arange(30) % 2, "x_test": np.zeros((6, 8, 8), np.uint8),
+      "y_test": np.arange(6) % 3}, r"y_test holds label\(s\) \[2\]"),
 ])
 def test_npz_bad_shapes_are_clear_errors(tmp_path, arrays, message):
     np.savez(tmp_path / "bad.npz", **arrays)

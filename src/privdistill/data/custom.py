@@ -64,6 +64,11 @@ def holdout_split(data: ImageDataset, fraction: float, seed: int) -> DataSplits:
     return DataSplits(train=data.subset(perm[n_test:]), test=data.subset(perm[:n_test]))
 
 
+# Fewer examples than this cannot be split into partitions, batches and a test part meaningfully: refused
+# rather than "trained" to a number that means nothing.
+MIN_TRAIN_EXAMPLES = 20
+
+
 def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> DataSplits:
     path = Path(path).expanduser()
     if not path.is_file():
@@ -90,6 +95,14 @@ def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> 
         # labels are class indices: {0, 1000} would build a 1001-way model with 999 classes never seen
         raise DataError(f"{path}: labels run up to {num_classes - 1} but only {present} distinct values occur; "
                         "relabel the classes as 0..K-1")
+    if test is not None:
+        unseen = sorted(set(torch.unique(test[1]).tolist()) - set(torch.unique(y).tolist()))
+        if unseen:  # a class only the test split holds: the model would get an output it can never learn
+            raise DataError(f"{path}: y_test holds label(s) {unseen} that never occur in y; every test class "
+                            "must be present in the training data")
+    if len(x) < MIN_TRAIN_EXAMPLES:
+        raise DataError(f"{path}: {len(x)} training images; privdistill needs at least {MIN_TRAIN_EXAMPLES} "
+                        "(a private training set is split into teachers' partitions, batches and a test part)")
     name = f"npz:{path.name}"
     train = ImageDataset(x, y, num_classes, name=name, source=str(path))
     if test is None:
