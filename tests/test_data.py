@@ -82,6 +82,10 @@ def test_missing_dataset_names_where_it_looked_and_how_to_get_it(data_root, monk
         prepare("fashion-mnist", data_root, download=False)
     with pytest.raises(DataError, match="data root .*no-such-root does not exist"):
         builtin.load_builtin("mnist", data_root / "no-such-root", auto_prepare=False)
+    # an explicit root that does not exist is a clear error, never a new directory and a download
+    with pytest.raises(DataError, match="data root .*typo-root does not exist.*leave --data-root out"):
+        load_data("mnist", data_root / "typo-root")
+    assert not (data_root / "typo-root").exists()
 
 
 def test_unknown_dataset_name():

@@ -222,6 +222,9 @@ def load_builtin(name: str, data_root: str | os.PathLike | None = None, *, verif
     """
     spec = get_spec(name)
     root = resolve_data_root(data_root)
+    if data_root is not None and not root.exists():  # a typo must not become a new directory and a download
+        raise DataError(f"{spec.name}: data root {root} does not exist. Create it (or fix the path), or leave "
+                        f"--data-root out to use the default cache. {spec.how_to_get}")
     if not root.exists() and not auto_prepare:
         raise DataError(f"{spec.name}: data root {root} does not exist. {spec.how_to_get}")
     if not _present(spec, root):
