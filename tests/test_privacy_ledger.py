@@ -252,3 +252,17 @@ def test_ledger_path_forms(tmp_path):
     b = PrivacyLedger(tmp_path / "custom.jsonl")
     b.spend("x", LNMaxQueries(40, 1), lambda: np.arange(1000))
     assert (tmp_path / "custom.jsonl").exists() and (tmp_path / "ledger_answers").is_dir()
+
+
+def test_an_event_cannot_under_price_itself_by_its_sensitivity():
+    from privdistill.privacy.events import event_from_dict
+
+    with pytest.raises(PrivacyError, match="below the mechanism's 2"):
+        LNMaxQueries(scale=40.0, count=10, sensitivity=0.001)
+    with pytest.raises(PrivacyError, match="GNMax: sensitivity"):
+        GNMaxQueries(sigma=40.0, count=10, sensitivity=1.0)
+    # a tampered ledger line is refused the same way when it is read back
+    with pytest.raises(PrivacyError, match="under-price"):
+        event_from_dict({"type": "lnmax", "scale": 40.0, "count": 10, "sensitivity": 0.001})
+    # declaring more than the mechanism's sensitivity only over-prices: kept
+    assert LNMaxQueries(scale=40.0, count=10, sensitivity=4.0).epsilon0 == pytest.approx(0.1)

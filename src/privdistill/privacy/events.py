@@ -90,6 +90,17 @@ def event_from_dict(data: Mapping[str, Any]) -> PrivacyEvent:
     return cls(**{k: v for k, v in data.items() if k != "type"})
 
 
+def checked_sensitivity(declared: float, true_sensitivity: float, mechanism: str) -> float:
+    """The sensitivity is fixed by the mechanism (one replaced record moves one teacher's vote), not by whoever
+    records the event: a smaller declared value would under-price every answer, so it is refused (a larger one
+    only over-prices, and is kept)."""
+    declared = check_positive("sensitivity", declared)
+    if declared < true_sensitivity * (1 - 1e-12):
+        raise PrivacyError(f"{mechanism}: sensitivity {declared:g} is below the mechanism's {true_sensitivity:g} "
+                           "(one replaced record moves one teacher's vote); it would under-price the event")
+    return declared
+
+
 # ------------------------------------------------------------------------------------------ PATE family
 @_register
 @dataclass(frozen=True)
@@ -112,7 +123,7 @@ class LNMaxQueries(PrivacyEvent):
     def __post_init__(self) -> None:
         object.__setattr__(self, "scale", check_positive("Laplace scale", self.scale))
         object.__setattr__(self, "count", check_count("queries", self.count))
-        object.__setattr__(self, "sensitivity", check_positive("sensitivity", self.sensitivity))
+        object.__setattr__(self, "sensitivity", checked_sensitivity(self.sensitivity, 2.0, "LNMax"))
 
     @classmethod
     def from_epsilon0(cls, epsilon0: float, count: int) -> "LNMaxQueries":
@@ -146,7 +157,7 @@ class GNMaxQueries(PrivacyEvent):
     def __post_init__(self) -> None:
         object.__setattr__(self, "sigma", check_positive("sigma", self.sigma))
         object.__setattr__(self, "count", check_count("queries", self.count))
-        object.__setattr__(self, "sensitivity", check_positive("sensitivity", self.sensitivity))
+        object.__setattr__(self, "sensitivity", checked_sensitivity(self.sensitivity, math.sqrt(2.0), "GNMax"))
 
     def describe(self) -> str:
         return f"GNMax: {self.count} queries, sigma {self.sigma:g}"
