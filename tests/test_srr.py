@@ -170,6 +170,9 @@ def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert set(privacy["artifacts"]) == {"student"}
     assert summary["not_covered"] == [p["via"] for p in privacy["artifacts"]["student"] if not p["covered"]]
+    # no teacher is trained in this setting, so nothing non-private about it is published (issue 28)
+    assert summary["baseline_accuracy"] is None and summary["teacher_model"] is None
+    assert "teacher" not in summary["stages_used"] and not list(cache.glob("baseline-*"))
     rr = run_srr(request(tiny_npz, tmp_path / "rr", "srr.setting=label-dp", "srr.mechanism=rr", *PER_LABEL,
                            "budget.epsilon=2", "srr.num_samples=0", "srr.stages=1",
                            "srr.student_model=small-cnn")).summary

@@ -77,15 +77,15 @@ class SRRTraining:
         cfg, env, data = self.cfg, self.env, self.data
         generator_cfg: GeneratorTraining = ctx.section("srr_generator")
         teacher_cfg: ClassifierTraining = ctx.section("srr_teacher")
-        self.teacher_model = teacher_cfg.model
-        self.teacher, teacher_stage = ctx.stages.baseline(teacher_cfg)
-        self.teacher_accuracy = float(teacher_stage.info().get("test_accuracy")
-                                      or evaluate(self.teacher, data.test, env))
-        self.generator = generator_stage = None
-        if not self.label_dp:
+        self.teacher = self.teacher_accuracy = self.generator = teacher_stage = generator_stage = None
+        self.teacher_model = None if self.label_dp else teacher_cfg.model
+        if not self.label_dp:  # label-dp: the true labels go through the mechanism; no teacher, no generator
+            self.teacher, teacher_stage = ctx.stages.baseline(teacher_cfg)
+            self.teacher_accuracy = float(teacher_stage.info().get("test_accuracy")
+                                          or evaluate(self.teacher, data.test, env))
             self.generator, generator_stage = ctx.stages.generator(self.teacher, teacher_stage.key, generator_cfg)
             self.generator = env.place(self.generator)
-        self.teacher.requires_grad_(False)  # fixed: labels (data-free) and the optional Eq. 2 fine-tuning term
+            self.teacher.requires_grad_(False)  # fixed: labels and the optional Eq. 2 fine-tuning term
         self.stages_used = {name: {**stage.ref(), "build_seconds": stage.info().get("build_seconds")}
                             for name, stage in (("teacher", teacher_stage), ("generator", generator_stage))
                             if stage is not None}
