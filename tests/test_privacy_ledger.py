@@ -266,3 +266,30 @@ def test_an_event_cannot_under_price_itself_by_its_sensitivity():
         event_from_dict({"type": "lnmax", "scale": 40.0, "count": 10, "sensitivity": 0.001})
     # declaring more than the mechanism's sensitivity only over-prices: kept
     assert LNMaxQueries(scale=40.0, count=10, sensitivity=4.0).epsilon0 == pytest.approx(0.1)
+
+
+def test_a_second_process_on_a_run_directory_is_refused(tmp_path, tiny_npz):
+    """Issue 28: two processes on one run would draw fresh noise for the same records and spend twice. The
+    first holds the run directory's lock for the whole run; the second is refused before it writes anything."""
+    from privdistill.engine.run import lock_run_dir, unlock_run_dir
+    from privdistill.methods.common import RunRequest
+    from privdistill.methods.pate import run_pate
+
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from privdistill.engine.run import lock_run_dir
+        lock_run_dir({str(run_dir)!r}); print("locked", flush=True); time.sleep(60)""")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunError, match=rf"in use by another process \(pid {holder.pid}\)"):
+            run_pate(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir),
+                                overrides=["run.progress=false", "budget.epsilon=5"]))
+        assert not (run_dir / "config.yaml").exists() and not (run_dir / "ledger.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_run_dir(run_dir)  # free again once the holder is gone; this process may take it twice
+    lock_run_dir(run_dir)
+    unlock_run_dir(run_dir)

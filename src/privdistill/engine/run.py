@@ -59,6 +59,47 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
+# ------------------------------------------------------------------------------------------ run lock
+LOCK_NAME = ".lock"
+_HELD: dict[str, int] = {}  # run directories this process holds: real path -> the locked file descriptor
+
+
+def lock_run_dir(path: str | os.PathLike) -> None:
+    """Hold an exclusive lock on a run directory until `unlock_run_dir` (or the process ends).
+
+    Two processes on one run would each draw fresh noise for the same records and each spend the budget, and
+    the ledger would record both: the second process is refused here, before it reads or writes anything.
+    The same process may take the lock again (a retry from Python after a crash keeps it)."""
+    import fcntl
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(path)
+    if key in _HELD:
+        return
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunError(f"run directory {path} is in use by another process (pid {owner}); wait for it to "
+                       "finish, or choose another --run-dir. Two processes on one run would spend its "
+                       "budget twice") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[key] = fd
+
+
+def unlock_run_dir(path: str | os.PathLike) -> None:
+    import fcntl
+
+    fd = _HELD.pop(os.path.realpath(path), None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -232,7 +273,7 @@ def _abandoned_before_doing_anything(path: Path) -> bool:
     by a process that is no longer running: an attempt that stopped at a check. A live process's directory
     (a run still in its first epoch has written nothing else yet) is never taken over."""
     names = {p.name for p in path.iterdir()}
-    if not names <= {"config.yaml", "ledger.jsonl"}:
+    if not names <= {"config.yaml", "ledger.jsonl", LOCK_NAME}:
         return False
     ledger = path / "ledger.jsonl"
     if ledger.exists() and any('"spend"' in line for line in ledger.read_text().splitlines()):

@@ -11,6 +11,7 @@ from typing import Any
 from privdistill.config import RunOptions, keyed_config, resolve_sections
 from privdistill.data import DataSplits, canonical_name, dataset_slug, load_data
 from privdistill.engine import Env, RunDir, record_result
+from privdistill.engine.run import lock_run_dir, unlock_run_dir
 from privdistill.errors import RunError
 
 
@@ -53,6 +54,7 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
               **{name: keyed_config(section) for name, section in resolved.items()}}
     run_dir = request.run_dir or str(
         Path(options.runs_dir) / f"{method}-{dataset_slug(dataset)}-{time.strftime('%Y%m%d-%H%M%S')}")
+    lock_run_dir(run_dir)  # held until finish_run: a second process on this directory is refused
     run = RunDir.open(run_dir, config=config, resume=request.resume)
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter())
 
@@ -96,6 +98,7 @@ def finish_run(prep: Prepared, request: RunRequest, *, method: str, wall_seconds
                **fields: Any) -> dict[str, Any]:
     summary = prep.run.write_summary(method=method, dataset=prep.dataset, preset=request.preset,
                                      wall_seconds=round(wall_seconds, 1), device=prep.env.describe(), **fields)
+    unlock_run_dir(prep.run.path)
     if request.record:
         summary["recorded_as"] = str(record_result(summary, results_dir=request.results_dir))
     return summary
