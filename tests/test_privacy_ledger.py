@@ -293,3 +293,17 @@ def test_a_second_process_on_a_run_directory_is_refused(tmp_path, tiny_npz):
     lock_run_dir(run_dir)  # free again once the holder is gone; this process may take it twice
     lock_run_dir(run_dir)
     unlock_run_dir(run_dir)
+
+
+def test_a_key_recorded_twice_is_refused_by_every_reader(tmp_path):
+    """Issue 28: two writers (or an edit) can leave one key twice; neither the ledger nor a read-only view
+    (privacy report, plans) may then trust it."""
+    led = PrivacyLedger(tmp_path, max_epsilon=5)
+    led.spend("q/0", LNMaxQueries(40, 10), Calls(torch.arange(10)))
+    path = tmp_path / "ledger.jsonl"
+    spend_line = next(line for line in path.read_text().splitlines() if '"spend"' in line)
+    path.write_text(path.read_text() + spend_line + "\n")
+    with pytest.raises(RunError, match="recorded twice"):
+        read_ledger_events(tmp_path)
+    with pytest.raises(RunError, match="recorded twice"):
+        PrivacyLedger(tmp_path, max_epsilon=5)

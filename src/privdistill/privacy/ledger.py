@@ -459,7 +459,7 @@ class LedgerView:
                 return cls([], None)
             raise RunError(f"no privacy ledger at {path}")
         spends: list[tuple[str, PrivacyEvent]] = []
-        header = None
+        header, seen = None, set()
         lines = path.read_bytes().split(b"\n")
         for i, line in enumerate(lines):
             if not line.strip():
@@ -480,6 +480,10 @@ class LedgerView:
                     spends.append((rec["key"], event_from_dict(rec["event"])))
                 except (PrivacyError, KeyError, TypeError) as err:
                     raise RunError(f"{path} line {i + 1}: unreadable event ({err})") from None
+                if rec["key"] in seen:  # each key is spent once: a repeat means two writers (or an edit)
+                    raise RunError(f"{path} line {i + 1}: key {rec['key']!r} is recorded twice (two processes "
+                                   "wrote this ledger, or it was edited); the ledger cannot be trusted")
+                seen.add(rec["key"])
         return cls(spends, header)
 
     def __contains__(self, key: str) -> bool:
