@@ -32,16 +32,12 @@ from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
+from privdistill.engine.trainer import accuracy
 from privdistill.methods.dpsgd import epsilons, steps_per_epoch, strict_noise_multiplier
 from privdistill.models import create_model
 
 
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    with torch.no_grad():
-        return round(float((model(x).argmax(1) == y).float().mean()), 4)
-
-
-def run_setting(c: dict, data, features: tuple[torch.Tensor, torch.Tensor]) -> dict:
+def run_setting(c: dict, data, features: tuple[torch.Tensor, torch.Tensor], env: Env) -> dict:
     from opacus import PrivacyEngine
 
     (x_train, x_test), (y_train, y_test) = features, (data.train.labels, data.test.labels)
@@ -72,7 +68,7 @@ def run_setting(c: dict, data, features: tuple[torch.Tensor, torch.Tensor]) -> d
                 with torch.no_grad():
                     for avg, p in zip(ema.parameters(), head.parameters()):
                         avg.mul_(c["ema"]).add_(p.detach(), alpha=1 - c["ema"])
-        curve.append([accuracy(head, x_test, y_test), accuracy(ema, x_test, y_test) if ema is not None else None])
+        curve.append([round(accuracy(m, x_test, y_test, env), 4) if m is not None else None for m in (head, ema)])
     eps = epsilons(sigma, 1 / per_epoch, total, 1e-5)
     return {**c, "sigma": round(sigma, 4), "epsilon_strict": round(eps["replace_one"], 4),
             "epsilon_opacus_rdp": round(eps["rdp"], 4), "accuracy": curve[-1][0], "curve": curve,
@@ -88,7 +84,7 @@ def main() -> None:
     env = Env.cpu()
     features = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep")).features(model)
     for c in settings:
-        print(json.dumps({"dataset": dataset, **run_setting(c, data, features)}), flush=True)
+        print(json.dumps({"dataset": dataset, **run_setting(c, data, features, env)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_npz, tmp_path, monkeypat
     whole = _run(tiny_npz, tmp_path, "whole", cpu)
     import privdistill.methods.dpsgd as dpsgd
 
-    real, calls = dpsgd._accuracy, {"n": 0}
+    real, calls = dpsgd.accuracy, {"n": 0}
 
     def crash_in_second_epoch(*args, **kwargs):
         calls["n"] += 1
@@ -59,10 +59,10 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_npz, tmp_path, monkeypat
             raise KeyboardInterrupt("simulated crash after the first epoch's checkpoint")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dpsgd, "_accuracy", crash_in_second_epoch)
+    monkeypatch.setattr(dpsgd, "accuracy", crash_in_second_epoch)
     with pytest.raises(KeyboardInterrupt):
         _run(tiny_npz, tmp_path, "crashed", cpu)
-    monkeypatch.setattr(dpsgd, "_accuracy", real)
+    monkeypatch.setattr(dpsgd, "accuracy", real)
     resumed = _run(tiny_npz, tmp_path, "crashed", cpu, resume=True)
     from safetensors.torch import load_file
 

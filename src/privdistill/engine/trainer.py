@@ -59,12 +59,17 @@ def predict_logits(model: nn.Module, images: torch.Tensor, env: Env, batch_size:
     return torch.cat(out) if out else torch.empty(0)
 
 
+def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, env: Env, batch_size: int = 1000) -> float:
+    """Top-1 accuracy of `model` on `inputs` (images, or any tensor the model reads, e.g. fixed features)."""
+    if len(inputs) == 0:
+        return float("nan")
+    logits = predict_logits(model, inputs, env, batch_size)
+    return float((logits.argmax(1) == labels).float().mean())
+
+
 def evaluate(model: nn.Module, data: ImageDataset, env: Env, batch_size: int = 1000) -> float:
     """Top-1 accuracy on `data`."""
-    if len(data) == 0:
-        return float("nan")
-    logits = predict_logits(model, data.images, env, batch_size)
-    return float((logits.argmax(1) == data.labels).float().mean())
+    return accuracy(model, data.images, data.labels, env, batch_size)
 
 
 def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTraining, env: Env,

@@ -38,13 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import ClassifierTraining
+from privdistill.config import AUGMENTATIONS, ClassifierTraining
 from privdistill.data.dataset import to_float
 from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import lr_factor, make_optimizer
-from privdistill.engine.trainer import predict_logits
+from privdistill.engine.trainer import accuracy
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
@@ -85,7 +85,7 @@ class DPSGDConfig:
             raise ConfigError("dpsgd.optimizer must be sgd or adam")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
-        if self.augment not in ("none", "shift", "flip-shift"):
+        if self.augment not in AUGMENTATIONS:
             raise ConfigError("dpsgd.augment must be none, shift or flip-shift")
         if self.model.startswith("scatter-") and self.augment != "none":
             raise ConfigError(f"dpsgd.model={self.model} trains on scattering features computed once: "
@@ -278,11 +278,6 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
                     test_inputs=test_inputs)
 
 
-def _accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, env) -> float:
-    logits = predict_logits(model, inputs, env)
-    return float((logits.argmax(1) == labels).float().mean())
-
-
 def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tuple[float, list[dict]]:
     """The DP-SGD epochs on the one training loop (a loop step is an epoch, checkpointed with Opacus's
     accountant after each), so a resumed run continues after the last finished epoch; returns (wall seconds,
@@ -295,8 +290,8 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
 
     def evaluate_epoch() -> dict:  # on what dp_model reads (scattering features are not recomputed every epoch)
         eps_now = float(p.engine.accountant.get_epsilon(delta=budget.delta))
-        accuracy = _accuracy(p.dp_model._module, p.test_inputs, ctx.data.test.labels, env)
-        return {"test_accuracy": accuracy, f"epsilon_{cfg.accountant}": round(eps_now, 4)}
+        return {"test_accuracy": accuracy(p.dp_model._module, p.test_inputs, ctx.data.test.labels, env),
+                f"epsilon_{cfg.accountant}": round(eps_now, 4)}
 
     loop = TrainingLoop(steps=cfg.epochs, env=env, run=ctx.run, checkpoint="dpsgd-checkpoint", title="DP-SGD epochs",
                         log_stage="dpsgd", modules={"model": p.model},
