@@ -30,3 +30,25 @@ def tiny_npz(tmp_path):
     from fabricate import write_npz
 
     return write_npz(tmp_path / "tiny.npz", n=300)
+
+
+@pytest.fixture
+def secure_draws(monkeypatch):
+    """Counts the draws made by OpenDP's samplers (privacy.secure.SecureNoise), so that a secure-mode run can be
+    checked to have taken its privacy noise there and nowhere else."""
+    from privdistill.privacy.secure import SecureNoise
+
+    draws = []
+    real_add, real_rr = SecureNoise.add, SecureNoise.randomized_response
+
+    def add(self, values, **kwargs):
+        draws.append(("add", values.numel()))
+        return real_add(self, values, **kwargs)
+
+    def rr(self, in_set, labels, keep):
+        draws.append(("rr", len(labels)))
+        return real_rr(self, in_set, labels, keep)
+
+    monkeypatch.setattr(SecureNoise, "add", add)
+    monkeypatch.setattr(SecureNoise, "randomized_response", rr)
+    return draws

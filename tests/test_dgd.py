@@ -144,3 +144,14 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     assert again.summary["query_agreement_with_baseline"]["noisy_label"] == agree["noisy_label"]
     for a, b in zip(result.student.state_dict().values(), again.student.state_dict().values()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_secure_noise_draws_votes_and_codes_from_opendp(tiny_npz, tmp_path, secure_draws):
+    run_dir = tmp_path / "run"
+    s = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY + ["dgd.secure_noise=true"],
+            run_dir=str(run_dir)).fit().summary
+    assert s["noise_secure"] is True and s["queries"] == 40
+    assert "OpenDP" in json.loads((run_dir / "privacy.json").read_text())["noise"]["statement"]
+    # two draws: the vote counts (40 queries x 10 classes, integers: discrete Laplace), then the latent codes
+    assert len(secure_draws) == 2 and secure_draws[0] == ("add", 400) and secure_draws[1][0] == "add"

@@ -46,9 +46,9 @@ def cache(tmp_path_factory, monkeypatch):
     return root
 
 
-def run(tiny_npz, path, *extra, record=False, results=None):
+def run(tiny_npz, path, *extra, record=False, results=None, resume=False):
     req = RunRequest(dataset=f"npz:{tiny_npz}", preset="quick", overrides=TINY + list(extra), run_dir=str(path),
-                     record=record, results_dir=str(results or path.parent / "results"))
+                     record=record, results_dir=str(results or path.parent / "results"), resume=resume)
     return run_dpdfd(req).summary
 
 
@@ -309,3 +309,32 @@ def test_unreadable_teacher_files_are_clear_errors(tmp_path):
                           (TeacherSpec(torchvision="resnet18", weights=str(junk)), "not a torch state_dict")]:
         with pytest.raises(ModelError, match=message):
             load_teacher(spec, dataset="mnist", channels=1, num_classes=10, device=torch.device("cpu"))
+
+
+def test_secure_noise_records_no_seed_and_a_resume_pays_for_what_it_redraws(tiny_npz, tmp_path, cache, secure_draws,
+                                                                           monkeypatch):
+    import privdistill.methods.dpdfd as dpdfd_mod
+
+    args = ("budget.epsilon=null", "dpdfd.steps=20", "dpdfd.sigma=2", "dpdfd.secure_noise=true", "run.device=cpu")
+    real_step = dpdfd_mod._datafree_step
+
+    def crash_at_step_10(cfg, plan, env, student, opt_s, generator, opt_g, teacher, step, chunk_seed):
+        if step == 10:
+            raise KeyboardInterrupt("simulated crash inside the chunk of steps 7-13, after the step-8 checkpoint")
+        return real_step(cfg, plan, env, student, opt_s, generator, opt_g, teacher, step, chunk_seed)
+
+    monkeypatch.setattr(dpdfd_mod, "_datafree_step", crash_at_step_10)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_npz, tmp_path / "a", *args)
+    assert len(secure_draws) == 10, "one OpenDP draw per step, steps 0-9"
+    monkeypatch.setattr(dpdfd_mod, "_datafree_step", real_step)
+    s = run(tiny_npz, tmp_path / "a", *args, resume=True)
+    assert s["noise_secure"] is True and s["steps"] == 20 and len(secure_draws) == 10 + 12  # steps 8-19 redrawn
+    spends = [json.loads(x) for x in (tmp_path / "a" / "ledger.jsonl").read_text().splitlines()]
+    spends = [x for x in spends if x["kind"] == "spend"]
+    assert all(x["answers"]["values"] == [-1] for x in spends), "no seed that could regenerate the noise is recorded"
+    assert [(x["key"], x["event"]["steps"]) for x in spends] == [
+        ("dpdfd-steps-000000000-000000007", 7), ("dpdfd-steps-000000007-000000014", 7),
+        ("dpdfd-steps-000000007-000000014-redrawn-from-000000008-1", 6), ("dpdfd-steps-000000014-000000020", 6)]
+    expected = both([DPDFDSteps(clip_norm=5e-3, sigma=2, batch_size=32, steps=26, num_classes=10)], delta=1e-5)
+    assert math.isclose(s["epsilon_strict"], expected["strict"].value, rel_tol=1e-5), "26 noisy steps paid for"

@@ -86,3 +86,13 @@ def test_trains_on_cuda_with_autocast_evaluation(tiny_npz, tmp_path):
     s = _run(tiny_npz, tmp_path, "cuda", ["run.device=cuda", "run.precision=bf16", "dpsgd.epochs=1"])
     assert s["device"].startswith("cuda") and 0.0 <= s["test_accuracy"] <= 1.0
 
+
+
+def test_secure_mode_draws_every_gradient_noise_from_opendp(tiny_npz, tmp_path, secure_draws):
+    s = _run(tiny_npz, tmp_path, "secure", ["dpsgd.secure_mode=true", "dpsgd.epochs=1"])
+    assert s["noise_secure"] is True
+    from privdistill.models import create_model
+
+    sizes = [p.numel() for p in create_model("small-cnn", in_channels=1, num_classes=10, image_size=28).parameters()]
+    steps = s["dpsgd_accounting"]["steps"]
+    assert [n for _, n in secure_draws] == sizes * steps, "each parameter's noise, every step, from OpenDP"

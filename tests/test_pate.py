@@ -119,3 +119,14 @@ def test_vat_direction_changes_the_prediction_far_more_than_a_random_one(precisi
     with torch.no_grad():
         random = _kl(model(x), model(x + 2.0 * _unit(torch.randn(x.shape, generator=torch.Generator().manual_seed(1)))))
     assert float(adversarial.detach()) > 10 * float(random)
+
+
+@pytest.mark.parametrize("aggregation", ["lnmax", "confident-gnmax"])
+def test_secure_noise_draws_the_answers_from_opendp(tiny_npz, tmp_path, secure_draws, aggregation):
+    s = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "run"),
+                            overrides=TINY + [f"pate.aggregation={aggregation}", "budget.epsilon=10",
+                                              "pate.secure_noise=true"])).summary
+    assert s["noise_secure"] is True and s["queries"] >= 1
+    # LNMax: one draw on the [queries, K] counts; Confident-GNMax: the threshold check, then the counts
+    assert [kind for kind, _ in secure_draws] == ["add"] * (1 if aggregation == "lnmax" else 2)
+    assert secure_draws[-1][1] == s["queries"] * 10

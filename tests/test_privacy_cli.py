@@ -152,7 +152,7 @@ def test_report_with_pathways(tmp_path):
     assert "noise:" not in text, "no noise source recorded, none claimed"
 
 
-@pytest.mark.parametrize("secure,expected", [(False, "only while that seed"), (True, "OS-entropy")])
+@pytest.mark.parametrize("secure,expected", [(False, "only while that seed"), (True, "OpenDP")])
 def test_report_states_where_the_noise_came_from(tmp_path, secure, expected):
     PrivacyLedger(tmp_path).spend("labels", LNMaxQueries(40, 10), lambda: [1])
     write_privacy_json(tmp_path, dgd_pathways(), method="dgd", noise=noise_source(secure, "dgd.secure_noise"))

@@ -312,3 +312,15 @@ def test_rr_with_prior_runs_on_cuda_tensors_with_a_cpu_generator():
     out = release_labels("rr-prior", prior, labels, epsilon=1.0, threshold=None,
                          generator=torch.Generator().manual_seed(0))
     assert out.device.type == "cuda" and out.shape == (64,)
+
+
+@pytest.mark.parametrize("mechanism", ["srr", "rr"])
+def test_secure_noise_draws_every_label_from_opendp(tiny_npz, tmp_path, cache, secure_draws, mechanism):
+    summary = run_srr(request(tiny_npz, tmp_path / "run", "srr.setting=label-dp", f"srr.mechanism={mechanism}",
+                              *PER_LABEL, "budget.epsilon=2", "srr.num_samples=0", "srr.stages=2",
+                              "srr.epochs_per_stage=1", "srr.student_model=small-cnn",
+                              "srr.secure_noise=true")).summary
+    assert summary["noise_secure"] is True and summary["epsilon_strict"] == pytest.approx(2.0, abs=1e-4)
+    # every one of the 300 labels came out of OpenDP's randomized response, each exactly once
+    assert [kind for kind, _ in secure_draws] == ["rr"] * len(secure_draws)
+    assert sum(n for _, n in secure_draws) == 300

@@ -237,7 +237,7 @@ def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, 
         x = env.place_batch(to_float(images[start:start + 500]))
         votes.append(teachers.votes(x).cpu())
     votes = torch.cat(votes)
-    gen = mechanisms.make_generator(seed, secure=cfg.secure_noise)
+    gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
     if cfg.aggregation == "laplace":
         labels = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen)
     else:
@@ -270,7 +270,7 @@ def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env
         return codes.clamp(-cfg.latent_clip, cfg.latent_clip)
 
     def perturb():
-        gen = mechanisms.make_generator(seed + 1, secure=cfg.secure_noise)
+        gen = mechanisms.noise_source(seed + 1, secure=cfg.secure_noise)
         return mechanisms.laplace_latent_perturbation(codes, clip=cfg.latent_clip, epsilon1=cfg.epsilon1, generator=gen)
 
     noisy = torch.as_tensor(ledger.spend(LATENT_KEY, event, perturb))

@@ -7,10 +7,14 @@ steps are charged to the ledger, and what the epsilon covers. The algorithm itse
   steps: the budget is then spent exactly, with fewer, less noisy steps than the paper's sigma = 100.
 * Privacy ledger. One record per chunk of ``ledger_chunk`` steps, written BEFORE the chunk runs, so a crash
   never loses budget (a chunk is charged in full even if it was interrupted). Its recorded answer is the
-  seed of the chunk's Gaussian noise (drawn from the privacy generator, or from the OS with
-  ``secure_noise``); the noise of step t is drawn from a generator seeded by (that seed, t). A resumed run
-  gets the recorded seed back, so the noise of every step is reused, never redrawn. (Recording the noise
-  itself would take B*K floats per step: gigabytes for the paper's ~10^6 steps.)
+  seed of the chunk's Gaussian noise, drawn from the run's privacy stream; the noise of step t is drawn from
+  a generator seeded by (that seed, t). A resumed run gets the recorded seed back, so the noise of every step
+  is reused, never redrawn. (Recording the noise itself would take B*K floats per step: gigabytes for the
+  paper's ~10^6 steps.)
+* ``secure_noise``: every step's noise comes from OpenDP (privacy/secure.py) and no seed is recorded (one would
+  let anyone regenerate the noise from the run directory). A resumed run therefore cannot reuse the noise of
+  the steps it repeats: the rest of the interrupted chunk is charged again, under its own ledger key, before
+  it is redrawn (and the budget cap may then end the run early, which it says).
 * ``generator_output_norm`` adds DAFL's final non-affine BatchNorm to the generator. The presets set it per
   dataset (measured, docs/results.md): without it a fresh generator's near-constant grey images are all "bag" to
   the Fashion-MNIST teacher and, the generator never consulting the teacher, nothing moves it out of that class
@@ -23,7 +27,6 @@ steps are charged to the ledger, and what the epsilon covers. The algorithm itse
 from __future__ import annotations
 
 import hashlib
-import secrets
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -39,7 +42,7 @@ from privdistill.methods.runner import Budget
 from privdistill.privacy import calibration
 from privdistill.privacy.events import DPDFDSteps
 from privdistill.privacy.ledger import PrivacyLedger
-from privdistill.privacy.mechanisms import make_generator, privatise
+from privdistill.privacy.mechanisms import SecureNoise, make_generator, privatise
 from privdistill.privacy.report import PRIVATE, Pathway, dpdfd_pathways
 
 
@@ -216,31 +219,46 @@ class LedgerChunks:
         self.current: tuple[int, int] | None = None  # (chunk index, seed)
 
     def seed_for(self, step: int) -> int:
-        """The noise seed of `step`'s chunk (spent now if the chunk is new; BudgetExceededError past the limit)."""
+        """The noise seed of `step`'s chunk (spent now if the chunk is new; BudgetExceededError past the limit).
+        With secure noise there is no seed (SECURE): the chunk is charged all the same, and a chunk this process
+        enters after a resume, already charged by the interrupted run, is charged again from `step` on."""
         size = self.cfg.ledger_chunk
         index = step // size
         if self.current is None or self.current[0] != index:
             start, stop = index * size, min((index + 1) * size, self.plan.steps)
-            answer = self.ledger.spend(f"dpdfd-steps-{start:09d}-{stop:09d}", self.plan.event.with_count(stop - start),
-                                       lambda: self._draw_seed(index))
+            key = f"dpdfd-steps-{start:09d}-{stop:09d}"
+            if self.cfg.secure_noise and key in self.ledger:
+                start, key = step, self._redraw_key(key, step)
+            answer = self.ledger.spend(key, self.plan.event.with_count(stop - start), lambda: self._draw_seed(index))
             self.current = (index, int(torch.as_tensor(answer).reshape(-1)[0]))
         return self.current[1]
 
+    def _redraw_key(self, key: str, step: int) -> str:
+        attempt = 1
+        while f"{key}-redrawn-from-{step:09d}-{attempt}" in self.ledger:
+            attempt += 1
+        return f"{key}-redrawn-from-{step:09d}-{attempt}"
+
     def _draw_seed(self, index: int) -> torch.Tensor:
-        """The chunk's noise seed: from the run's privacy stream, or from the OS with secure_noise."""
+        """The chunk's noise seed, from the run's privacy stream (SECURE with secure_noise: nothing to record)."""
         if self.cfg.secure_noise:
-            seed = secrets.randbits(62)
-        else:
-            gen = make_generator(self.env.generator(streams.DPDFD_NOISE_SEED, index).initial_seed())
-            seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-        return torch.tensor([seed], dtype=torch.int64)
+            return torch.tensor([SECURE], dtype=torch.int64)
+        gen = make_generator(self.env.generator(streams.DPDFD_NOISE_SEED, index).initial_seed())
+        return torch.tensor([int(torch.randint(0, 2**62, (1,), generator=gen))], dtype=torch.int64)
+
+
+SECURE = -1  # the recorded "seed" of a chunk whose noise came from OpenDP (it cannot be regenerated)
 
 
 def noisy_gradients(grads: torch.Tensor, cfg: DPDFDConfig, plan: StepPlan, chunk_seed: int,
                     step: int) -> torch.Tensor:
-    """A_{C,sigma} (privacy.mechanisms.privatise) with step t's noise: a generator seeded by (chunk seed, t)."""
-    digest = hashlib.blake2b(f"dpdfd-noise:{chunk_seed}:{step}".encode(), digest_size=8).digest()
-    generator = make_generator(int.from_bytes(digest, "little") & (2**63 - 1), device=grads.device)
+    """A_{C,sigma} (privacy.mechanisms.privatise) with step t's noise: a generator seeded by (chunk seed, t), or
+    OpenDP's samplers with secure noise."""
+    if chunk_seed == SECURE:
+        generator = SecureNoise()
+    else:
+        digest = hashlib.blake2b(f"dpdfd-noise:{chunk_seed}:{step}".encode(), digest_size=8).digest()
+        generator = make_generator(int.from_bytes(digest, "little") & (2**63 - 1), device=grads.device)
     return privatise(grads, operation=cfg.operation, clip_norm=plan.clip_norm, sigma=plan.sigma,
                      stability=cfg.stability, granularity=cfg.granularity, generator=generator)
 

@@ -241,7 +241,7 @@ def _answer(ledger: PrivacyLedger, teachers: TeacherEnsemble, images: torch.Tens
         votes.append(teachers.votes(env.place_batch(to_float(images[start:start + 500]))).cpu())
     votes = torch.cat(votes) if votes else torch.zeros(0, 1, dtype=torch.long)
     seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
-    gen = mechanisms.make_generator(seed, secure=cfg.secure_noise)
+    gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
     if cfg.aggregation == "lnmax":
         labels, answered = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen), None
     elif cfg.aggregation == "gnmax":

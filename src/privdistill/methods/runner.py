@@ -146,7 +146,7 @@ class Report:
 
     pathways: dict[str, list[Pathway]]
     secure_noise: bool
-    noise_option: str  # the config key that switches to OS-entropy noise
+    noise_option: str  # the config key that switches to secure (OpenDP) noise
     statement: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more privacy.json fields
     epsilon: dict[str, float] | None = None  # ε by accounting when it is not the ledger's (DP-SGD: Opacus)

@@ -76,7 +76,7 @@ from privdistill.methods.srr_training import SRRTraining, stage_key
 from privdistill.privacy.calibration import calibrate_noise
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
-from privdistill.privacy.mechanisms import LABEL_MECHANISMS, candidate_sets, make_generator, release_labels
+from privdistill.privacy.mechanisms import LABEL_MECHANISMS, candidate_sets, noise_source, release_labels
 from privdistill.privacy.report import srr_notes, srr_pathways
 
 SETTINGS = ("data-free", "label-dp")
@@ -295,8 +295,8 @@ def release_stage_labels(srr: SRRTraining, i: int, prior: torch.Tensor, protecte
     cfg = srr.cfg
 
     def draw() -> LedgerAnswer:
-        noise = (make_generator(secure=True) if cfg.secure_noise
-                 else make_generator(int(srr.env.generator(streams.SRR_NOISE, i).initial_seed())))
+        noise = noise_source(None if cfg.secure_noise else int(srr.env.generator(streams.SRR_NOISE, i).initial_seed()),
+                             secure=cfg.secure_noise)
         labels = release_labels(cfg.mechanism, prior, protected, epsilon=srr.epsilon, threshold=srr.threshold,
                                 generator=noise)
         compact = torch.int16 if prior.shape[1] < 32768 else torch.int64

@@ -1,7 +1,8 @@
 """Privacy: noise mechanisms, events, the paper and strict accountants, calibration, the ledger, reports.
 
     mechanisms   lnmax, gnmax, confident_gnmax, randomized_response, selective_randomized_response,
-                 normalize_and_noise(_multi), laplace_latent_perturbation, make_generator  (torch)
+                 normalize_and_noise(_multi), laplace_latent_perturbation, make_generator, noise_source  (torch)
+    secure       SecureNoise: OpenDP's samplers for a release (discrete noise, OS entropy, nothing persisted)
     events       LNMaxQueries, GNMaxQueries, ConfidentGNMaxQueries, RRLabels, SRRLabels, DPDFDSteps,
                  LatentLaplace (immutable, JSON round-trippable)
     accounting   epsilon(events, delta=..., accounting="paper"|"strict"), get_accountant, both
@@ -22,7 +23,8 @@ from typing import Any
 
 _EXPORTS = {
     # mechanisms (torch)
-    "make_generator": "mechanisms", "lnmax": "mechanisms", "gnmax": "mechanisms",
+    "make_generator": "mechanisms", "noise_source": "mechanisms", "SecureNoise": "secure",
+    "lnmax": "mechanisms", "gnmax": "mechanisms",
     "confident_gnmax": "mechanisms", "randomized_response": "mechanisms",
     "selective_randomized_response": "mechanisms", "normalize_and_noise": "mechanisms",
     "normalize_and_noise_multi": "mechanisms", "laplace_latent_perturbation": "mechanisms",

@@ -8,34 +8,30 @@ Privacy parameters are keyword-only. Bad input raises :class:`privdistill.errors
 These functions only *draw* the noise. Pricing it is the accountants' job and recording it the
 ledger's: methods call ``ledger.spend(key, event, lambda: lnmax(votes, scale=..., generator=g))``.
 
-Secure noise (``make_generator(secure=True)``)
-    seeds the generator from the operating system's CSPRNG (``secrets``) instead of a seed from
-    the run's configuration. It defends against an adversary who knows or guesses the seed (seeds
-    live in configs, run directories and published code, and a known seed lets anyone subtract
-    the noise exactly). It does NOT make torch's generators cryptographic (Philox / Mersenne
-    Twister state can in principle be recovered from enough outputs), and it does nothing against
-    floating-point attacks on the Laplace and Gaussian mechanisms (Mironov, CCS 2012: the set of
-    doubles a textbook sampler can output depends on the true value, so a released real number can
-    reveal it). Noisy argmax (LNMax/GNMax/Confident-GNMax) and randomized response release only a
-    class index, which limits that attack to the ranking of noisy counts; DPDFD's noisy gradients
-    and DGD's noisy latent codes are real-valued releases, for which a snapping mechanism or a
-    discrete Gaussian/Laplace would be needed (not implemented). A secure generator is not
-    reproducible: on resume, the ledger's recorded answers are reused instead.
+Where the noise comes from (``noise_source``)
+    A seeded ``torch.Generator`` (the default: reproducible runs, and anyone who knows the seed, saved in the
+    run's config, can subtract the noise), or, with ``secure=True``, a :class:`privacy.secure.SecureNoise`:
+    OpenDP's samplers, drawing from the OS CSPRNG, discrete Laplace/Gaussian on integer vote counts, noise on
+    a fine grid for real values (no floating-point attack, Mironov 2012), OpenDP's categorical randomized
+    response. Every mechanism below takes either as ``generator=``; the distributions, and so the accounting,
+    are the same (privacy/secure.py). Secure noise is not reproducible: on resume the ledger's recorded
+    answers are reused instead.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import secrets
 
 import torch
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy._checks import check_epsilon, check_positive, check_real
+from privdistill.privacy.secure import SecureNoise
 
 __all__ = [
     "make_generator",
+    "noise_source",
+    "SecureNoise",
     "lnmax",
     "gnmax",
     "confident_gnmax",
@@ -57,33 +53,33 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------- generators
-def make_generator(seed: int | None = None, *, secure: bool = False,
-                   device: str | torch.device = "cpu") -> torch.Generator:
-    """A ``torch.Generator`` on ``device`` for the privacy noise.
+NoiseSource = torch.Generator | SecureNoise
 
-    ``secure=False``: seeded with ``seed`` (required; reproducible runs).
-    ``secure=True``: seeded from the OS CSPRNG; ``seed`` must be None (see the module docstring for
-    what this does and does not defend against).
-    """
-    device = torch.device(device)
-    if secure:
-        if seed is not None:
-            raise PrivacyError("make_generator(secure=True) draws its own seed from the OS; do not pass seed")
-        seed_value = secrets.randbits(63)
-    else:
-        if seed is None:
-            raise PrivacyError("make_generator needs a seed (or secure=True for an OS-drawn, unrecorded seed)")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise PrivacyError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-        seed_value = seed
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed_value)
+
+def make_generator(seed: int | None = None, *, device: str | torch.device = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (an integer in [0, 2**64)), for reproducible
+    privacy noise. For a release, use ``noise_source(secure=True)``."""
+    if seed is None:
+        raise PrivacyError("make_generator needs a seed (for unseeded, secure noise use noise_source(secure=True))")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise PrivacyError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    gen = torch.Generator(device=torch.device(device))
+    gen.manual_seed(seed)
     return gen
 
 
-def _check_generator(generator: torch.Generator, tensor: torch.Tensor, what: str) -> None:
+def noise_source(seed: int | None = None, *, secure: bool = False, device: str | torch.device = "cpu") -> NoiseSource:
+    """The noise of one mechanism use: ``make_generator(seed, device=device)``, or with ``secure=True`` OpenDP's
+    samplers (the seed is then not used: nothing about secure noise is derived from the run's configuration)."""
+    return SecureNoise() if secure else make_generator(seed, device=device)
+
+
+def _check_generator(generator: NoiseSource, tensor: torch.Tensor, what: str) -> None:
+    if isinstance(generator, SecureNoise):
+        return  # draws on the CPU, answers on the data's device
     if not isinstance(generator, torch.Generator):
-        raise PrivacyError(f"{what}: generator must be a torch.Generator (see make_generator), got {generator!r}")
+        raise PrivacyError(f"{what}: generator must be a torch.Generator or SecureNoise (see noise_source), "
+                           f"got {generator!r}")
     gdev = torch.device(generator.device)
     tdev = tensor.device
     if gdev.type != tdev.type or (gdev.type != "cpu" and (gdev.index or 0) != (tdev.index or 0)):
@@ -118,6 +114,24 @@ def gaussian_noise(shape, *, sigma: float, generator: torch.Generator, device=No
     return torch.randn(shape, generator=generator, device=device, dtype=dtype) * sigma
 
 
+def _noisy(values: torch.Tensor, *, distribution: str, scale: float, generator: NoiseSource,
+           dtype: torch.dtype) -> torch.Tensor:
+    """values + Laplace(scale) or N(0, scale^2) noise, elementwise, from either kind of noise source: seeded noise
+    drawn in `dtype`; secure noise discrete on the integers for integer counts, on a fine grid for real values."""
+    if isinstance(generator, SecureNoise):
+        return generator.add(values, distribution=distribution, scale=scale).to(dtype)
+    draw = laplace_noise if distribution == "laplace" else gaussian_noise
+    scale_kw = {"scale": scale} if distribution == "laplace" else {"sigma": scale}
+    return values.to(dtype) + draw(values.shape, generator=generator, device=values.device, dtype=dtype, **scale_kw)
+
+
+def _counts(votes: torch.Tensor) -> torch.Tensor:
+    """Vote counts as integers when they are whole numbers (so that secure noise is discrete and exact)."""
+    if votes.is_floating_point() and bool((votes == votes.round()).all()):
+        return votes.long()
+    return votes
+
+
 # ------------------------------------------------------------------------------------------ votes
 def _check_votes(votes, what: str) -> torch.Tensor:
     if not isinstance(votes, torch.Tensor):
@@ -143,21 +157,24 @@ def lnmax(votes: torch.Tensor, *, scale: float, generator: torch.Generator) -> t
     ``votes``: [B, K] vote counts; returns int64 labels [B]. DGD uses scale = 2/epsilon0 = 40.
     """
     scale = check_positive("Laplace scale", scale)
-    return _noisy_argmax(votes, "lnmax", generator, functools.partial(laplace_noise, scale=scale))
+    return _noisy_argmax(votes, "lnmax", generator, "laplace", scale)
 
 
 def gnmax(votes: torch.Tensor, *, sigma: float, generator: torch.Generator) -> torch.Tensor:
     """Gaussian noisy argmax (GNMax; PATE 2018, DGD+): ``argmax_k(votes_k + N(0, sigma^2))``."""
     sigma = check_positive("sigma", sigma)
-    return _noisy_argmax(votes, "gnmax", generator, functools.partial(gaussian_noise, sigma=sigma))
+    return _noisy_argmax(votes, "gnmax", generator, "gaussian", sigma)
 
 
-def _noisy_argmax(votes: torch.Tensor, what: str, generator: torch.Generator, noise) -> torch.Tensor:
-    """argmax_k(votes_k + noise) per row, the noise drawn by ``noise(shape, generator=, device=, dtype=)``."""
+def _noisy_argmax(votes: torch.Tensor, what: str, generator: NoiseSource, distribution: str,
+                  scale: float) -> torch.Tensor:
+    """argmax_k(votes_k + noise) per row (ties, possible with discrete secure noise: the lowest class index, a
+    fixed post-processing rule)."""
     votes = _check_votes(votes, what)
     _check_generator(generator, votes, what)
-    dt = _float_dtype(votes)
-    return torch.argmax(votes.to(dt) + noise(votes.shape, generator=generator, device=votes.device, dtype=dt), dim=1)
+    noisy = _noisy(_counts(votes), distribution=distribution, scale=scale, generator=generator,
+                   dtype=_float_dtype(votes))
+    return torch.argmax(noisy, dim=1)
 
 
 def confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: float, sigma2: float,
@@ -174,11 +191,10 @@ def confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: float, sig
     sigma2 = check_positive("sigma2", sigma2)
     _check_generator(generator, votes, "confident_gnmax")
     dt = _float_dtype(votes)
-    v = votes.to(dt)
-    n1 = gaussian_noise((v.shape[0],), sigma=sigma1, generator=generator, device=v.device, dtype=dt)
-    answered = (v.max(dim=1).values + n1) >= threshold
-    n2 = gaussian_noise(v.shape, sigma=sigma2, generator=generator, device=v.device, dtype=dt)
-    labels = torch.argmax(v + n2, dim=1)
+    counts = _counts(votes)
+    answered = _noisy(counts.max(dim=1).values, distribution="gaussian", scale=sigma1, generator=generator,
+                      dtype=dt) >= threshold
+    labels = torch.argmax(_noisy(counts, distribution="gaussian", scale=sigma2, generator=generator, dtype=dt), dim=1)
     labels = torch.where(answered, labels, torch.full_like(labels, -1))
     return labels, answered
 
@@ -215,6 +231,9 @@ def randomized_response(labels: torch.Tensor, *, num_classes: int, epsilon: floa
     labels = _check_labels(labels, num_classes, "randomized_response")
     _check_generator(generator, labels, "randomized_response")
     k = num_classes
+    if isinstance(generator, SecureNoise):  # the same distribution: k-RR on the set of all classes
+        everything = torch.ones((labels.shape[0], k), dtype=torch.bool, device=labels.device)
+        return rr_on_sets(everything, labels, epsilon=epsilon, generator=generator)
     p_keep = rr_keep_probability(k, epsilon)
     u = torch.rand(labels.shape, generator=generator, device=labels.device, dtype=torch.float64)
     shift = torch.randint(1, k, labels.shape, generator=generator, device=labels.device)
@@ -305,6 +324,8 @@ def rr_on_sets(in_set: torch.Tensor, labels: torch.Tensor, *, epsilon: float,
     k = in_set.sum(dim=1).to(torch.float64)
     y_in = in_set.gather(1, labels[:, None]).squeeze(1)
     p_keep = rr_keep_probability(k, epsilon)
+    if isinstance(generator, SecureNoise):
+        return generator.randomized_response(in_set, labels, p_keep)
     dev = in_set.device  # draws on the generator's device, then moved: any device pairing works
 
     def uniform(*shape):
@@ -402,13 +423,9 @@ def _noise_and_divide(bounded: torch.Tensor, *, noise_std: float, granularity: s
     """The noise every DPDFD mechanism adds to its bounded per-sample vectors ``bounded`` [B, K] (already summed
     over teachers): ``per_sample`` adds N(0, noise_std^2 I_K) to each row and returns [B, K]; ``batch_sum`` adds
     one such vector to the sum of the rows and returns [K]. Both divide by ``divisor`` (n * B, or n)."""
-    b, k = bounded.shape
-    if granularity == "per_sample":
-        noise = gaussian_noise((b, k), sigma=noise_std, generator=generator, device=bounded.device,
-                               dtype=bounded.dtype)
-        return (bounded + noise) / divisor
-    noise = gaussian_noise((k,), sigma=noise_std, generator=generator, device=bounded.device, dtype=bounded.dtype)
-    return (bounded.sum(dim=0) + noise) / divisor
+    released = bounded if granularity == "per_sample" else bounded.sum(dim=0)
+    return _noisy(released, distribution="gaussian", scale=noise_std, generator=generator,
+                  dtype=bounded.dtype) / divisor
 
 
 def _normalise(grads: torch.Tensor, clip_norm: float, stability: float) -> torch.Tensor:
@@ -509,5 +526,5 @@ def laplace_latent_perturbation(codes: torch.Tensor, *, clip: float = 1.0, epsil
     _check_generator(generator, codes, "laplace_latent_perturbation")
     c = codes.shape[1]
     scale = 2.0 * clip * c / epsilon1
-    noise = laplace_noise(codes.shape, scale=scale, generator=generator, device=codes.device, dtype=codes.dtype)
-    return codes.clamp(-clip, clip) + noise
+    return _noisy(codes.clamp(-clip, clip), distribution="laplace", scale=scale, generator=generator,
+                  dtype=codes.dtype)

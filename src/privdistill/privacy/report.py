@@ -168,8 +168,9 @@ def noise_source(secure: bool, option: str) -> dict[str, Any]:
     switches to OS entropy). A seeded generator makes runs reproducible, but anyone who knows the seed (it is
     saved in the run's config.yaml) can redraw the noise and subtract it."""
     if secure:
-        return {"secure": True, "statement": "privacy noise drawn from an OS-entropy-seeded generator (not "
-                                             "reproducible); the seed in config.yaml does not reveal it"}
+        return {"secure": True, "statement": "privacy noise drawn by OpenDP's samplers from OS entropy (discrete "
+                                             "noise, no floating-point attack; not reproducible): nothing in the "
+                                             "run directory regenerates it"}
     return {"secure": False, "statement": f"privacy noise drawn from a generator seeded with the run's seed "
                                           f"(saved in config.yaml): the ε holds only while that seed and the "
                                           f"config stay secret; set {option}=true for a release"}
