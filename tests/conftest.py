@@ -52,3 +52,23 @@ def secure_draws(monkeypatch):
     monkeypatch.setattr(SecureNoise, "add", add)
     monkeypatch.setattr(SecureNoise, "randomized_response", rr)
     return draws
+
+
+@pytest.fixture
+def crash_student_at(monkeypatch):
+    """`crash_student_at(step)`: the next student loop (engine.student_loop) raises KeyboardInterrupt when it reaches
+    `step`, as a kill would, after whatever checkpoints came before; call the returned `restore()` to undo."""
+    from privdistill.engine.student_loop import StudentLoop
+
+    real = StudentLoop.update
+
+    def arm(step: int):
+        def update(self, loss, parts):
+            if self.loop.step == step:
+                raise KeyboardInterrupt(f"simulated crash at student step {step}")
+            return real(self, loss, parts)
+
+        monkeypatch.setattr(StudentLoop, "update", update)
+        return lambda: monkeypatch.setattr(StudentLoop, "update", real)
+
+    return arm

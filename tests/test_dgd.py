@@ -155,3 +155,29 @@ def test_secure_noise_draws_votes_and_codes_from_opendp(tiny_npz, tmp_path, secu
     assert "OpenDP" in json.loads((run_dir / "privacy.json").read_text())["noise"]["statement"]
     # two draws: the vote counts (40 queries x 10 classes, integers: discrete Laplace), then the latent codes
     assert len(secure_draws) == 2 and secure_draws[0] == ("add", 400) and secure_draws[1][0] == "add"
+
+
+@pytest.mark.slow
+def test_a_run_interrupted_in_the_student_resumes_to_the_uninterrupted_result(tiny_npz, tmp_path, crash_student_at):
+    from safetensors.torch import load_file
+
+    from privdistill.privacy.ledger import PrivacyLedger
+
+    def fit(name, resume=False):  # CPU: bit-for-bit replay (cuDNN's kernels differ in the last bits)
+        return run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / name), resume=resume,
+                                  overrides=TINY + ["dgd.queries=40", "run.device=cpu"])).summary
+
+    whole = fit("whole")
+    restore = crash_student_at(6)  # after the step-4 checkpoint, the votes and codes already in the ledger
+    with pytest.raises(KeyboardInterrupt):
+        fit("cut")
+    assert PrivacyLedger(tmp_path / "cut").keys() == ["dgd/queries", "dgd/latent-codes"]
+    restore()
+    resumed = fit("cut", resume=True)
+    a, b = (load_file(tmp_path / d / "student.safetensors") for d in ("whole", "cut"))
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed student equals the uninterrupted one"
+    assert resumed["test_accuracy"] == whole["test_accuracy"]
+    assert (resumed["epsilon_strict"], resumed["epsilon_paper"]) == (whole["epsilon_strict"], whole["epsilon_paper"])
+    la, lb = (PrivacyLedger(tmp_path / d) for d in ("whole", "cut"))
+    assert [r["answers"] for r in la.records() if r["kind"] == "spend"] == \
+        [r["answers"] for r in lb.records() if r["kind"] == "spend"], "same released labels, nothing spent twice"

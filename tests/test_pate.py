@@ -130,3 +130,27 @@ def test_secure_noise_draws_the_answers_from_opendp(tiny_npz, tmp_path, secure_d
     # LNMax: one draw on the [queries, K] counts; Confident-GNMax: the threshold check, then the counts
     assert [kind for kind, _ in secure_draws] == ["add"] * (1 if aggregation == "lnmax" else 2)
     assert secure_draws[-1][1] == s["queries"] * 10
+
+
+def test_a_run_interrupted_in_the_student_resumes_to_the_uninterrupted_result(tiny_npz, tmp_path, crash_student_at):
+    from safetensors.torch import load_file
+
+    def fit(name, resume=False):  # CPU: bit-for-bit replay (cuDNN's kernels differ in the last bits)
+        return run_pate(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / name), resume=resume,
+                                   overrides=TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10",
+                                                     "run.device=cpu"])).summary
+
+    whole = fit("whole")
+    restore = crash_student_at(6)  # after the step-4 checkpoint, the answers already in the ledger
+    with pytest.raises(KeyboardInterrupt):
+        fit("cut")
+    assert PrivacyLedger(tmp_path / "cut").keys() == ["pate/queries"]
+    restore()
+    resumed = fit("cut", resume=True)
+    a, b = (load_file(tmp_path / d / "student.safetensors") for d in ("whole", "cut"))
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed student equals the uninterrupted one"
+    assert (resumed["test_accuracy"], resumed["answered"]) == (whole["test_accuracy"], whole["answered"])
+    assert (resumed["epsilon_strict"], resumed["epsilon_paper"]) == (whole["epsilon_strict"], whole["epsilon_paper"])
+    la, lb = (PrivacyLedger(tmp_path / d) for d in ("whole", "cut"))
+    assert len(lb) == 1 and [r["answers"] for r in la.records() if r["kind"] == "spend"] == \
+        [r["answers"] for r in lb.records() if r["kind"] == "spend"], "same released labels, nothing spent twice"

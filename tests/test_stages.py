@@ -332,3 +332,41 @@ def test_collapse_threshold_spares_balanced_generators():
         assert warn_if_collapsed({"one_hot": 0.1}, 10, "no entropy logged") is None
     with pytest.warns(GeneratorCollapseWarning, match="0.64"):
         warn_if_collapsed({"entropy": 1.48}, 10, "the H100 generator of 2026-11-23")
+
+
+def _build_slowly(root: str, log: str) -> str:
+    """Child process of the race below: build one stage whose build takes a while and logs each build."""
+    import time as _time
+
+    def build(run):
+        with open(log, "a") as f:
+            f.write("built\n")
+        _time.sleep(1.0)
+        return {"value": 1}
+
+    return str(StageCache(root).get_or_build("race", "1", {"k": 1}, build).path)
+
+
+def test_two_processes_building_one_stage_build_it_once(tmp_path):
+    import multiprocessing
+
+    log = tmp_path / "builds.log"
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        paths = pool.starmap(_build_slowly, [(str(tmp_path / "cache"), str(log))] * 2)
+    assert log.read_text().splitlines() == ["built"], "the second process waited and reused the first one's stage"
+    assert paths[0] == paths[1] and not list((tmp_path / "cache").glob("*.partial"))
+
+
+def test_removing_stages_leaves_one_being_built(tmp_path):
+    import fcntl
+
+    cache = StageCache(tmp_path / "cache")
+    cache.get_or_build("done", "1", {}, lambda run: {})
+    partial = tmp_path / "cache" / "busy-0123.partial"
+    partial.mkdir()
+    with open(tmp_path / "cache" / ".busy-0123.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a builder holds it
+        assert [n.split("-")[0] for n in cache.remove()] == ["done"]
+        assert partial.is_dir() and (tmp_path / "cache" / ".busy-0123.lock").is_file()
+    assert cache.remove() == ["busy-0123.partial"]

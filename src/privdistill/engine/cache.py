@@ -123,15 +123,34 @@ class StageCache:
         return out
 
     def remove(self, pattern: str | None = None) -> list[str]:
+        """Delete the stages whose name contains `pattern` (all without one). A stage another process is building
+        right now (its writer lock is held) is left alone, with its lock: removing either would let a third
+        process start the same build beside it."""
         removed = []
         for entry in self.entries():
             if pattern is None or pattern in entry["name"]:
+                lock = self.root / f".{entry['name'].removesuffix('.partial')}.lock"
+                if _held(lock):
+                    continue
                 shutil.rmtree(entry["path"], ignore_errors=True)
                 removed.append(entry["name"])
         for lock in self.root.glob(".*.lock") if self.root.is_dir() else []:
-            if pattern is None or pattern in lock.name:
+            if (pattern is None or pattern in lock.name) and not _held(lock):
                 lock.unlink(missing_ok=True)
         return removed
+
+
+def _held(path: Path) -> bool:
+    """Whether another process holds the writer lock at `path` (tried without waiting)."""
+    if not path.is_file():
+        return False
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 @contextmanager
