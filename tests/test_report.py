@@ -35,3 +35,19 @@ def test_variants_are_compared_with_the_papers_variant_numbers():
     text = method_table(rows, ("dpdfd",))
     assert "| dpdfd (no-ie) | mnist | 10 | 90.00 | 54.63 |" in text  # DPDFD Table 5
     assert "| dpdfd (some-sweep) | mnist | 10 | 90.00 | - |" in text  # no printed number: none shown
+
+
+def test_guarantee_says_in_words_whether_the_model_is_dp_as_a_whole():
+    from privdistill.privacy.report import guarantee
+
+    dp, text = guarantee({"epsilon_strict": 0.996, "epsilon_paper": 0.58, "delta": 1e-5, "not_covered": [],
+                          "relation": "replace-one: substitute one record"})
+    assert dp and "differentially private as a whole" in text and "0.996" in text
+    dp, text = guarantee({"epsilon_strict": 28766.7, "epsilon_paper": 1.0, "delta": 1e-5,
+                          "not_covered": ["non-private teacher -> generator"], "relation": "replace-one"})
+    assert not dp and text.startswith("NOT") and "non-private teacher -> generator" in text
+    assert "not a guarantee" in text, "the paper's figure is named for what it is"
+    dp, text = guarantee({"epsilon_strict": 1.0, "epsilon_paper": 1.0, "delta": 1e-5,
+                          "not_covered": ["used directly as training inputs"], "relation": "label-DP: one label"})
+    assert not dp and "label-DP only" in text and "images" in text
+    assert guarantee({"epsilon_strict": None, "epsilon_paper": None})[0] is False

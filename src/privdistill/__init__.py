@@ -9,7 +9,16 @@ Layout, in the order data flows:
     methods  -> DGD, DPDFD, SRR and the baselines, each a thin composition of engine stages
     audits   -> membership inference, model inversion
     bench    -> the reproduction matrix
+    release  -> export a finished run (weights, model card) and load it back: privdistill.load(path)
     cli      -> the `privdistill` command
 """
 
 __version__ = "0.1.0"
+
+
+def load(path, *, device="cpu"):
+    """Load an exported release (`privdistill export`): a ``Release`` with ``.model`` (a plain torch.nn.Module),
+    ``.preprocess``, ``.predict``, ``.classes`` and ``.card``. See privdistill.release."""
+    from privdistill.release import load as _load
+
+    return _load(path, device=device)

@@ -17,6 +17,20 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from privdistill import __version__
+
+        typer.echo(f"privdistill {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", help="print the version and exit", is_eager=True,
+                                       callback=_version)) -> None:
+    """Release classifiers with a stated differential-privacy guarantee by data-free distillation."""
+
+
 _MOUNTED = False
 
 
@@ -52,6 +66,9 @@ def _mount_subcommands() -> None:
     app.command("pate")(baselines_cli.pate_command)
     app.command("audit")(audit_cli.audit_command)
     app.command("report")(bench.run_report_command)
+    from privdistill.cli import release as release_cli
+
+    app.command("export")(release_cli.export_command)
 
 
 def get_app() -> typer.Typer:

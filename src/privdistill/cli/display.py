@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from privdistill.privacy.report import guarantee
+
 console = Console()
 
 
@@ -20,20 +22,25 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+# ε under the strict accounting is the guarantee; the paper's figure is shown second, and says what it is
+_LABELS = {"epsilon_strict": "epsilon_strict (guarantee)", "epsilon_paper": "epsilon_paper (paper's formula)"}
+
+
 def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
+    is_dp, sentence = guarantee(summary)
     table = Table(title=title or f"{summary.get('method')} on {summary.get('dataset')}", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
-    rows = ["test_accuracy", "baseline_accuracy", "epsilon_paper", "epsilon_strict", "delta",
+    rows = ["test_accuracy", "baseline_accuracy", "epsilon_strict", "epsilon_paper", "delta",
             "wall_seconds", "device", "run_dir", "recorded_as"]
     for key in rows:
         if key in summary and summary[key] is not None:
-            table.add_row(key, _fmt(summary[key]))
+            table.add_row(_LABELS.get(key, key), _fmt(summary[key]))
     console.print(table)
-    if summary.get("epsilon_paper") is None and summary.get("epsilon_strict") is None:
-        console.print(f"[yellow]No differential-privacy guarantee[/] ({summary.get('privacy') or 'no mechanism'}).",
-                      highlight=False)
-    elif summary.get("noise_secure") is False:
+    style = "green" if is_dp else ("red" if summary.get("epsilon_strict") is not None else "yellow")
+    console.print(f"[{style}]Privacy:[/] {sentence}", highlight=False)
+    if summary.get("epsilon_paper") is not None and summary.get("epsilon_strict") is not None \
+            and summary.get("noise_secure") is False:
         console.print("[yellow]Seeded noise:[/] the privacy noise was drawn from a generator seeded with the run's "
                       "seed (saved in config.yaml); the ε holds only while that seed stays secret. For a release, "
                       "set the method's secure_noise (DP-SGD: secure_mode) to true.", highlight=False)

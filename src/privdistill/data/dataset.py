@@ -22,6 +22,21 @@ def to_float(images: torch.Tensor) -> torch.Tensor:
     return images
 
 
+#: Class names of the built-in datasets, in label order (a release's model card and `Release.classes` use them).
+CLASS_NAMES = {
+    "fashion-mnist": ("T-shirt/top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
+                      "ankle boot"),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
+}
+
+
+def known_class_names(dataset: str, num_classes: int) -> list[str]:
+    """The classes of a built-in dataset by name; the label numbers for digits (MNIST, SVHN) and for data of
+    one's own (npz:, folder:)."""
+    names = CLASS_NAMES.get(dataset)
+    return list(names) if names and len(names) == num_classes else [str(i) for i in range(num_classes)]
+
+
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """float [-1, 1] -> uint8, for saving synthetic images and plotting."""
     return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)

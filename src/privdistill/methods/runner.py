@@ -75,12 +75,20 @@ def round_epsilon(x: float) -> float | str:
 @dataclass
 class RunResult:
     """What every method returns: the released student (and generator, where the method releases one), the
-    run's summary (accuracy, ε under both accountings, what ε covers) and its privacy report (privacy.json)."""
+    run's summary (accuracy, ε under both accountings, what ε covers) and its privacy report (privacy.json).
+
+    ``generator`` is None unless the ε covers it (privacy.json, artifact "generator": every pathway covered; e.g.
+    DPDFD's, which only ever saw noised gradients). A generator fitted to a non-private model (DGD's, SRR's)
+    stays in the run directory, as generator.safetensors, and is never handed out as a release."""
 
     student: nn.Module
     generator: nn.Module | None
     summary: dict[str, Any]
     privacy: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.generator is not None and not generator_is_covered(self.privacy):
+            self.generator = None
 
     @property
     def run_dir(self) -> str:
@@ -96,6 +104,12 @@ class RunResult:
         generator = run.load_weights("generator").eval() if run.has_weights("generator") else None
         return cls(student=student, generator=generator, summary=summary,
                    privacy=json.loads(report.read_text()) if report.is_file() else {})
+
+
+def generator_is_covered(privacy: dict[str, Any]) -> bool:
+    """Whether a run's privacy report says its ε covers every pathway to the generator it trained."""
+    pathways = (privacy.get("artifacts") or {}).get("generator")
+    return bool(pathways) and all(p.get("covered") for p in pathways)
 
 
 Released = RunResult  # its name before every method returned one

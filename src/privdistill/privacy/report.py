@@ -163,6 +163,31 @@ def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
     ]}
 
 
+def guarantee(summary: Mapping[str, Any]) -> tuple[bool, str]:
+    """(whether the released model is DP as a whole, one sentence in words saying so) from a run's summary: the
+    headline the console, the report and the model card put above any ε. "As a whole" means every pathway from
+    the private data to the released model is covered by the strict ε (summary `not_covered` empty)."""
+    strict, paper = summary.get("epsilon_strict"), summary.get("epsilon_paper")
+    delta = summary.get("delta")
+    if strict is None and paper is None:
+        return False, "No differential-privacy guarantee: no privacy mechanism was used."
+    not_covered = list(summary.get("not_covered") or [])
+    relation = str(summary.get("relation") or "replace-one")
+    finite = strict not in (None, "inf") and not (isinstance(strict, float) and math.isinf(strict))
+    if "label" in relation and finite:  # a label-DP release covers the labels by design, never the images
+        return False, (f"label-DP only, not DP as a whole: ({_fmt(strict)}, {_fmt(delta)})-label-DP (strict "
+                       "accounting) protects the labels of the private training set; its images are used "
+                       "without noise.")
+    if not_covered or not finite:
+        missing = "; ".join(not_covered) or "the strict accounting gives no finite epsilon"
+        paper_note = (f" (the paper's own accounting says epsilon = {_fmt(paper)}, which is not a guarantee)"
+                      if paper is not None and paper != strict else "")
+        return False, (f"NOT differentially private as a whole: the strict epsilon = {_fmt(strict)}{paper_note} "
+                       f"does not cover: {missing}.")
+    return True, (f"({_fmt(strict)}, {_fmt(delta)})-differentially private as a whole (strict accounting, "
+                  f"{relation.split(':')[0]}): every pathway from the private data to the released model is covered.")
+
+
 def noise_source(secure: bool, option: str) -> dict[str, Any]:
     """Where a run's privacy noise came from, and what that means for its ε (``option``: the config key that
     switches to OS entropy). A seeded generator makes runs reproducible, but anyone who knows the seed (it is
