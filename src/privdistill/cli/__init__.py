@@ -8,6 +8,24 @@ import typer
 
 from privdistill.errors import PrivdistillError
 
+
+def _flags_without_metavar() -> None:
+    """typer >= 0.25 shows an on/off flag as `--resume <bool>`, as if it took a value; show it bare, like click
+    does. (Setting metavar="" on each of the ~30 flags would do the same, and be forgotten on the next one.)"""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - older typer renders flags bare already
+        return
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return "" if getattr(self, "is_flag", False) and self.metavar is None else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_without_metavar()
+
 app = typer.Typer(
     name="privdistill",
     help="Release classifiers with a stated differential-privacy guarantee by data-free distillation.",
@@ -77,10 +95,29 @@ def get_app() -> typer.Typer:
     return app
 
 
+# Other libraries' warnings that say nothing a user of this command can act on (the Python API leaves them be).
+_LIBRARY_NOISE = [
+    r"Optimal order is the (largest|smallest) alpha",  # Opacus's RDP accountant; the strict ε is PLD anyway
+    r"Full backward hook is firing when gradients are computed with respect to module outputs",  # Opacus hooks
+    r"Using a non-full backward hook",
+    r"`torch.jit.script` is deprecated",  # kymatio / torchvision internals
+    r"Secure RNG turned off",  # Opacus: secure noise here is OpenDP's (dpsgd.secure_mode)
+    r"Ignoring drop_last as it is not compatible with DPDataLoader",
+]
+
+
+def _quiet_library_warnings() -> None:
+    import warnings
+
+    for pattern in _LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
 def main() -> None:
     from privdistill.engine.device import keep_freed_memory
 
     keep_freed_memory()  # before any tensor exists; see its docstring for the measured cost of not doing it
+    _quiet_library_warnings()
     _mount_subcommands()
     try:
         app()

@@ -51,13 +51,14 @@ class Accounting(str, Enum):
 # The budget, the same for every private method (section `budget`, see methods/runner.py: Budget).
 Epsilon = Annotated[Optional[float], typer.Option(
     "--epsilon", "-e", help="target ε under --accounting (budget.epsilon): the method sizes its plan (queries, "
-                            "steps, noise, per-label ε) so that the run fits it")]
+                            "steps, noise, per-label ε) so that the run fits it [default: the preset's, if any]")]
 Delta = Annotated[Optional[float], typer.Option("--delta", help="δ (budget.delta, default 1e-5)")]
 MaxEpsilon = Annotated[Optional[float], typer.Option(
     "--max-epsilon", help="hard limit the privacy ledger enforces (budget.max_epsilon; default: the target)")]
 BudgetAccounting = Annotated[Optional[Accounting], typer.Option(
-    "--accounting", help="strict (default: a correct (ε, δ) for the private data) or paper (the paper's own "
-                         "formula, for reproduction): what the target and the limit are measured in")]
+    "--accounting", help="what the target and the limit are measured in: strict (dp-accounting's (ε, δ) of every "
+                         "recorded use of the private data; the run's privacy line says whether that covers the whole "
+                         "model) or paper (the paper's own formula, to reproduce it) [default: strict]")]
 
 
 def budget_overrides(*, epsilon=None, delta=None, max_epsilon=None, accounting=None) -> dict[str, Any]:

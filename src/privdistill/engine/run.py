@@ -64,6 +64,15 @@ LOCK_NAME = ".lock"
 _HELD: dict[str, int] = {}  # run directories this process holds: real path -> the locked file descriptor
 
 
+def make_run_dir(path: Path) -> None:
+    """mkdir -p, with an error that names the run directory (a read-only or non-existent place, e.g. /proc)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"cannot create the run directory {path}: {err.strerror or err}; choose another --run-dir") \
+            from None
+
+
 def lock_run_dir(path: str | os.PathLike) -> None:
     """Hold an exclusive lock on a run directory until `unlock_run_dir` (or the process ends).
 
@@ -73,7 +82,7 @@ def lock_run_dir(path: str | os.PathLike) -> None:
     import fcntl
 
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    make_run_dir(path)
     key = os.path.realpath(path)
     if key in _HELD:
         return
@@ -132,7 +141,7 @@ class RunDir:
         else:
             if resume and run.path.exists() and any(run.path.iterdir()):
                 raise RunError(f"--resume given but {run.path} has no config.yaml: not a run directory")
-            run.path.mkdir(parents=True, exist_ok=True)
+            make_run_dir(run.path)
             doc = {"command": command or command_line(), "created": datetime.now(timezone.utc).isoformat(),
                    "host": socket.gethostname(), "pid": os.getpid(), "config": json.loads(json.dumps(config))}
             atomic_write_text(cfg_path, yaml.safe_dump(doc, sort_keys=False))
