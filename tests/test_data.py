@@ -191,3 +191,41 @@ def test_image_folder_with_a_corrupt_file_names_it(tmp_path):
     bad.write_bytes(b"\x89PNG broken")
     with pytest.raises(DataError, match=f"{bad.name} is not a readable image"):
         load_data(f"folder:{tmp_path / 'imgs'}")
+
+
+def test_npz_pixel_scale_is_never_guessed_when_ambiguous(tmp_path):
+    """Issue 27: 0..16 digits were read as 0..255 (nearly black) and every method trained to chance, silently."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 17, size=(40, 8, 8)).astype(np.int64)
+    np.savez(tmp_path / "digits.npz", x=x, y=np.arange(40) % 4)
+    with pytest.raises(DataError, match=r"range=0,16"):
+        load_data(f"npz:{tmp_path / 'digits.npz'}")
+    stated = load_data(f"npz:{tmp_path / 'digits.npz'}?range=0,16")
+    images = torch.cat([stated.train.images, stated.test.images])
+    assert int(images.max()) == 255 and int(images.min()) == 0, "0..16 rescaled to the full 0..255"
+    assert stated.train.name != load_data(f"npz:{tmp_path / 'digits.npz'}?range=0,32").train.name
+    np.savez(tmp_path / "stored.npz", x=x, y=np.arange(40) % 4, value_range=[0, 16])  # the file may say it too
+    assert int(load_data(f"npz:{tmp_path / 'stored.npz'}").train.images.max()) == 255
+    with pytest.raises(DataError, match="outside the stated range"):
+        load_data(f"npz:{tmp_path / 'digits.npz'}?range=0,8")
+    with pytest.raises(DataError, match="LO,HI"):
+        load_data(f"npz:{tmp_path / 'digits.npz'}?range=sixteen")
+    bright = rng.integers(0, 256, size=(40, 8, 8)).astype(np.int64)  # 0..255 in int64: unambiguous, as before
+    np.savez(tmp_path / "bright.npz", x=bright, y=np.arange(40) % 4)
+    assert int(load_data(f"npz:{tmp_path / 'bright.npz'}").train.images.max()) > 200
+
+
+def test_data_inspect_shows_scale_counts_and_a_grid(tmp_path, tiny_npz):
+    from typer.testing import CliRunner
+
+    from privdistill.cli import get_app
+
+    result = CliRunner().invoke(get_app(), ["data", "inspect", f"npz:{tiny_npz}", "--grid", str(tmp_path / "g.png")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "training and" in text and "pixels as read" in text and (tmp_path / "g.png").stat().st_size > 0
+    dark = np.zeros((40, 8, 8), np.uint8)
+    dark[:, 2:4, 2:4] = 3
+    np.savez(tmp_path / "dark.npz", x=dark, y=np.arange(40) % 2)
+    result = CliRunner().invoke(get_app(), ["data", "inspect", f"npz:{tmp_path / 'dark.npz'}"])
+    assert "nearly uniform images" in " ".join(result.output.split())

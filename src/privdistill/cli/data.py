@@ -58,3 +58,40 @@ def prepare_cmd(names: Annotated[list[str], typer.Argument(help="datasets, e.g. 
                             "--dataset to any command")
         how = prepare(name, root, source=source, download=not offline)
         console.print(f"[green]{name}[/]: {how} -> {root}", highlight=False, soft_wrap=True)
+
+
+@app.command("inspect")
+def inspect_cmd(name: Annotated[str, typer.Argument(help="mnist, fashion-mnist, ..., npz:PATH[?range=LO,HI] or "
+                                                         "folder:DIR")],
+                grid: Annotated[Optional[Path], typer.Option("--grid", help="write a sample grid (PNG): one row "
+                                                                             "per class")] = None,
+                data_root: o.DataRoot = None) -> None:
+    """What privdistill reads from a dataset: image shape, pixel scale, class counts per split, and a sample
+    grid to look at before training anything (a wrong scale shows as black or washed-out images)."""
+    import torch
+
+    from privdistill.data import load_data
+    from privdistill.engine.synthetic import save_grid
+
+    data = load_data(name, data_root)
+    train, test = data.train, data.test
+    table = Table(title=f"{name}: {len(train)} training and {len(test)} test images, "
+                        f"{data.channels} x {data.image_size[0]} x {data.image_size[1]}, {data.num_classes} classes")
+    for col in ("class", "train", "test"):
+        table.add_column(col, justify="right")
+    counts = [torch.bincount(split.labels, minlength=data.num_classes).tolist() for split in (train, test)]
+    for k, (a, b) in enumerate(zip(*counts)):
+        table.add_row(str(train.classes[k] if k < len(train.classes) else k), str(a), str(b))
+    console.print(table)
+    pixels = train.images.float()
+    console.print(f"pixels as read (uint8, 0..255): min {int(pixels.min())}, max {int(pixels.max())}, mean "
+                  f"{float(pixels.mean()):.1f}; the models read x / 127.5 - 1, in [-1, 1]", highlight=False)
+    if float(pixels.mean()) < 10 or float(pixels.mean()) > 245:
+        console.print("[yellow]warning:[/] nearly uniform images: check the pixel scale (npz:PATH?range=LO,HI)",
+                      highlight=False)
+    if min(counts[0]) < max(1, len(train) // (20 * data.num_classes)):
+        console.print("[yellow]warning:[/] some classes are rare in the training split (see the counts)",
+                      highlight=False)
+    if grid is not None:
+        path = save_grid(train.images, train.labels, grid, per_class=10, num_classes=data.num_classes)
+        console.print(f"sample grid: {path}", highlight=False)

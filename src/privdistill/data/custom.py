@@ -13,11 +13,16 @@ from privdistill.errors import DataError
 
 NPZ_HELP = (
     "A .npz needs arrays 'x' (N x H x W or N x C x H x W, C in {1, 3}; uint8 0..255 or float 0..1) and 'y' "
-    "(N integer labels 0..K-1); optional 'x_test', 'y_test'."
+    "(N integer labels 0..K-1); optional 'x_test', 'y_test', and 'value_range' ([lo, hi], for pixels on "
+    "another scale; or write npz:PATH?range=LO,HI)."
 )
+# Pixels whose largest value is below this are not read as 0..255 without being told: 0..16 digits (sklearn's)
+# would become nearly black images that every method trains to chance on, silently.
+AMBIGUOUS_BELOW = 128
 
 
-def _as_uint8_images(x: np.ndarray, path: Path, key: str) -> torch.Tensor:
+def _as_uint8_images(x: np.ndarray, path: Path, key: str,
+                     value_range: tuple[float, float] | None = None) -> torch.Tensor:
     if x.ndim == 3:
         x = x[:, None]
     if x.ndim != 4 or x.shape[1] not in (1, 3):
@@ -25,18 +30,48 @@ def _as_uint8_images(x: np.ndarray, path: Path, key: str) -> torch.Tensor:
                         f"with C in {{1, 3}}. {NPZ_HELP}")
     if len(x) == 0:
         raise DataError(f"{path}: array {key!r} holds no images. {NPZ_HELP}")
-    if x.dtype == np.uint8:
+    if x.dtype == np.uint8 and value_range is None:
         return torch.from_numpy(np.ascontiguousarray(x))
     if not np.issubdtype(x.dtype, np.number):
         raise DataError(f"{path}: array {key!r} has dtype {x.dtype}; expected numbers. {NPZ_HELP}")
     if not np.isfinite(x).all():
         raise DataError(f"{path}: array {key!r} holds NaN or infinite pixel values")
     lo, hi = float(np.min(x)), float(np.max(x))
-    if lo >= 0.0 and hi <= 1.0:
+    if value_range is not None:  # the user said what the scale is
+        low, high = value_range
+        if lo < low or hi > high:
+            raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}], outside the stated range "
+                            f"[{low:g}, {high:g}]")
+        x = (x.astype(np.float64) - low) * (255.0 / (high - low))
+    elif lo >= 0.0 and hi <= 1.0:
         x = x * 255.0
     elif lo < 0.0 or hi > 255.0:
-        raise DataError(f"{path}: pixel values of {key!r} lie in [{lo}, {hi}]; expected [0, 1] or [0, 255]")
+        raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}]; expected [0, 1] or [0, 255], "
+                        "or state the scale: npz:PATH?range=LO,HI (or an array value_range in the file)")
+    elif hi < AMBIGUOUS_BELOW:
+        raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}]: is that scale 0..255 (dark "
+                        f"images) or 0..{hi:g}? State it: npz:PATH?range=0,{hi:g} (or an array value_range = "
+                        f"[0, {hi:g}] in the file); 0..255 data is read without asking when stored as uint8")
     return torch.from_numpy(np.ascontiguousarray(np.rint(x).astype(np.uint8)))
+
+
+def _value_range(spec: str | None, arrays, path: Path) -> tuple[float, float] | None:
+    """The stated pixel scale: `?range=LO,HI` on the dataset name, else the file's `value_range` array."""
+    if spec is not None:
+        try:
+            low, high = (float(v) for v in spec.split(","))
+        except ValueError:
+            raise DataError(f"{path}: range={spec!r}; write npz:PATH?range=LO,HI, e.g. ?range=0,16") from None
+    elif "value_range" in arrays:
+        stored = np.asarray(arrays["value_range"], dtype=np.float64).reshape(-1)
+        if stored.shape != (2,):
+            raise DataError(f"{path}: value_range must hold two numbers [lo, hi], got shape {stored.shape}")
+        low, high = float(stored[0]), float(stored[1])
+    else:
+        return None
+    if not (np.isfinite(low) and np.isfinite(high) and high > low):
+        raise DataError(f"{path}: value range [{low:g}, {high:g}] must be finite with hi > lo")
+    return low, high
 
 
 def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> torch.Tensor:
@@ -70,6 +105,8 @@ MIN_TRAIN_EXAMPLES = 20
 
 
 def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> DataSplits:
+    """An .npz of arrays (NPZ_HELP); `path` may end in `?range=LO,HI` to state the pixel scale."""
+    path, _, range_spec = str(path).partition("?range=")
     path = Path(path).expanduser()
     if not path.is_file():
         raise DataError(f"npz dataset {path} does not exist. {NPZ_HELP}")
@@ -80,11 +117,12 @@ def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> 
     with arrays:
         if "x" not in arrays or "y" not in arrays:
             raise DataError(f"{path} has arrays {sorted(arrays.files)}; 'x' and 'y' are required. {NPZ_HELP}")
-        x = _as_uint8_images(arrays["x"], path, "x")
+        value_range = _value_range(range_spec or None, arrays, path)
+        x = _as_uint8_images(arrays["x"], path, "x", value_range)
         y = _as_labels(arrays["y"], len(x), path, "y")
         test = None
         if "x_test" in arrays and "y_test" in arrays:
-            xt = _as_uint8_images(arrays["x_test"], path, "x_test")
+            xt = _as_uint8_images(arrays["x_test"], path, "x_test", value_range)
             yt = _as_labels(arrays["y_test"], len(xt), path, "y_test")
             test = (xt, yt)
     num_classes = int(max(int(y.max()), int(test[1].max()) if test else 0)) + 1
@@ -103,7 +141,7 @@ def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> 
     if len(x) < MIN_TRAIN_EXAMPLES:
         raise DataError(f"{path}: {len(x)} training images; privdistill needs at least {MIN_TRAIN_EXAMPLES} "
                         "(a private training set is split into teachers' partitions, batches and a test part)")
-    name = f"npz:{path.name}"
+    name = f"npz:{path.name}" + (f"?range={range_spec}" if range_spec else "")  # another scale, other data
     train = ImageDataset(x, y, num_classes, name=name, source=str(path))
     if test is None:
         return holdout_split(train, test_fraction, seed)

@@ -43,5 +43,10 @@ def save_grid(images: torch.Tensor, labels: torch.Tensor | None, path: str | Pat
         grid = to_float(images[: per_class * num_classes])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_image((grid + 1) / 2, str(path), nrow=per_class, padding=1)
+    # small images (28 px digits, 8 px sklearn digits) are upscaled by an integer factor to at least 56 px, with
+    # nearest-neighbour so that every pixel stays a sharp block: a browser shows native-size grids as a smudge
+    factor = max(1, -(-56 // grid.shape[-1]))
+    if factor > 1:
+        grid = torch.nn.functional.interpolate(grid.float(), scale_factor=factor, mode="nearest")
+    save_image((grid + 1) / 2, str(path), nrow=per_class, padding=factor)
     return path
