@@ -62,7 +62,7 @@ class AuditConfig:
 
     members: int = 2000
     nonmembers: int = 2000
-    holdout: int = 10000  # size of the public slice (as pate.holdout / dgd.holdout) that members avoid
+    holdout: float = 1 / 6  # the public slice (as pate.holdout / dgd.holdout) that members avoid; 0: none
     split_seed: int = 0  # seed of the split AND of the public slice it avoids (the runs' default seed)
     shadows: int = 16  # 0: no LiRA (loss attack only)
     fix_variance: bool = True  # global σ_in / σ_out (LiRA with few shadows)
@@ -75,6 +75,8 @@ class AuditConfig:
             raise ConfigError("audit.members and audit.nonmembers must be >= 1")
         if self.holdout < 0:
             raise ConfigError("audit.holdout must be >= 0")
+        if self.holdout >= 1:
+            self.holdout = int(self.holdout)  # a count: recorded as before (10000, not 10000.0)
         if self.shadows < 0 or self.shadows % 2:
             raise ConfigError("audit.shadows must be 0 (loss attack only) or an even number (each example is IN "
                               "for half of them)")
@@ -107,9 +109,9 @@ def audit_split(data: DataSplits, cfg: AuditConfig) -> AuditSplit:
     """The member/non-member split of a dataset: a function of (dataset sizes, cfg) only."""
     n_train, n_test = len(data.train), len(data.test)
     excluded = torch.zeros(n_train, dtype=torch.bool)
-    if 0 < cfg.holdout < n_train:
-        from privdistill.engine.holdout import public_indices
+    from privdistill.engine.holdout import holdout_size, public_indices
 
+    if 0 < cfg.holdout and holdout_size(cfg.holdout, n_train) < n_train:
         excluded[public_indices(n_train, cfg.holdout, cfg.split_seed)] = True
     candidates = torch.nonzero(~excluded).flatten()
     if cfg.members > len(candidates) or cfg.nonmembers > n_test:

@@ -42,7 +42,7 @@ from privdistill.engine import RunDir, evaluate, predict_logits, streams
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
-from privdistill.engine.holdout import holdout_split
+from privdistill.engine.holdout import holdout_size, holdout_split
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
 from privdistill.engine.stages import file_digest
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
@@ -70,7 +70,7 @@ class DGDConfig:
     epsilon1: float = 0.01
     latent_clip: float = 1.0
     inputs: str = "generator"  # generator | private-holdout (Fig. 7)
-    holdout: int = 10000  # size of the held-out "public" slice for inputs=private-holdout
+    holdout: float = 1 / 6  # the held-out "public" slice for inputs=private-holdout: records, or a fraction below 1
     num_synthetic: int = 0  # 0: as many as the private training set (paper)
     noise_seed: Optional[int] = None  # seed of the privacy noise (default: run seed); secure noise ignores it
     secure_noise: bool = False
@@ -83,8 +83,10 @@ class DGDConfig:
             raise ConfigError("dgd.aggregation must be laplace or gaussian")
         if self.inputs not in ("generator", "private-holdout"):
             raise ConfigError("dgd.inputs must be generator or private-holdout")
-        if min(self.laplace_scale, self.gaussian_sigma, self.epsilon1, self.latent_clip) <= 0:
-            raise ConfigError("dgd noise scales, epsilon1 and latent_clip must be > 0")
+        if min(self.laplace_scale, self.gaussian_sigma, self.epsilon1, self.latent_clip, self.holdout) <= 0:
+            raise ConfigError("dgd noise scales, epsilon1, latent_clip and holdout must be > 0")
+        if self.holdout >= 1:
+            self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
 
 
 @dataclass
@@ -126,7 +128,8 @@ class DGDMethod(Method):
         """|D̂s| from the target ε (or as given); refused here, before any stage trains, if it cannot fit."""
         cfg: DGDConfig = ctx.section("dgd")
         queries = plan_queries(cfg, ctx.budget)
-        pool_size = (cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator" else cfg.holdout
+        pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
+                     else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
             raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
         events = {QUERIES_KEY: vote_event(cfg, queries)}

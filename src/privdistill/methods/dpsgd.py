@@ -53,7 +53,7 @@ from privdistill.models import create_model
 from privdistill.models.scatternet import ScatterNet
 from privdistill.privacy.ledger import LedgerView
 from privdistill.privacy.report import PRIVATE, Pathway
-from privdistill.privacy.secure import SecureNoise
+from privdistill.privacy.secure import use_secure_noise
 
 OPACUS_ACCOUNTANTS = ("rdp", "prv")
 
@@ -75,7 +75,7 @@ class DPSGDConfig:
     augment: str = "none"  # none | shift | flip-shift (per-example preprocessing: no privacy cost)
     grad_sample_mode: str = "hooks"
     noise_seed: int | None = None  # seed of the sampling and noise generators (default: the run seed)
-    secure_mode: bool = False  # noise from OpenDP's samplers, batches from OS entropy (see _use_secure_noise)
+    secure_mode: bool = False  # noise from OpenDP's samplers, batches from OS entropy (privacy.secure)
     variant: Optional[str] = None  # the label --record adds to the result's name
 
     def validate(self) -> None:
@@ -262,7 +262,7 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         # Opacus's own secure_mode needs torchcsprng, which has no build for current torch: secure noise is
-        # OpenDP's instead (_use_secure_noise), and the Poisson batches are drawn from OS-seeded generators.
+        # OpenDP's instead (use_secure_noise), and the Poisson batches are drawn from OS-seeded generators.
         engine = PrivacyEngine(accountant=cfg.accountant, secure_mode=False)
     common = dict(module=trainable, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.max_grad_norm,
                   poisson_sampling=True, noise_generator=noise_gen, grad_sample_mode=cfg.grad_sample_mode)
@@ -276,29 +276,10 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     dp_loader.batch_sampler.generator = sample_gen  # the generator re-seeded at every epoch below
     dp_optimizer.generator = noise_gen
     if cfg.secure_mode:
-        _use_secure_noise(dp_optimizer)
+        use_secure_noise(dp_optimizer)
     return _Private(model=model, dp_model=dp_model, optimizer=dp_optimizer, loader=dp_loader, engine=engine,
                     sigma=float(dp_optimizer.noise_multiplier), sample_gen=sample_gen, noise_gen=noise_gen,
                     test_inputs=test_inputs)
-
-
-def _use_secure_noise(optimizer) -> None:
-    """Secure mode: the optimizer's Gaussian noise, N(0, (sigma C)^2) per coordinate of the summed clipped
-    gradient, drawn by OpenDP (privacy/secure.py: OS entropy, discrete noise on a fine grid, no floating-point
-    attack) instead of torch. Everything else, and so the accounting, is Opacus's. About 13 microseconds per
-    parameter per step on the 2-core CPU."""
-    from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
-
-    secure = SecureNoise()
-
-    def add_noise() -> None:
-        std = optimizer.noise_multiplier * optimizer.max_grad_norm
-        for param in optimizer.params:
-            _check_processed_flag(param.summed_grad)
-            param.grad = secure.add(param.summed_grad, distribution="gaussian", scale=std).view_as(param)
-            _mark_as_processed(param.summed_grad)
-
-    optimizer.add_noise = add_noise
 
 
 def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tuple[float, list[dict]]:

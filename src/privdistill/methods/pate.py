@@ -63,7 +63,7 @@ class PATEConfig:
     threshold: float = 200.0  # Confident-GNMax T (PATE 2018, MNIST, 250 teachers)
     sigma1: float = 150.0
     sigma2: float = 40.0
-    holdout: int = 10000  # size of the held-out public slice (as dgd.holdout)
+    holdout: float = 1 / 6  # the held-out public slice: records, or a fraction below 1 (engine.holdout; as dgd.holdout)
     noise_seed: Optional[int] = None
     secure_noise: bool = False
     variant: Optional[str] = None  # the label --record adds to the result's name (default: the aggregator)
@@ -75,8 +75,10 @@ class PATEConfig:
             raise ConfigError("pate.queries must be >= 0")
         if min(self.laplace_scale, self.sigma, self.sigma1, self.sigma2) <= 0:
             raise ConfigError("pate noise scales must be > 0")
-        if self.holdout < 1:
-            raise ConfigError("pate.holdout must be >= 1")
+        if not self.holdout > 0:
+            raise ConfigError("pate.holdout must be > 0 (records, or a fraction of the training set below 1)")
+        if self.holdout >= 1:
+            self.holdout = int(self.holdout)  # a count: recorded as before (10000, not 10000.0)
 
 
 @dataclass

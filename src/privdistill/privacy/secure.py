@@ -110,6 +110,24 @@ class SecureNoise:
         return torch.tensor(out, dtype=torch.int64, device=labels.device)
 
 
+def use_secure_noise(optimizer) -> None:
+    """DP-SGD in secure mode: an Opacus DPOptimizer's Gaussian noise, N(0, (sigma C)^2) per coordinate of the summed
+    clipped gradient, drawn here instead of by torch. Everything else, and so the accounting, stays Opacus's.
+    (Opacus's own secure_mode needs torchcsprng, which has no build for current torch.)"""
+    from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+
+    secure = SecureNoise()
+
+    def add_noise() -> None:
+        std = optimizer.noise_multiplier * optimizer.max_grad_norm
+        for param in optimizer.params:
+            _check_processed_flag(param.summed_grad)
+            param.grad = secure.add(param.summed_grad, distribution="gaussian", scale=std).view_as(param)
+            _mark_as_processed(param.summed_grad)
+
+    optimizer.add_noise = add_noise
+
+
 def privacy_map_check(distribution: str, scale: float, size: int, sensitivity: float, *, integer: bool) -> float:
     """OpenDP's own privacy figure for one use of the measurement at `sensitivity` (L1 for Laplace: ε; L2 for
     Gaussian: zCDP ρ). The tests compare it with Δ/b and Δ²/(2σ²), the figures the accountants use."""
