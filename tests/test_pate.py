@@ -154,3 +154,20 @@ def test_a_run_interrupted_in_the_student_resumes_to_the_uninterrupted_result(ti
     la, lb = (PrivacyLedger(tmp_path / d) for d in ("whole", "cut"))
     assert len(lb) == 1 and [r["answers"] for r in la.records() if r["kind"] == "spend"] == \
         [r["answers"] for r in lb.records() if r["kind"] == "spend"], "same released labels, nothing spent twice"
+
+
+def test_vote_noise_set_for_250_teachers_warns_with_10():
+    import warnings
+
+    from privdistill.privacy.vote_noise import VoteNoiseWarning, unanimous_label_accuracy, vote_noise_note
+
+    assert unanimous_label_accuracy(250, 10, distribution="laplace", scale=40)[0] > 0.95
+    assert unanimous_label_accuracy(10, 10, distribution="laplace", scale=40)[0] < 0.2  # issue 27: 0.14 measured
+    with pytest.warns(VoteNoiseWarning, match="10 teachers"):
+        note = vote_noise_note(10, 10, distribution="laplace", scale=40, option="dgd.laplace_scale")
+    assert "right 1" in note  # ~13 %
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VoteNoiseWarning)
+        vote_noise_note(250, 10, distribution="laplace", scale=40, option="dgd.laplace_scale")
+    right, answered = unanimous_label_accuracy(250, 10, distribution="gaussian", scale=40, threshold=200, sigma1=150)
+    assert right > 0.99 and 0.5 < answered < 0.75

@@ -52,7 +52,7 @@ from privdistill.errors import ConfigError
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
-from privdistill.privacy import calibration, mechanisms
+from privdistill.privacy import calibration, mechanisms, vote_noise
 from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.report import dgd_pathways
@@ -136,8 +136,11 @@ class DGDMethod(Method):
         if cfg.latent_noise:
             events[LATENT_KEY] = LatentLaplace(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
                                                clip=cfg.latent_clip)
+        scale = cfg.laplace_scale if cfg.aggregation == "laplace" else cfg.gaussian_sigma
+        notes = [vote_noise.vote_noise_note(ctx.section("teachers").num_teachers, ctx.data.num_classes, scale=scale,
+                                            distribution=cfg.aggregation, option="dgd.laplace_scale / gaussian_sigma")]
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
-        return Plan(remaining=[e for key, e in events.items() if key not in recorded],
+        return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
                     details={"queries": queries, "events": events})
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:

@@ -42,7 +42,7 @@ from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
-from privdistill.privacy import calibration, mechanisms
+from privdistill.privacy import calibration, mechanisms, vote_noise
 from privdistill.privacy.accounting import EpsilonResult
 from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries, PrivacyEvent, event_from_dict
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
@@ -157,6 +157,12 @@ class PATEMethod(Method):
         cfg: PATEConfig = ctx.section("pate")
         private, public = holdout_split(ctx.data, cfg.holdout, ctx.env)
         queries, notes = plan_queries(cfg, ctx.budget, len(public))
+        confident = cfg.aggregation == "confident-gnmax"
+        notes.append(vote_noise.vote_noise_note(
+            ctx.section("teachers").num_teachers, ctx.data.num_classes, option=f"the {cfg.aggregation} noise (pate.*)",
+            distribution="laplace" if cfg.aggregation == "lnmax" else "gaussian",
+            scale={"lnmax": cfg.laplace_scale, "gnmax": cfg.sigma}.get(cfg.aggregation, cfg.sigma2),
+            threshold=cfg.threshold if confident else None, sigma1=cfg.sigma1 if confident else None))
         # worst case (every Confident-GNMax query answered): refused before the teachers train
         return Plan(remaining=[] if QUERY_KEY in recorded else [query_event(cfg, queries)], notes=notes,
                     details={"queries": queries, "private": private, "public": public})
