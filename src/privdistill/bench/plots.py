@@ -1,7 +1,8 @@
 """Figures of the reproduction benchmark (matplotlib, Agg), written to docs/figures/:
 
-    accuracy-vs-epsilon-<preset>.png   test accuracy against target ε per method, one panel per dataset
-                                       (from results/<preset>/*.json; the non-private baseline as a line)
+    accuracy-vs-epsilon-<preset>.png   test accuracy against ε per method, one column per dataset: models that
+                                       are DP as a whole at their strict ε (top), the others at their target ε
+                                       (bottom); from results/<preset>/*.json, the non-private baseline a line
     dgd-accuracy-vs-queries-<preset>.png  DGD Fig. 3: accuracy against the number of labelled queries
     privacy-vs-queries.png             ε against the number of answered queries (DGD Fig. 8, bottom right):
                                        DGD's printed formula vs the strict RDP bound for LNMax (b = 40), and
@@ -47,7 +48,19 @@ def _label(r: dict) -> str:
     return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
 
 
+def _colours(names) -> dict[str, tuple]:
+    """One distinct colour per series name, the same in every panel (tab20 has 20; more names repeat)."""
+    cmap = _plt().get_cmap("tab20")
+    return {name: cmap(i % 20) for i, name in enumerate(sorted(set(names)))}
+
+
 def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
+    """Two rows of panels, one column per dataset, never one ε axis for two kinds of ε:
+    top, the models that are DP as a whole (privacy.report.guarantee), at their strict ε; bottom, the others
+    (DGD, data-free SRR, label-DP, paper-accounting runs) at the target ε they were sized for, which is not a
+    guarantee for the whole model."""
+    from privdistill.privacy.report import guarantee
+
     rows = [r for r in results if r.get("test_accuracy") is not None and r.get("target_epsilon") is not None]
     # the Table I cells, plus variants that form a curve (e.g. DPDFD direct at three ε); one-point ablations
     # would only clutter the legend (they are in the tables)
@@ -57,22 +70,29 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     datasets = sorted({r["dataset"] for r in rows} | set(baselines))
     if not rows or not datasets:
         return None
+    whole = [guarantee(r)[0] and isinstance(r.get("epsilon_strict"), (int, float)) for r in rows]
+    colours = _colours(_label(r) for r in rows)
     plt = _plt()
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
-    for ax, ds in zip(axes[0], datasets):
-        series: dict[str, list[tuple[float, float]]] = {}
-        for r in rows:
-            if r["dataset"] == ds:
-                series.setdefault(_label(r), []).append((float(r["target_epsilon"]), 100 * float(r["test_accuracy"])))
-        for name, pts in sorted(series.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
-        if ds in baselines:
-            ax.axhline(100 * baselines[ds], color="k", ls="--", lw=1, label="non-private baseline")
-        ax.set(xscale="log", xlabel="target ε (δ = 1e-5; see the tables for what each ε covers)",
-               ylabel="test accuracy %", title=ds)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    fig, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets) + 2.6, 8), squeeze=False)
+    panels = (("DP as a whole: strict ε (replace-one, δ = 1e-5)", True),
+              ("NOT DP as a whole (or label-DP): target ε it was sized for", False))
+    for row, (what, is_whole) in enumerate(panels):
+        for ax, ds in zip(axes[row], datasets):
+            series: dict[str, list[tuple[float, float]]] = {}
+            for r, w in zip(rows, whole):
+                if r["dataset"] == ds and w == is_whole:
+                    eps = float(r["epsilon_strict"] if is_whole else r["target_epsilon"])
+                    series.setdefault(_label(r), []).append((eps, 100 * float(r["test_accuracy"])))
+            for name, pts in sorted(series.items()):
+                pts.sort()
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if is_whole else "s--", label=name,
+                        color=colours[name], mfc=colours[name] if is_whole else "white")
+            if ds in baselines:
+                ax.axhline(100 * baselines[ds], color="k", ls=":", lw=1, label="non-private baseline")
+            ax.set(xscale="log", xlabel=what, ylabel="test accuracy %", title=ds)
+            ax.grid(alpha=0.3)
+            if series or ds in baselines:
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
 
 
@@ -149,7 +169,8 @@ def mia_roc(results: list[dict], dataset: str, path: str | Path, attack: str = "
     if not runs:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    colours = _colours(f"{_label(r)} {r.get('target_epsilon')}" for r, _ in runs)
     for r, run in runs:
         z = np.load(run / "audit" / "mia_scores.npz")
         if attack not in z:
@@ -157,11 +178,12 @@ def mia_roc(results: list[dict], dataset: str, path: str | Path, attack: str = "
         fpr, tpr = roc_curve(z[attack], z["is_member"])
         eps = r.get("target_epsilon")
         label = f"{_label(r)}{'' if eps is None else f' ε={eps:g}'} (AUC {r.get('mia_auc', float('nan')):.3f})"
-        ax.plot(np.maximum(fpr, 1e-4), np.maximum(tpr, 1e-4), label=label, lw=1)
+        ax.plot(np.maximum(fpr, 1e-4), np.maximum(tpr, 1e-4), label=label, lw=1,
+                color=colours[f"{_label(r)} {r.get('target_epsilon')}"])
     ax.plot([1e-4, 1], [1e-4, 1], "k:", lw=0.8)
     ax.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1), xlabel="false positive rate",
            ylabel="true positive rate", title=f"LiRA ({attack.replace('_', ' ')}) on {dataset}")
-    ax.legend(fontsize=6, loc="lower right")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
 
 

@@ -61,13 +61,16 @@ def privacy_text(run: RunDir, summary: dict[str, Any]) -> str:
 
 def training_curve(run: RunDir, out: Path) -> Path | None:
     points: dict[str, list[tuple[float, float]]] = {}
+    units = set()
     for m in run.metrics():
         if m.get("test_accuracy") is None:
             continue
-        x = m.get("step", m.get("epoch"))
-        if x is None:
+        unit = "step" if "step" in m else "epoch" if "epoch" in m else None
+        if unit is None:
             continue
-        points.setdefault(str(m.get("stage", "train")), []).append((float(x), 100 * float(m["test_accuracy"])))
+        units.add(unit)
+        points.setdefault(f"{m.get('stage', 'train')} ({unit}s)", []).append(
+            (float(m[unit]), 100 * float(m["test_accuracy"])))
     if not points:
         return None
     import matplotlib
@@ -78,7 +81,8 @@ def training_curve(run: RunDir, out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for stage, pts in points.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=stage)
-    ax.set(xlabel="step (or epoch)", ylabel="test accuracy %")
+    ax.set(xlabel=" / ".join(f"training {u}" for u in sorted(units)) + (" (see the legend)" if len(units) > 1 else ""),
+           ylabel="test accuracy %")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -106,7 +110,10 @@ def render(run_dir: str | Path, *, fmt: str = "md", output: str | Path | None = 
     training_curve(run, run.path / "report-curve.png")
     out = Path(output) if output else run.path / f"report.{fmt}"
     title = f"{summary.get('method')} on {summary.get('dataset')} ({summary.get('preset')})"
-    rows = [(k, _fmt(summary.get(k))) for k in SUMMARY_ROWS if summary.get(k) is not None]
+    from privdistill.privacy.report import guarantee
+
+    rows = [("privacy, in words", guarantee(summary)[1])]
+    rows += [(k, _fmt(summary.get(k))) for k in SUMMARY_ROWS if summary.get(k) is not None]
     privacy = privacy_text(run, summary)
     audit = audit_rows(summary)
     inversion = (summary.get("audit") or {}).get("inversion")
@@ -164,9 +171,13 @@ def _html(title, rows, privacy, audit, inversion, figures) -> str:
         parts.append(f"<h2>Model inversion</h2><p>Mean confidence {inversion['mean_confidence']}, "
                      f"mean correlation with the class-mean training image "
                      f"{inversion['mean_correlation_with_class_mean']}.</p>")
+    if figures:
+        parts.append("<h2>Figures</h2>")
     for path, caption in figures:
         data = base64.b64encode(path.read_bytes()).decode()
-        parts.append(f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"
+        # grids of small images: scaled up by the browser pixel for pixel, never smoothed into a blur
+        parts.append(f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%;min-width:320px;"
+                     "image-rendering:pixelated'>"
                      f"<figcaption>{esc(caption)}</figcaption></figure>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

@@ -239,7 +239,8 @@ def _print_estimate(report: dict[str, Any], calibration: dict[str, Any] | None) 
                   "the formula the paper prints: " + "; ".join(paper["notes"]))
     strict_notes = [n for m in report["mechanisms"] for n in m["strict_notes"]] + list(strict["notes"])
     table.add_row("strict", _fmt(report["epsilon"]["strict"]),
-                  "a correct bound for the private training set: " + "; ".join(strict_notes))
+                  "a correct bound on every recorded use of the private data (which released artifacts it "
+                  "covers: below): " + "; ".join(strict_notes))
     console.print(table)
     details = {k: v for m in report["mechanisms"] for k, v in m["details"].items()}
     if details:

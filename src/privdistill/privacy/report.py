@@ -306,7 +306,7 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines.append(f"epsilon (paper accounting):  {_fmt(report['epsilon']['paper'])}   "
                  "- the formulas the papers print")
     lines.append(f"epsilon (strict accounting): {_fmt(report['epsilon']['strict'])}   "
-                 "- a correct bound for the private training set")
+                 "- a correct bound on every recorded use of the private data (which artifacts it covers: below)")
     lines.append("")
     lines.append("Mechanisms:")
     if not report["mechanisms"]:
