@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import privdistill.methods.srr as srr_mod
-from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
+from privdistill.errors import BudgetExceededError, ConfigError, DataError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget
 from privdistill.methods.srr import SRRConfig, label_event, run_srr, stage_sizes
@@ -324,3 +324,21 @@ def test_secure_noise_draws_every_label_from_opendp(tiny_npz, tmp_path, cache, s
     # every one of the 300 labels came out of OpenDP's randomized response, each exactly once
     assert [kind for kind, _ in secure_draws] == ["rr"] * len(secure_draws)
     assert sum(n for _, n in secure_draws) == 300
+
+
+def test_fit_takes_arrays_and_torch_datasets(tiny_npz, tmp_path, cache):
+    import numpy as np
+
+    from privdistill.methods.srr import SRR
+
+    arrays = np.load(tiny_npz)
+    x, y = arrays["x"], arrays["y"]
+    options = dict(setting="label-dp", epsilon=2, accounting="paper",
+                   overrides=TINY + ["srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn"])
+    from_arrays = SRR(run_dir=str(tmp_path / "a"), **options).fit(x, y).summary
+    assert "/arrays/arrays-" in from_arrays["dataset"] and from_arrays["num_labels"] == 270  # 10 % held out
+    dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    from_dataset = SRR(run_dir=str(tmp_path / "b"), **options).fit(dataset).summary
+    assert from_dataset["dataset"] == from_arrays["dataset"], "the same data: the same name (and cached stages)"
+    with pytest.raises(DataError, match="labels"):
+        SRR(run_dir=str(tmp_path / "c"), **options).fit(x)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -199,3 +201,46 @@ def load_image_folder(directory: str | Path, *, image_size: int | None = None, t
     x, y, classes = _read_image_folder(directory, image_size, None)
     data = ImageDataset(x, y, len(classes), name=name, classes=tuple(classes), source=str(directory))
     return holdout_split(data, test_fraction, seed)
+
+
+def as_dataset_spec(data: Any, labels: Any = None) -> str:
+    """A dataset given as data rather than by name, as the `npz:PATH` every command reads: arrays (`data` images
+    N x H x W or N x C x H x W with `labels` N), a pair `(images, labels)`, or a torch Dataset of (image, label)
+    items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and `npz:`/`folder:` strings pass through.
+
+    The arrays are written once to `<stage cache>/../arrays/<content hash>.npz`, so that the same data gives the
+    same name (and the stage cache recognises it on the next fit). Values are checked like any npz (NPZ_HELP)."""
+    import hashlib
+
+    from privdistill.engine.cache import default_cache_root
+
+    if data is None or isinstance(data, (str, os.PathLike)):
+        if labels is not None:
+            raise DataError("labels given with a dataset name: pass fit(images, labels) or fit('npz:PATH')")
+        return None if data is None else str(data)
+    if isinstance(data, tuple) and len(data) == 2 and labels is None:
+        data, labels = data
+    if labels is None and hasattr(data, "__getitem__") and hasattr(data, "__len__") and \
+            not isinstance(data, (np.ndarray, torch.Tensor)):
+        items = [data[i] for i in range(len(data))]
+        try:
+            images = np.stack([np.asarray(x) for x, _ in items])
+            labels = np.asarray([int(y) for _, y in items])
+        except (TypeError, ValueError) as err:
+            raise DataError(f"a dataset passed to fit must yield (image, label) pairs of arrays or tensors ({err}); "
+                            "for PIL images add transforms.PILToTensor()") from None
+        data = images
+    if labels is None:
+        raise DataError("fit(images) needs the labels too: fit(images, labels)")
+    x = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    y = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    digest = hashlib.sha256(x.tobytes() + str((x.dtype, x.shape)).encode() + y.tobytes()).hexdigest()[:16]
+    path = default_cache_root().parent / "arrays" / f"arrays-{digest}.npz"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial.npz")
+        np.savez(partial, x=x, y=y)
+        os.replace(partial, path)
+    spec = f"npz:{path}"
+    load_npz(path)  # every check now, before any training
+    return spec

@@ -84,12 +84,16 @@ class MethodAPI:
         self.overrides.update({f"budget.{k}": options.pop(k) for k in BUDGET_KEYWORDS if options.get(k) is not None})
         self.overrides.update({f"{self.section}.{k}": v for k, v in options.items() if v is not None})
 
-    def request(self, dataset: str | None) -> RunRequest:
+    def request(self, data: Any = None, labels: Any = None) -> RunRequest:
+        """`data`: a dataset name or source string, images with `labels` (numpy or torch), an (images, labels)
+        pair, or a torch Dataset of (image, label) items (data.custom.as_dataset_spec)."""
+        from privdistill.data.custom import as_dataset_spec
         from privdistill.errors import ConfigError
 
-        dataset = dataset or self.dataset
+        dataset = as_dataset_spec(data, labels) or self.dataset
         if not dataset:
-            raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist') or fit('npz:PATH')")
+            raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist'), fit('npz:PATH') "
+                              "or fit(images, labels)")
         return RunRequest(dataset=dataset, preset=self.preset, overrides=self.overrides, run_dir=self.run_dir,
                           record=self.record)
 

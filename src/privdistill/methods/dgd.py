@@ -346,5 +346,5 @@ class DGD(MethodAPI):
         super().__init__(dataset, **options)
         self.cache = cache
 
-    def fit(self, dataset: str | None = None) -> RunResult:
-        return run_dgd(self.request(dataset), cache=self.cache)
+    def fit(self, data: Any = None, labels: Any = None) -> RunResult:
+        return run_dgd(self.request(data, labels), cache=self.cache)

@@ -336,5 +336,5 @@ class DPDFD(MethodAPI):
         super().__init__(dataset, **options)  # epsilon, max_epsilon, delta, accounting: the budget section
         self.teacher, self.cache = TeacherSpec.of(teacher), cache
 
-    def fit(self, dataset: str | None = None) -> RunResult:
-        return DPDFDMethod().run(self.request(dataset), cache=self.cache, teacher=self.teacher)
+    def fit(self, data: Any = None, labels: Any = None) -> RunResult:
+        return DPDFDMethod().run(self.request(data, labels), cache=self.cache, teacher=self.teacher)

@@ -341,8 +341,8 @@ class SRR(MethodAPI):
         super().__init__(dataset, **options)  # epsilon, max_epsilon, delta, accounting: the budget section
         self.cache = cache
 
-    def fit(self, dataset: str | None = None) -> RunResult:
-        return SRRMethod().run(self.request(dataset), cache=self.cache)
+    def fit(self, data: Any = None, labels: Any = None) -> RunResult:
+        return SRRMethod().run(self.request(data, labels), cache=self.cache)
 
 
 def run_srr(request: RunRequest, *, cache: bool = True) -> RunResult:
