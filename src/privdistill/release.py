@@ -38,8 +38,8 @@ from privdistill.errors import PrivacyError, RunError
 #: What every classifier here reads: images scaled from [0, 255] to [-1, 1] (data.dataset.to_float), NCHW.
 PREPROCESSING = {"input": "uint8 images in [0, 255], or floats already in [-1, 1]",
                  "scale": "x / 127.5 - 1 (so 0 -> -1 and 255 -> 1)", "layout": "N x C x H x W",
-                 "warning": "images scaled to [0, 1] are out of distribution: accuracy collapses (MNIST: 93.7 % -> "
-                            "29 % measured), with no error"}
+                 "warning": "images scaled to [0, 1] are out of distribution: accuracy drops with no error (MNIST, "
+                            "measured: a DGD student 61.6 % -> 37.0 %, a label-DP SRR student 97.0 % -> 93.4 %)"}
 
 _WEIGHTS = ("student", "model")  # the released classifier's weights, by method (student: distillation methods)
 
