@@ -181,3 +181,13 @@ def test_a_run_interrupted_in_the_student_resumes_to_the_uninterrupted_result(ti
     la, lb = (PrivacyLedger(tmp_path / d) for d in ("whole", "cut"))
     assert [r["answers"] for r in la.records() if r["kind"] == "spend"] == \
         [r["answers"] for r in lb.records() if r["kind"] == "spend"], "same released labels, nothing spent twice"
+
+
+def test_dgd_checks_its_teacher_partitions_before_training(tiny_npz, tmp_path):
+    from privdistill.errors import DataError
+
+    request = RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + ["dgd.queries=40", "teachers.num_teachers=5000"],
+                         run_dir=str(tmp_path / "r"))
+    with pytest.raises(DataError, match="5000 teachers need at least 5000"):
+        run_dgd(request)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock", "config.yaml"], "nothing was trained"

@@ -241,6 +241,17 @@ def make_partitions(train: ImageDataset, cfg: TeacherTraining) -> list[torch.Ten
     return parts
 
 
+def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: str, scale: float, option: str,
+                  threshold: float | None = None, sigma1: float | None = None) -> str:
+    """Checks of a teacher ensemble's plan, run before anything trains: the partitions can be made, and what the
+    vote noise leaves of a unanimous vote (a note; a VoteNoiseWarning when it leaves little)."""
+    from privdistill.privacy.vote_noise import vote_noise_note
+
+    make_partitions(train, cfg)
+    return vote_noise_note(cfg.num_teachers, train.num_classes, distribution=distribution, scale=scale, option=option,
+                           threshold=threshold, sigma1=sigma1)
+
+
 def _init_teachers(cfg: TeacherTraining, train: ImageDataset, count: int, first: int, env: Env) -> list[nn.Module]:
     models = []
     for i in range(first, first + count):

@@ -41,7 +41,7 @@ from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import RunDir, evaluate, predict_logits, streams
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
-from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
+from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
 from privdistill.engine.holdout import holdout_size, holdout_split
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
 from privdistill.engine.stages import file_digest
@@ -52,7 +52,7 @@ from privdistill.errors import ConfigError
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
-from privdistill.privacy import calibration, mechanisms, vote_noise
+from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.report import dgd_pathways
@@ -136,9 +136,9 @@ class DGDMethod(Method):
         if cfg.latent_noise:
             events[LATENT_KEY] = LatentLaplace(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
                                                clip=cfg.latent_clip)
-        scale = cfg.laplace_scale if cfg.aggregation == "laplace" else cfg.gaussian_sigma
-        notes = [vote_noise.vote_noise_note(ctx.section("teachers").num_teachers, ctx.data.num_classes, scale=scale,
-                                            distribution=cfg.aggregation, option="dgd.laplace_scale / gaussian_sigma")]
+        private = ctx.data.train if cfg.inputs == "generator" else holdout_split(ctx.data, cfg.holdout, ctx.env)[0]
+        notes = [plan_teachers(private, ctx.section("teachers"), distribution=cfg.aggregation, option="dgd noise",
+                               scale=cfg.laplace_scale if cfg.aggregation == "laplace" else cfg.gaussian_sigma)]
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
         return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
                     details={"queries": queries, "events": events})

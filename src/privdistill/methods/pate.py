@@ -35,14 +35,14 @@ from torch import nn
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import RunDir, streams
 from privdistill.engine.context import Env
-from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
+from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
 from privdistill.engine.holdout import holdout_split
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
 from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
-from privdistill.privacy import calibration, mechanisms, vote_noise
+from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.accounting import EpsilonResult
 from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries, PrivacyEvent, event_from_dict
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
@@ -158,8 +158,8 @@ class PATEMethod(Method):
         private, public = holdout_split(ctx.data, cfg.holdout, ctx.env)
         queries, notes = plan_queries(cfg, ctx.budget, len(public))
         confident = cfg.aggregation == "confident-gnmax"
-        notes.append(vote_noise.vote_noise_note(
-            ctx.section("teachers").num_teachers, ctx.data.num_classes, option=f"the {cfg.aggregation} noise (pate.*)",
+        notes.append(plan_teachers(
+            private, ctx.section("teachers"), option=f"the {cfg.aggregation} noise (pate.*)",
             distribution="laplace" if cfg.aggregation == "lnmax" else "gaussian",
             scale={"lnmax": cfg.laplace_scale, "gnmax": cfg.sigma}.get(cfg.aggregation, cfg.sigma2),
             threshold=cfg.threshold if confident else None, sigma1=cfg.sigma1 if confident else None))
