@@ -184,7 +184,9 @@ def test_srr_and_dpdfd_generators_use_the_engine(tiny_npz, tmp_path, monkeypatch
     import json
 
     generator_stages = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("generator-*/stage.json")]
-    assert srr.generator is not None and [g["source"][:8] for g in generator_stages] == ["sources:"]
+    assert srr.generator is None and (tmp_path / "srr" / "generator.safetensors").is_file(), \
+        "kept in the run directory, not handed out: the epsilon does not cover it"
+    assert [g["source"][:8] for g in generator_stages] == ["sources:"]
     dpdfd = run_dpdfd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "dpdfd"), overrides=run + [
         "baseline.model=small-cnn", "baseline.epochs=1", "baseline.batch_size=32", "dpdfd.batch_size=16",
         "dpdfd.student_model=small-cnn", "dpdfd.steps=3", "dpdfd.sigma=2", "dpdfd.generator_init=teacher",
