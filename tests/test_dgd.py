@@ -191,3 +191,30 @@ def test_dgd_checks_its_teacher_partitions_before_training(tiny_npz, tmp_path):
     with pytest.raises(DataError, match="5000 teachers need at least 5000"):
         run_dgd(request)
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock", "config.yaml"], "nothing was trained"
+
+
+E2E = ["budget.privacy=end-to-end", "dp_source.model=small-cnn", "dp_source.epochs=2", "dp_source.batch_size=64",
+       "dp_source.lr=0.5", "dp_source.max_grad_norm=1.0", "dgd.latent_noise=false"]
+
+
+@pytest.mark.slow
+def test_end_to_end_mode_covers_every_pathway_within_the_target(tiny_npz, tmp_path):
+    from privdistill.privacy import both
+    from privdistill.privacy.ledger import PrivacyLedger
+
+    run_dir = tmp_path / "e2e"
+    s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir),
+                           overrides=TINY + E2E + ["budget.epsilon=20", "dgd.laplace_scale=4"])).summary
+    assert s["not_covered"] == [] and s["privacy_scope"] == "end-to-end"
+    privacy = json.loads((run_dir / "privacy.json").read_text())
+    assert all(p["covered"] for art in privacy["artifacts"].values() for p in art), "generator covered too"
+    ledger = PrivacyLedger(run_dir)
+    assert sorted(ledger.keys()) == ["dgd/queries", "dp-source"]
+    total = both(ledger.events(), delta=1e-5)["strict"].value
+    assert s["epsilon_strict"] == pytest.approx(total, rel=1e-6) and total <= 20 + 1e-9, "one ε, within the target"
+    source = json.loads((run_dir / "dp-source" / "summary.json").read_text())
+    assert source["epsilon_strict"] <= 10 + 1e-6 and source["dpsgd_accounting"]["steps"] == 2 * 5  # half ε, 270/64
+    assert s["queries"] >= 1 and s["stages"]["dp_source"]["run_dir"].endswith("dp-source")
+    with pytest.raises(Exception, match="end-to-end"):  # a held-out private slice cannot be covered
+        run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"),
+                           overrides=TINY + E2E + ["budget.epsilon=20", "dgd.inputs=private-holdout"]))

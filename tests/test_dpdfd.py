@@ -338,3 +338,15 @@ def test_secure_noise_records_no_seed_and_a_resume_pays_for_what_it_redraws(tiny
         ("dpdfd-steps-000000007-000000014-redrawn-from-000000008-1", 6), ("dpdfd-steps-000000014-000000020", 6)]
     expected = both([DPDFDSteps(clip_norm=5e-3, sigma=2, batch_size=32, steps=26, num_classes=10)], delta=1e-5)
     assert math.isclose(s["epsilon_strict"], expected["strict"].value, rel_tol=1e-5), "26 noisy steps paid for"
+
+
+def test_end_to_end_mode_is_dpdfd_as_it_stands_and_refuses_what_it_cannot_cover(tiny_npz, tmp_path, cache):
+    s = run(tiny_npz, tmp_path / "e2e", "budget.accounting=strict", "budget.privacy=end-to-end", "budget.epsilon=null",
+            "dpdfd.steps=10", "dpdfd.sigma=200")
+    assert s["not_covered"] == [] and s["privacy_scope"] == "end-to-end"
+    for bad in (["dpdfd.generator_init=teacher"], ["dpdfd.algorithm=3"]):
+        with pytest.raises(ConfigError, match="end-to-end"):
+            run(tiny_npz, tmp_path / "refused", "budget.accounting=strict", "budget.privacy=end-to-end",
+                "budget.epsilon=null", "dpdfd.steps=10", "dpdfd.sigma=200", *bad)
+    with pytest.raises(ConfigError, match="accounting strict"):
+        run(tiny_npz, tmp_path / "paper", "budget.privacy=end-to-end", "dpdfd.steps=10", "dpdfd.sigma=200")

@@ -343,3 +343,12 @@ def test_fit_takes_arrays_and_torch_datasets(tiny_npz, tmp_path, cache):
     assert from_dataset["dataset"] == from_arrays["dataset"], "the same data: the same name (and cached stages)"
     with pytest.raises(DataError, match="labels"):
         SRR(run_dir=str(tmp_path / "c"), **options).fit(x)
+
+
+def test_label_dp_and_data_free_srr_refuse_end_to_end_before_training(tiny_npz, tmp_path, cache):
+    with pytest.raises(ConfigError, match="protects labels only"):
+        run_srr(request(tiny_npz, tmp_path / "a", "srr.setting=label-dp", "budget.privacy=end-to-end",
+                        "budget.epsilon=2"))
+    with pytest.raises(ConfigError, match="no end-to-end mode yet"):
+        run_srr(request(tiny_npz, tmp_path / "b", "budget.privacy=end-to-end", "budget.epsilon=2"))
+    assert not list(cache.glob("baseline-*")), "refused before anything trained"

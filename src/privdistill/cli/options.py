@@ -61,9 +61,21 @@ BudgetAccounting = Annotated[Optional[Accounting], typer.Option(
                          "model) or paper (the paper's own formula, to reproduce it) [default: strict]")]
 
 
-def budget_overrides(*, epsilon=None, delta=None, max_epsilon=None, accounting=None) -> dict[str, Any]:
+class PrivacyScope(str, Enum):
+    method = "method"
+    end_to_end = "end-to-end"
+
+
+BudgetPrivacy = Annotated[Optional[PrivacyScope], typer.Option(
+    "--privacy", help="method: the method as published (the privacy line says what ε covers); end-to-end: every "
+                      "pathway to the released model priced within the target ε, e.g. a DP-SGD model in place of a "
+                      "non-private source (docs/privacy.md) [default: method]")]
+
+
+def budget_overrides(*, epsilon=None, delta=None, max_epsilon=None, accounting=None, privacy=None) -> dict[str, Any]:
     return section_overrides("budget", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
-                             accounting=accounting.value if isinstance(accounting, Enum) else accounting)
+                             accounting=accounting.value if isinstance(accounting, Enum) else accounting,
+                             privacy=privacy.value if isinstance(privacy, Enum) else privacy)
 
 
 class SRRSetting(str, Enum):
@@ -141,7 +153,7 @@ _SHARED = (("dataset", Dataset, "mnist"), ("preset", Preset, "quick"), ("config"
            ("record", Record, False), ("seed", Seed, None), ("device", Device, None), ("precision", Precision, None),
            ("data_root", DataRoot, None), ("no_progress", NoProgress, False))
 _BUDGET = (("epsilon", Epsilon, None), ("delta", Delta, None), ("max_epsilon", MaxEpsilon, None),
-           ("accounting", BudgetAccounting, None))
+           ("accounting", BudgetAccounting, None), ("privacy", BudgetPrivacy, None))
 
 
 def run_command(func: Callable[..., Any], *, budget: bool = False, section: str | None = None,

@@ -228,6 +228,17 @@ def synthesis_agreement(images: torch.Tensor, source: nn.Module, baseline: nn.Mo
                     "not covered by any epsilon"}
 
 
+def query_label_agreement(reference_model: nn.Module, images: torch.Tensor, labels: torch.Tensor, votes: Any,
+                          env: Env) -> dict[str, float]:
+    """How often released (noisy) labels, and the plurality of `votes` when given, equal the label a reference
+    model (DGD: the generator's own discriminator) gives the same samples; evaluation only."""
+    reference = source_labels(reference_model, images, env)
+    out = {"noisy_label": round(float((labels == reference).float().mean()), 4)}
+    if votes is not None:
+        out["plurality"] = round(float((torch.as_tensor(votes).argmax(1) == reference).float().mean()), 4)
+    return out
+
+
 def read_labels(reader: Any, images: torch.Tensor, env: Env) -> torch.Tensor:
     """A model's labels for uint8 images: a TeacherEnsemble's plurality vote, or a classifier's argmax."""
     from privdistill.engine.ensemble import TeacherEnsemble

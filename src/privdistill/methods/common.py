@@ -59,7 +59,7 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter())
 
 
-BUDGET_KEYWORDS = ("epsilon", "max_epsilon", "delta", "accounting")
+BUDGET_KEYWORDS = ("epsilon", "max_epsilon", "delta", "accounting", "privacy")
 
 
 class MethodAPI:

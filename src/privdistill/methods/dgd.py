@@ -38,17 +38,17 @@ from torch import nn
 
 from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import ImageDataset, to_float
-from privdistill.engine import RunDir, evaluate, predict_logits, streams
+from privdistill.engine import RunDir, evaluate, streams
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
 from privdistill.engine.holdout import holdout_size, holdout_split
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
-from privdistill.engine.stages import file_digest
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
-from privdistill.engine.synthesis import synthesis_agreement
+from privdistill.engine.synthesis import query_label_agreement, synthesis_agreement
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
+from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
@@ -119,7 +119,10 @@ QUERIES_KEY, LATENT_KEY = "dgd/queries", "dgd/latent-codes"
 class DGDMethod(Method):
     name = "dgd"
     sections = {"baseline": ClassifierTraining, "teachers": TeacherTraining, "generator": GeneratorTraining,
-                "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig}
+                "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig, "dp_source": e2e.DPSourceConfig}
+
+    def check_end_to_end(self, ctx: Context) -> None:  # the generator fitted to a DP source, its samples the inputs
+        e2e.check_generator_end_to_end(ctx, ctx.section("dgd").inputs)
 
     def summary_name(self, ctx: Context) -> str:
         return "dgd" if ctx.section("dgd").aggregation == "laplace" else "dgd+"
@@ -127,12 +130,13 @@ class DGDMethod(Method):
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         """|D̂s| from the target ε (or as given); refused here, before any stage trains, if it cannot fit."""
         cfg: DGDConfig = ctx.section("dgd")
-        queries = plan_queries(cfg, ctx.budget)
+        source = [e2e.source_event(ctx)] if e2e.is_end_to_end(ctx) else []  # the DP source's share, then the votes'
+        queries = plan_queries(cfg, ctx.budget, fixed=source)
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
                      else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
             raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
-        events = {QUERIES_KEY: vote_event(cfg, queries)}
+        events = {QUERIES_KEY: vote_event(cfg, queries), **({e2e.SOURCE_KEY: source[0]} if source else {})}
         if cfg.latent_noise:
             events[LATENT_KEY] = LatentLaplace(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
                                                clip=cfg.latent_clip)
@@ -150,8 +154,9 @@ class DGDMethod(Method):
         generator, baseline, baseline_accuracy, refs, diagnostics = None, None, None, {}, {}
         if cfg.inputs == "generator":
             gcfg: GeneratorTraining = ctx.section("generator")
-            baseline, baseline_stage = stages.baseline(ctx.section("baseline"))
-            baseline_key = file_digest(baseline_stage.path / "model.safetensors")
+            # the generator's discriminator: the non-private baseline, or in end-to-end mode a DP-SGD model
+            baseline, baseline_key = e2e.generator_source(ctx, ledger, plan.details["events"], refs,
+                                                      secure=cfg.secure_noise)
             generator, gen_stage = stages.generator(baseline, baseline_key, gcfg)
             source, _ = stages.synthesis_source(baseline, baseline_key, gcfg)  # what the generator was fitted to
             pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train),
@@ -160,7 +165,7 @@ class DGDMethod(Method):
             baseline_accuracy = evaluate(baseline, data.test, env)
             diagnostics["synthesis_quality"] = synthesis_agreement(pool[:2000], source, baseline, teachers, env,
                                                                    data.num_classes)
-            refs.update(baseline=baseline_stage.ref(), generator=gen_stage.ref(), synthetic=pool_stage.ref())
+            refs.update(generator=gen_stage.ref(), synthetic=pool_stage.ref())
             pool_key = pool_stage.key
         else:  # Fig. 7: a held-out slice of D plays the public unlabelled data; teachers learn on the rest
             private, public = holdout_split(data, cfg.holdout, env)
@@ -182,8 +187,9 @@ class DGDMethod(Method):
         labels = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY],
                                               answer_queries)).long()
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
-            diagnostics.update({"query_agreement_with_baseline": _agreement_with_baseline(
-                baseline, query_images, labels, fresh.get("answer"), env),
+            answer = fresh.get("answer")
+            diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
+                baseline, query_images, labels, None if answer is None else answer.votes, env),
                 "query_agreement_note": "evaluation only: compares the teachers' labels on the queried synthetic "
                                         "samples with the non-private baseline's; not covered by any epsilon"})
         codes = _latent_codes(vae, rest_images, cfg, env, ledger, plan.details["events"].get(LATENT_KEY), noise_seed)
@@ -200,13 +206,15 @@ class DGDMethod(Method):
                        fields={"stages": refs, "student_training": train_stats, **diagnostics})
 
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
-        cfg: DGDConfig = ctx.section("dgd")
-        pathways = dgd_pathways(aggregation=cfg.aggregation,
+        cfg, dp = ctx.section("dgd"), e2e.is_end_to_end(ctx)
+        source = "DP source (DP-SGD)" if dp else "non-private baseline classifier"
+        pathways = dgd_pathways(aggregation=cfg.aggregation, source_is_dp=dp,
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
-                                fitted_to=ctx.section("generator").describe_source("non-private baseline classifier"))
+                                fitted_to=ctx.section("generator").describe_source(source))
+        covers = ("the whole student: DP source + teacher votes (strict)" if dp else
+                  "the teacher-vote channel only (strict); paper adds ε1 for the latent noise")
         return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
-                      fields={"epsilon_covers": "the teacher-vote channel only (strict); paper adds ε1 for the "
-                                                "latent noise",
+                      fields={"epsilon_covers": covers,
                               "queries": plan.details["queries"], "aggregation": cfg.aggregation,
                               "inputs": cfg.inputs, "latent_noise": cfg.latent_noise, "variant": cfg.variant})
 
@@ -221,14 +229,15 @@ def vote_event(cfg: DGDConfig, count: int) -> LNMaxQueries | GNMaxQueries:
             else GNMaxQueries(sigma=cfg.gaussian_sigma, count=count))
 
 
-def plan_queries(cfg: DGDConfig, budget: Budget) -> int:
+def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None) -> int:
     """|D̂s|: as given, or the most queries whose ε under the budget's accounting fits its target (the paper
     accounting adds ε1 of the latent noise to the vote channel; the strict one prices the vote channel)."""
     if cfg.queries > 0:
         return cfg.queries
     if budget.epsilon is None:
         raise ConfigError("give either dgd.queries (|D̂s|) or a target budget.epsilon (--epsilon)")
-    fixed = [LatentLaplace(epsilon1=cfg.epsilon1)] if cfg.latent_noise and budget.accounting == "paper" else []
+    fixed = list(fixed or []) + ([LatentLaplace(epsilon1=cfg.epsilon1)]
+                                 if cfg.latent_noise and budget.accounting == "paper" else [])
     n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
                                 accounting=budget.accounting, fixed=fixed)
     if n < 1:
@@ -249,18 +258,6 @@ def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, 
     else:
         labels = mechanisms.gnmax(votes, sigma=cfg.gaussian_sigma, generator=gen)
     return LedgerAnswer(answers=labels, votes=votes)
-
-
-def _agreement_with_baseline(baseline: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                             answer: LedgerAnswer | None, env: Env) -> dict[str, float]:
-    """How often the released (noisy) labels, and the plurality vote when this run drew it, equal the label
-    the generator's own discriminator gives the same synthetic sample."""
-    reference = predict_logits(baseline, images, env).argmax(1)
-    out = {"noisy_label": round(float((labels == reference).float().mean()), 4)}
-    if answer is not None and answer.votes is not None:
-        plurality = torch.as_tensor(answer.votes).argmax(1)
-        out["plurality"] = round(float((plurality == reference).float().mean()), 4)
-    return out
 
 
 def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,

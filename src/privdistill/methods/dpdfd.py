@@ -225,6 +225,14 @@ class DPDFDMethod(Method):
     sections = {"baseline": ClassifierTraining, "dpdfd": DPDFDConfig, "dpdfd_teachers": TeacherTraining,
                 "dpdfd_generator": GeneratorTraining}
 
+    def check_end_to_end(self, ctx: Context) -> None:
+        """Only noised output gradients leave the teacher(s): end to end as it stands with Alg. 1 or 2 and a
+        generator trained from scratch (a warm start reads the teacher without noise; Alg. 3 is not DP)."""
+        cfg: DPDFDConfig = ctx.section("dpdfd")
+        if cfg.algorithm == 3 or cfg.generator_init == "teacher":
+            raise ConfigError("--privacy end-to-end needs dpdfd.algorithm 1 or 2 and dpdfd.generator_init=scratch: "
+                              "Alg. 3 is not DP as written and a warm-started generator reads the teacher directly")
+
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         cfg: DPDFDConfig = ctx.section("dpdfd")
         steps = plan_steps(cfg, ctx.budget, num_teachers=ctx.section("dpdfd_teachers").num_teachers,

@@ -175,6 +175,9 @@ class DPSGDMethod(Method):
     uses_ledger = False  # Opacus's accountant (its history of (σ, q, steps)) is the record, saved in checkpoints
     weights_name = "model"
 
+    def check_end_to_end(self, ctx: Context) -> None:
+        """Every access to the private data is a clipped, noised gradient: end to end as it stands."""
+
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         cfg: DPSGDConfig = ctx.section("dpsgd")
         if ctx.budget.epsilon is None:

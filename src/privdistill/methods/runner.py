@@ -17,7 +17,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from torch import nn
 
@@ -25,7 +25,7 @@ from privdistill.engine import RunDir
 from privdistill.engine.cache import StageCache
 from privdistill.engine.stages import Stages
 from privdistill.engine.trainer import evaluate
-from privdistill.errors import ConfigError
+from privdistill.errors import ConfigError, RunError
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
 from privdistill.privacy.events import PrivacyEvent
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
@@ -49,6 +49,11 @@ class Budget:
     max_epsilon: Optional[float] = None
     delta: float = 1e-5
     accounting: str = "strict"
+    # "method": each method as published (its privacy report lists what ε covers); "end-to-end": every pathway
+    # to the released model priced within the target (methods/end_to_end.py), or the run is refused
+    privacy: str = "method"
+
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("privacy",)
 
     def validate(self) -> None:
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -59,6 +64,10 @@ class Budget:
             raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
         if self.accounting not in ACCOUNTINGS:
             raise ConfigError(f"accounting must be strict or paper, got {self.accounting!r}")
+        if self.privacy not in ("method", "end-to-end"):
+            raise ConfigError(f"privacy must be method or end-to-end, got {self.privacy!r}")
+        if self.privacy == "end-to-end" and self.accounting != "strict":
+            raise ConfigError("--privacy end-to-end is a guarantee: it needs --accounting strict (the default)")
 
     @property
     def limit(self) -> float | None:
@@ -189,6 +198,13 @@ class Method:
         """The method name written into summary.json (DGD with Gaussian votes is "dgd+")."""
         return self.name
 
+    def check_end_to_end(self, ctx: Context) -> None:
+        """`--privacy end-to-end`: refuse, before anything trains, a configuration whose released model could not
+        be covered as a whole (methods/end_to_end.py). A method without such a mode refuses every configuration."""
+        from privdistill.methods.end_to_end import why_not_end_to_end
+
+        raise ConfigError(why_not_end_to_end(self.name, ctx))
+
     def run(self, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
         return execute(self, request, cache=cache, **inputs)
 
@@ -200,6 +216,8 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
                   budget=budget, inputs=inputs)
     # plan against what an interrupted earlier invocation recorded (read-only: a plan refused by its own
     # checks leaves no ledger behind), then refuse to start beyond the budget, before anything trains
+    if budget.privacy == "end-to-end":
+        method.check_end_to_end(ctx)
     plan = method.plan(ctx, LedgerView.read(prep.run.path))
     ledger = (PrivacyLedger(prep.run.path, max_epsilon=budget.limit, accounting=budget.accounting,
                             delta=budget.delta) if method.uses_ledger else None)
@@ -214,6 +232,9 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
         prep.run.save_weights("generator", trained.generator, metadata={"method": method.name})
 
     report = method.report(ctx, plan, trained, ledger)
+    uncovered = [p.via for p in report.pathways[method.weights_name] if not p.covered]
+    if budget.privacy == "end-to-end" and uncovered:  # check_end_to_end let through what it should have refused
+        raise RunError(f"end-to-end run left pathways uncovered ({'; '.join(uncovered)}): the release is withheld")
     noise = noise_source(report.secure_noise, report.noise_option)
     extra = dict(report.extra)
     if report.statement is not None:
@@ -231,7 +252,7 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
         epsilon_paper=round_epsilon(eps["paper"]), epsilon_strict=round_epsilon(eps["strict"]), delta=budget.delta,
         target_epsilon=budget.epsilon, max_epsilon=budget.max_epsilon, accounting=budget.accounting,
         noise_secure=noise["secure"],
-        not_covered=[p.via for p in report.pathways[method.weights_name] if not p.covered],
+        not_covered=uncovered, privacy_scope=budget.privacy,
         plan_notes=plan.notes, **{**trained.fields, **report.fields})
     privacy = json.loads((prep.run.path / "privacy.json").read_text())
     return RunResult(student=student.cpu().eval(),

@@ -38,6 +38,7 @@ from privdistill.privacy._checks import check_accounting, check_delta
 from privdistill.privacy.events import (
     ConfidentGNMaxQueries,
     DPDFDSteps,
+    DPSGDTraining,
     GNMaxQueries,
     LatentLaplace,
     LNMaxQueries,
@@ -293,6 +294,12 @@ class _Term:
     relation: str = REPLACE_ONE
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    fixed: tuple[float, float] | None = None  # an (epsilon, delta) priced on its own, added by basic composition
+
+
+def dpsgd_fixed(ev: DPSGDTraining) -> tuple[float, float]:
+    """A DP-SGD source's (epsilon, delta): dp-accounting PLD, replace-one, at the event's own delta share."""
+    return pld_poisson_gaussian_replace_one(ev.noise_multiplier, ev.sample_rate, ev.steps, ev.delta), ev.delta
 
 
 def _strict_term(ev: PrivacyEvent, delta: float, details: bool = True) -> _Term:
@@ -374,6 +381,12 @@ def _strict_term(ev: PrivacyEvent, delta: float, details: bool = True) -> _Term:
         t.notes.append(f"{who}; per step L2 sensitivity "
                        + ("2C*sqrt(B)" if ev.granularity == "per_sample" else "2C*B")
                        + f" vs noise sigma*C: Gaussian noise multiplier {m:.4g} x {ev.steps} steps")
+        return t
+    if isinstance(ev, DPSGDTraining):
+        t = _Term(rdp=zero.copy(), fixed=dpsgd_fixed(ev))
+        t.notes.append(f"{ev.what}: every access to the private data is a clipped, noised gradient; dp-accounting PLD "
+                       f"(replace-one) gives ({t.fixed[0]:.4g}, {ev.delta:g}); added to the rest by basic composition, "
+                       "which is then priced at the remaining delta")
         return t
     if isinstance(ev, LatentLaplace):
         t = _Term(rdp=zero.copy(), pure=0.0)
@@ -468,13 +481,21 @@ class StrictAccountant(Accountant):
     def _combine(terms: list[_Term], delta: float) -> tuple[float, float | None]:
         if any(t.infinite for t in terms):
             return math.inf, None
+        fixed = [t.fixed for t in terms if t.fixed is not None]
+        terms = [t for t in terms if t.fixed is None]
+        fixed_eps, fixed_delta = sum(f[0] for f in fixed), sum(f[1] for f in fixed)
+        if fixed and not terms:
+            return (fixed_eps if fixed_delta <= delta else math.inf), None
+        delta -= fixed_delta  # what is left of delta for the RDP-composed rest
+        if delta <= 0:
+            return math.inf, None
         total = np.sum([t.rdp for t in terms], axis=0) if terms else np.zeros_like(ORDERS)
         value, order = rdp_to_epsilon(total, delta)
         if terms and all(t.pure is not None for t in terms):
             basic = float(sum(t.pure for t in terms))  # basic composition of pure-DP events
             if basic < value:
                 value, order = basic, None
-        return value, order
+        return value + fixed_eps, order
 
 
 # ================================================================================= paper accountant
@@ -555,6 +576,7 @@ class PaperAccountant(Accountant):
         has_dpdfd = False
         label_eps = 0.0
         latent = 0.0
+        fixed_eps, fixed_delta = 0.0, 0.0
         for ev in events:
             if isinstance(ev, LNMaxQueries):
                 lnmax[ev.epsilon0] = lnmax.get(ev.epsilon0, 0) + ev.count
@@ -582,8 +604,15 @@ class PaperAccountant(Accountant):
                     label_eps = max(label_eps, ev.epsilon)
             elif isinstance(ev, LatentLaplace):
                 latent += ev.epsilon1
+            elif isinstance(ev, DPSGDTraining):  # no paper prices it: as the strict accountant does
+                e, dlt = dpsgd_fixed(ev)
+                fixed_eps, fixed_delta = fixed_eps + e, fixed_delta + dlt
+                notes.append(f"{ev.what}: ({e:.4g}, {dlt:g}) by dp-accounting PLD (replace-one), as strict")
             else:
                 raise PrivacyError(f"the paper accountant does not know events of type {type(ev).__name__}")
+        delta -= fixed_delta
+        if delta <= 0:
+            return math.inf, None, notes + ["the DP-SGD source's delta share leaves no delta"], details
         # delta is shared among the families whose bound consumes it (one family in every paper)
         n_delta = len(lnmax) + int(has_pate) + int(has_dpdfd)
         d = delta / n_delta if n_delta else delta
@@ -619,4 +648,4 @@ class PaperAccountant(Accountant):
         if latent > 0:
             total += latent
             notes.append(f"DGD epsilon1 = {latent:g} for the latent-code noise, added as printed")
-        return total, order, notes, details
+        return total + fixed_eps, order, notes, details

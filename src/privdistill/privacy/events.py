@@ -326,6 +326,41 @@ class DPDFDSteps(PrivacyEvent):
                 f"C = {self.clip_norm:g}, sigma = {self.sigma:g}")
 
 
+# ------------------------------------------------------------------------------------ DP-SGD as a source
+@_register
+@dataclass(frozen=True)
+class DPSGDTraining(PrivacyEvent):
+    """A model trained by DP-SGD on the private data inside a run (the DP source of an end-to-end release):
+    ``steps`` steps, Poisson sampling at ``sample_rate``, Gaussian noise multiplier ``noise_multiplier``.
+
+    It is priced at its own share ``delta`` of the run's δ by dp-accounting's PLD accountant (replace-one, as
+    methods/dpsgd.py calibrates it), and composed with the rest of the run by basic composition: the run's ε is
+    this ε plus the others' ε at the δ that remains (privacy/accounting.py). Both accountings price it alike:
+    no paper has a formula for it."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    delta: float
+    what: str = "DP-SGD source model"
+
+    type_name: ClassVar[str] = "dpsgd"
+    count_field: ClassVar[str | None] = "steps"
+    noise_field: ClassVar[str | None] = "noise_multiplier"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", check_positive("noise multiplier", self.noise_multiplier))
+        object.__setattr__(self, "steps", check_count("steps", self.steps))
+        if not 0 < self.sample_rate <= 1:
+            raise PrivacyError(f"sample rate must lie in (0, 1], got {self.sample_rate}")
+        if not 0 < self.delta < 1:
+            raise PrivacyError(f"the DP-SGD event's delta share must lie in (0, 1), got {self.delta}")
+
+    def describe(self) -> str:
+        return (f"{self.what}: DP-SGD, {self.steps} steps, Poisson rate {self.sample_rate:.4g}, noise multiplier "
+                f"{self.noise_multiplier:.4g}, priced at delta {self.delta:g}")
+
+
 # ------------------------------------------------------------------------------------------------- DGD
 @_register
 @dataclass(frozen=True)

@@ -52,10 +52,13 @@ PRIVATE = "private training data"
 
 # ------------------------------------------------------------------------------------ method helpers
 def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
-                 fitted_to: str = "non-private baseline classifier") -> dict[str, list[Pathway]]:
+                 fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False
+                 ) -> dict[str, list[Pathway]]:
     """DGD (and DGD+ with ``aggregation="gaussian"``). ``inputs``: "generator" (the method) or
     "held-out-private" (Fig. 7 variant: a held-out slice of the private set replaces the generator).
-    ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models)."""
+    ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models).
+    ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
+    the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
     check_choice("aggregation", aggregation, ("laplace", "gaussian"))
     check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
     agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
@@ -63,19 +66,21 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                        "labels of the student's supervised set", True,
                        "the vote channel: what epsilon prices")]
     if inputs == "generator":
+        why = ("post-processing of the DP source, whose DP-SGD training is in the ledger" if source_is_dp else
+               "what the generator is fitted to and the generator are trained on D without noise")
         student += [
             Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
-                    "the student's inputs (queried and unlabelled)", False,
-                    "what the generator is fitted to and the generator are trained on D without noise"),
+                    "the student's inputs (queried and unlabelled)", source_is_dp, why),
             Pathway(PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + "
-                    "Laplace(2c/eps1) -> decoded triples", "the student's unsupervised regulariser", False,
+                    "Laplace(2c/eps1) -> decoded triples", "the student's unsupervised regulariser", source_is_dp,
+                    why if source_is_dp else
                     "the latent noise perturbs codes of synthetic samples; it does not protect private records"),
             Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried (and kept, when verified)",
-                    "the student's query set", False),
+                    "the student's query set", source_is_dp, why if source_is_dp else ""),
         ]
         generator = [Pathway(PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator",
-                             "generator weights", False, "not covered: the generator is fitted to models "
-                             "trained without noise")]
+                             "generator weights", source_is_dp, why if source_is_dp else
+                             "not covered: the generator is fitted to models trained without noise")]
         out = {"student": student, "generator": generator}
     elif inputs == "held-out-private":
         student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "

@@ -1,0 +1,151 @@
+"""End-to-end privacy (`--privacy end-to-end`, budget.privacy): every pathway from the private data to the released
+model priced, under one ledger, within one target (ε, δ).
+
+The papers' data-free methods feed their generator from a model trained on the private data without noise (DGD's
+baseline, SRR's teacher). In end-to-end mode that model is a DP source: a classifier trained by DP-SGD on the
+private data (a nested DP-SGD run in `<run>/dp-source`, methods/dpsgd.py), so the generator, its synthetic
+samples, the VAE trained on them and which samples are queried are all post-processing of a DP model. The
+method's own channel (DGD's noisy votes) is then priced as before, and the two compose:
+
+    split rule     the DP source gets `dp_source.share` of the target ε and `dp_source.delta_share` of δ; its σ
+                   is the least whose replace-one PLD ε fits that share (as `privdistill dpsgd` calibrates); the
+                   method's channel gets the most queries / steps whose ε, composed with the source's, fits the
+                   whole target (privacy.calibration with the source as a fixed event)
+    composition    the source's (ε_s, δ_s) by PLD, plus the channel's ε by RDP at δ − δ_s (basic composition of
+                   the two; privacy/accounting.py, DPSGDTraining)
+    search         `--set dp_source.share=0.3` etc.; every split stays within the target
+
+DPDFD needs no DP source: only noised output gradients ever leave its teacher, so with the strict accounting,
+Alg. 1 or 2 and a generator not warm-started against the teacher, it is end to end as it stands; the mode
+enforces exactly that. SRR's label-DP setting uses the private images directly and cannot be end to end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from privdistill.config import check_model_name
+from privdistill.errors import ConfigError, RunError
+from privdistill.privacy.events import DPSGDTraining
+from privdistill.privacy.ledger import PrivacyLedger
+
+END_TO_END = "end-to-end"
+SOURCE_KEY = "dp-source"
+
+
+@dataclass
+class DPSourceConfig:
+    """Config section `dp_source`: the DP-SGD model that replaces a non-private source in end-to-end mode (the
+    defaults are the `--config scatternet` recipe, this project's strongest DP-SGD, docs/results.md)."""
+
+    share: float = 0.5  # of the target ε
+    delta_share: float = 0.5  # of δ
+    model: str = "scatter-linear"
+    epochs: int = 5
+    batch_size: int = 1024
+    lr: float = 4.0
+    momentum: float = 0.9
+    max_grad_norm: float = 0.1
+
+    def validate(self) -> None:
+        if not (0 < self.share < 1 and 0 < self.delta_share < 1):
+            raise ConfigError("dp_source.share and dp_source.delta_share must lie in (0, 1): the rest of the budget "
+                              "is the method's own channel")
+        if min(self.epochs, self.batch_size) < 1 or min(self.lr, self.max_grad_norm) <= 0:
+            raise ConfigError("dp_source: epochs and batch_size must be >= 1, lr and max_grad_norm > 0")
+        check_model_name(self.model, "dp_source.model")
+
+
+def why_not_end_to_end(method: str, ctx) -> str:
+    """The message of a method that has no end-to-end mode (or not in this setting)."""
+    if method == "srr" and ctx.section("srr").setting == "label-dp":
+        return ("SRR's label-DP setting trains on the private images themselves: it protects labels only and "
+                "cannot be end to end (drop --privacy end-to-end, or use dpsgd)")
+    if method == "srr":
+        return ("data-free SRR has no end-to-end mode yet: its teacher would have to be a DP model, and the labels "
+                "it gives would then be post-processing; use dgd or dpdfd with --privacy end-to-end")
+    if method == "pate":
+        return ("PATE's public slice is held out of the private data and used without noise: not end to end; "
+                "dgd --privacy end-to-end replaces it with a generator fitted to a DP model")
+    return f"{method} has no end-to-end mode: drop --privacy end-to-end"
+
+
+def is_end_to_end(ctx) -> bool:
+    return ctx.budget.privacy == END_TO_END
+
+
+def check_generator_end_to_end(ctx, inputs: str = "generator") -> None:
+    """A method whose student reads generator samples (DGD, data-free SRR) is end to end only if the generator is
+    fitted to the DP source alone (no non-private source models) and its samples are the student's only inputs."""
+    if inputs != "generator" or getattr(ctx.section("generator"), "source_models", 0):
+        raise ConfigError("--privacy end-to-end needs the generator's samples as the only inputs (dgd.inputs="
+                          "generator) and no non-private source models (generator.source_models=0)")
+
+
+def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, secure: bool) -> tuple[nn.Module, str]:
+    """The model a generator is fitted to, and a key naming its weights: the DP source (end-to-end mode, its event
+    under SOURCE_KEY in `events`), else the cached non-private baseline. Its stage reference goes into `refs`."""
+    from privdistill.engine.stages import file_digest
+
+    if SOURCE_KEY in events:
+        model, key, refs["dp_source"] = train_source(ctx, ledger, events[SOURCE_KEY], secure=secure)
+        return model, key
+    baseline, stage = ctx.stages.baseline(ctx.section("baseline"))
+    refs["baseline"] = stage.ref()
+    return baseline, file_digest(stage.path / "model.safetensors")
+
+
+def source_event(ctx) -> DPSGDTraining:
+    """The DP source's privacy event, computed before anything trains (the nested run calibrates the same σ)."""
+    from privdistill.methods.dpsgd import steps_per_epoch, strict_noise_multiplier
+
+    cfg: DPSourceConfig = ctx.section("dp_source")
+    if ctx.budget.epsilon is None:
+        raise ConfigError("--privacy end-to-end needs a target --epsilon: the DP source gets a share of it")
+    per_epoch = steps_per_epoch(len(ctx.data.train), cfg.batch_size)
+    steps, delta = per_epoch * cfg.epochs, ctx.budget.delta * cfg.delta_share
+    sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * cfg.share, delta=delta,
+                                    sample_rate=1 / per_epoch, steps=steps)
+    return DPSGDTraining(noise_multiplier=sigma, sample_rate=1 / per_epoch, steps=steps, delta=delta,
+                         what=f"DP source ({cfg.model}, DP-SGD)")
+
+
+def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bool) -> tuple[nn.Module, str, dict]:
+    """Spend the source's event, then train it as a nested DP-SGD run (resumed if it was interrupted); returns
+    (model, a key naming its weights, a reference for the summary)."""
+    from privdistill.engine.stages import file_digest
+    from privdistill.methods.common import RunRequest
+    from privdistill.methods.dpsgd import run_dpsgd
+
+    cfg: DPSourceConfig = ctx.section("dp_source")
+    run_dir = Path(ctx.run.path) / SOURCE_KEY
+    options = ctx.section("run")
+    overrides = {f"dpsgd.{k}": getattr(cfg, k) for k in ("model", "epochs", "batch_size", "lr", "momentum",
+                                                         "max_grad_norm")}
+    overrides.update({"dpsgd.optimizer": "sgd", "dpsgd.lr_schedule": "constant", "dpsgd.secure_mode": secure,
+                      "budget.epsilon": ctx.budget.epsilon * cfg.share, "budget.delta": event.delta,
+                      "budget.accounting": "strict", "run.seed": options.seed, "run.device": options.device,
+                      "run.threads": options.threads, "run.progress": options.progress})
+
+    def train() -> str:
+        resume = (run_dir / "config.yaml").is_file()
+        result = run_dpsgd(RunRequest(dataset=ctx.dataset, preset=ctx.request.preset, overrides=overrides,
+                                      run_dir=str(run_dir), resume=resume))
+        acc = result.summary["dpsgd_accounting"]
+        if abs(acc["noise_multiplier"] - event.noise_multiplier) > 1e-3 or acc["steps"] != event.steps:
+            raise RunError(f"the DP source trained with sigma {acc['noise_multiplier']} and {acc['steps']} steps, "
+                           f"not the planned {event.noise_multiplier:.5g} and {event.steps}")
+        return file_digest(run_dir / "model.safetensors")
+
+    digest = ledger.spend(SOURCE_KEY, event, train)  # recorded once trained; a resumed run gets the digest back
+    from privdistill.engine.run import RunDir
+
+    model = RunDir(run_dir).load_weights("model").eval()
+    summary = RunDir(run_dir).summary()
+    ref: dict[str, Any] = {"run_dir": str(run_dir), "weights": str(digest), "epsilon_strict": summary["epsilon_strict"],
+                           "delta": event.delta, "test_accuracy": summary["test_accuracy"]}
+    return model, str(digest), ref
