@@ -205,7 +205,8 @@ def main() -> None:
             except subprocess.TimeoutExpired as err:
                 rc, output = None, (err.stdout or b"").decode() + (err.stderr or b"").decode()
             answer = classify(rc, output)
-            rows.append({"input": what, "command": "privdistill " + " ".join(argv).replace(tmp_name, "$TMP"),
+            shown = argv + (["-e", "1"] if needs_eps else [])  # as run, less the run directory and thread count
+            rows.append({"input": what, "command": "privdistill " + " ".join(shown).replace(tmp_name, "$TMP"),
                          "answer": answer, "exit": rc, "message": message(output).replace(tmp_name, "$TMP"),
                          "seconds": round(time.time() - started, 1),
                          "output_tail": output[-800:].replace(tmp_name, "$TMP")})
