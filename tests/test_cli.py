@@ -64,3 +64,18 @@ def test_user_errors_print_one_line_and_exit_2(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "privdistill", *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dry_run_prices_the_plan_and_trains_nothing(tiny_npz, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    cmd = [sys.executable, "-m", "privdistill", "pate", "-d", f"npz:{tiny_npz}", "-e", "10", "--dry-run",
+           "--set", "teachers.num_teachers=5", "--set", "teachers.batch_size=16", "--set", "pate.holdout=80"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0, out.stderr
+    assert "Dry run of pate" in text and "would spend: GNMax" in text and "strict" in text
+    assert "vote noise" in text and "5 teachers" in text, "what the noise leaves of the vote, before training"
+    assert not (tmp_path / "runs").exists(), "no run directory, nothing trained"

@@ -119,8 +119,14 @@ def main() -> None:
     keep_freed_memory()  # before any tensor exists; see its docstring for the measured cost of not doing it
     _quiet_library_warnings()
     _mount_subcommands()
+    from privdistill.methods.runner import DryRunPlan
+
     try:
         app()
+    except DryRunPlan as plan:
+        from privdistill.cli.display import show_plan
+
+        show_plan(plan.info)
     except PrivdistillError as err:
         from rich.console import Console
 

@@ -44,3 +44,17 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
         console.print("[yellow]Seeded noise:[/] the privacy noise was drawn from a generator seeded with the run's "
                       "seed (saved in config.yaml); the ε holds only while that seed stays secret. For a release, "
                       "set the method's secure_noise (DP-SGD: secure_mode) to true.", highlight=False)
+
+
+def show_plan(info: dict[str, Any]) -> None:
+    """A dry run's plan: what it would spend (ε under both accountings) and the plan's notes; nothing trained."""
+    console.print(f"[bold]Dry run[/] of {info['method']} on {info['dataset']} ({info['train_records']} training "
+                  f"records): nothing was trained, nothing spent.", highlight=False)
+    for event in info["events"]:
+        console.print(f"  would spend: {event}", highlight=False)
+    eps = info["epsilon"]
+    if eps:
+        console.print(f"  epsilon at delta {info['delta']:g}: strict {_fmt(eps['strict'])}, paper {_fmt(eps['paper'])} "
+                      f"(target {_fmt(info['target_epsilon'])}, privacy scope: {info['privacy']})", highlight=False)
+    for note in info["notes"]:
+        console.print(f"  note: {note}", highlight=False)

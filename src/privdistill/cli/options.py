@@ -29,6 +29,8 @@ RunDirOpt = Annotated[
 ]
 Resume = Annotated[bool, typer.Option("--resume", help="continue an interrupted run in --run-dir")]
 Record = Annotated[bool, typer.Option("--record", help="copy summary.json to results/<preset>/")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="check and price the plan (what it would spend, what the "
+                                                        "noise leaves of the answers), print it, train nothing")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="random seed (run.seed)")]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N (run.device)")]
 Precision = Annotated[Optional[str], typer.Option("--precision", help="auto, fp32, bf16, fp16 (run.precision)")]
@@ -139,21 +141,32 @@ class RunArgs:
     budget: dict[str, Any] = field(default_factory=dict)  # {"budget.epsilon": ...} of the options given
     method: dict[str, Any] = field(default_factory=dict)  # {"<section>.variant": ...} of a private command
     no_cache: bool = False  # a private command's --no-cache
+    dry_run: bool = False  # a private command's --dry-run
 
     def request(self, extra: Mapping[str, Any] | None = None):
-        """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides)."""
-        return run_request(dataset=self.dataset, preset=self.preset, config=self.config, overrides=self.set_,
+        """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides). A dry
+        run plans in a throw-away directory (main() prints the plan and removes it)."""
+        if self.dry_run:
+            import atexit
+            import shutil
+            import tempfile
+
+            self.run_dir, self.resume, self.record = Path(tempfile.mkdtemp(prefix="privdistill-dry-run-")), False, False
+            atexit.register(shutil.rmtree, self.run_dir, ignore_errors=True)  # also when the plan is refused
+        request = run_request(dataset=self.dataset, preset=self.preset, config=self.config, overrides=self.set_,
                            run_dir=self.run_dir, resume=self.resume, record=self.record,
                            extra={**self.budget, **self.method, **(extra or {})}, seed=self.seed, device=self.device,
                            precision=self.precision, data_root=self.data_root, no_progress=self.no_progress)
+        request.dry_run = self.dry_run
+        return request
 
 
 _SHARED = (("dataset", Dataset, "mnist"), ("preset", Preset, "quick"), ("config", ConfigFile, None),
            ("set_", Overrides, None), ("run_dir", RunDirOpt, None), ("resume", Resume, False),
            ("record", Record, False), ("seed", Seed, None), ("device", Device, None), ("precision", Precision, None),
            ("data_root", DataRoot, None), ("no_progress", NoProgress, False))
-_BUDGET = (("epsilon", Epsilon, None), ("delta", Delta, None), ("max_epsilon", MaxEpsilon, None),
-           ("accounting", BudgetAccounting, None), ("privacy", BudgetPrivacy, None))
+_BUDGET = (("dry_run", DryRun, False), ("epsilon", Epsilon, None), ("delta", Delta, None),
+           ("max_epsilon", MaxEpsilon, None), ("accounting", BudgetAccounting, None), ("privacy", BudgetPrivacy, None))
 
 
 def run_command(func: Callable[..., Any], *, budget: bool = False, section: str | None = None,
@@ -174,7 +187,8 @@ def run_command(func: Callable[..., Any], *, budget: bool = False, section: str 
     def command(**kwargs: Any) -> Any:
         run = RunArgs(**{name: kwargs.pop(name) for name, _, _ in _SHARED})
         if budget:
-            run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET})
+            run.dry_run = kwargs.pop("dry_run")
+            run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET if name != "dry_run"})
         if section:
             run.method = section_overrides(section, variant=kwargs.pop("variant"))
         if cache:

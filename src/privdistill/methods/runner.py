@@ -209,6 +209,26 @@ class Method:
         return execute(self, request, cache=cache, **inputs)
 
 
+class DryRunPlan(Exception):
+    """Raised by a dry run (RunRequest.dry_run) once the plan has passed every check: `info` is what the run would
+    spend and what the plan notes (e.g. what the vote noise leaves of the teachers' answer). Nothing trained."""
+
+    def __init__(self, info: dict[str, Any]):
+        super().__init__("dry run: nothing was trained")
+        self.info = info
+
+
+def _dry_run_info(method: Method, ctx: Context, plan: Plan) -> dict[str, Any]:
+    from privdistill.privacy.accounting import both
+
+    eps = both(plan.remaining, delta=ctx.budget.delta) if plan.remaining else {}
+    return {"method": method.name, "dataset": ctx.dataset, "train_records": len(ctx.data.train),
+            "run_dir": str(ctx.run.path),
+            "events": [e.describe() for e in plan.remaining],
+            "epsilon": {name: r.value for name, r in eps.items()}, "delta": ctx.budget.delta,
+            "target_epsilon": ctx.budget.epsilon, "privacy": ctx.budget.privacy, "notes": list(plan.notes)}
+
+
 def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
     prep = prepare_run(method.name, request, {"budget": Budget, **method.sections})
     budget: Budget = prep.sections["budget"]
@@ -223,6 +243,8 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
                             delta=budget.delta) if method.uses_ledger else None)
     if ledger is not None:
         ledger.check_can_start(plan.remaining)
+    if request.dry_run:
+        raise DryRunPlan(_dry_run_info(method, ctx, plan))
 
     trained = method.train(ctx, plan, ledger)
     student = trained.student
