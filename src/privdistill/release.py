@@ -232,8 +232,9 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
         lines.append("")
     lines += ["## Accuracy", "", f"- test accuracy on the {dataset} test split: {_fmt(acc)}"]
     if summary.get("baseline_accuracy") is not None:
-        lines.append("- a non-private model trained on the same data (not released): "
-                     f"{_fmt(summary['baseline_accuracy'])}")
+        what = ("the DP-SGD source model inside the guarantee (not released)" if summary.get("privacy_scope") ==
+                "end-to-end" else "a non-private model trained on the same data (not released)")
+        lines.append(f"- {what}: {_fmt(summary['baseline_accuracy'])}")
     lines.append("")
     audit = [(k, summary[k]) for k in ("mia_attack", "mia_auc", "mia_tpr_at_1pct_fpr", "mia_loss_auc",
                                         "mia_loss_tpr_at_1pct_fpr") if summary.get(k) is not None]
