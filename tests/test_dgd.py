@@ -218,3 +218,16 @@ def test_end_to_end_mode_covers_every_pathway_within_the_target(tiny_npz, tmp_pa
     with pytest.raises(Exception, match="end-to-end"):  # a held-out private slice cannot be covered
         run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"),
                            overrides=TINY + E2E + ["budget.epsilon=20", "dgd.inputs=private-holdout"]))
+
+
+@pytest.mark.slow
+def test_source_labels_are_free_only_with_a_dp_source(tiny_npz, tmp_path):
+    run_dir = tmp_path / "labels"
+    s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir), overrides=TINY + E2E + [
+        "budget.epsilon=20", "dgd.laplace_scale=4", "dgd.source_labels=true"])).summary
+    assert s["not_covered"] == [] and s["student_training"]["steps"] == 12
+    privacy = json.loads((run_dir / "privacy.json").read_text())
+    assert any("labels of the unqueried" in p["via"] and p["covered"] for p in privacy["artifacts"]["student"])
+    with pytest.raises(ConfigError, match="only a DP source"):
+        run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"),
+                           overrides=TINY + ["dgd.queries=40", "dgd.source_labels=true"]))

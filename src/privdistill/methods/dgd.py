@@ -30,7 +30,7 @@ Readings of what the paper leaves open (each configurable):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,8 @@ class DGDConfig:
     noise_seed: Optional[int] = None  # seed of the privacy noise (default: run seed); secure noise ignores it
     secure_noise: bool = False
     variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
+    source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("source_labels",)
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -130,6 +132,7 @@ class DGDMethod(Method):
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         """|D̂s| from the target ε (or as given); refused here, before any stage trains, if it cannot fit."""
         cfg: DGDConfig = ctx.section("dgd")
+        e2e.check_source_labels(ctx, cfg.source_labels)
         source = [e2e.source_event(ctx)] if e2e.is_end_to_end(ctx) else []  # the DP source's share, then the votes'
         queries = plan_queries(cfg, ctx.budget, fixed=source)
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
@@ -177,15 +180,13 @@ class DGDMethod(Method):
         # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes
         perm = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))
         query_images, rest_images = pool[perm[:queries]], pool[perm[queries:]]
-        noise_seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
-        fresh: dict[str, Any] = {}
+        noise_seed, fresh = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}
 
         def answer_queries() -> LedgerAnswer:
             fresh["answer"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
             return fresh["answer"]
 
-        labels = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY],
-                                              answer_queries)).long()
+        labels = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY], answer_queries)).long()
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
             answer = fresh.get("answer")
             diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
@@ -199,6 +200,7 @@ class DGDMethod(Method):
         torch.manual_seed(env.generator(streams.DGD_INIT).initial_seed())
         student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                                num_classes=data.num_classes, image_size=data.image_size[0])
+        query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
         student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=ctx.run,
                                              test=data.test)
@@ -211,6 +213,7 @@ class DGDMethod(Method):
         pathways = dgd_pathways(aggregation=cfg.aggregation, source_is_dp=dp,
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
                                 fitted_to=ctx.section("generator").describe_source(source))
+        e2e.add_source_label_pathway(pathways, cfg.source_labels)
         covers = ("the whole student: DP source + teacher votes (strict)" if dp else
                   "the teacher-vote channel only (strict); paper adds ε1 for the latent noise")
         return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",

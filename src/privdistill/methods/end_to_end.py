@@ -86,6 +86,34 @@ def check_generator_end_to_end(ctx, inputs: str = "generator") -> None:
                           "generator) and no non-private source models (generator.source_models=0)")
 
 
+def check_source_labels(ctx, source_labels: bool) -> None:
+    if source_labels and not is_end_to_end(ctx):
+        raise ConfigError("dgd.source_labels=true labels samples with the generator's source model: only a DP source "
+                          "(--privacy end-to-end) makes that free; with the non-private baseline it would be uncovered")
+
+
+def student_labels(source_labels: bool, source: nn.Module | None, images, labels, rest, env):
+    """DGD's supervised set: the noisy-vote queries, plus with `source_labels` every unqueried sample labelled by
+    the DP source (end to end: post-processing of a DP model, free of charge; the votes stay the only channel that
+    reads the teachers)."""
+    if not source_labels:
+        return images, labels
+    import torch
+
+    from privdistill.engine.synthesis import source_labels as read
+
+    return torch.cat([images, rest]), torch.cat([labels, read(source, rest, env).to(labels.dtype).cpu()])
+
+
+def add_source_label_pathway(pathways: dict, source_labels: bool) -> None:
+    """The privacy report's line for `dgd.source_labels` (only ever on with a DP source, check_source_labels)."""
+    if source_labels:
+        from privdistill.privacy.report import PRIVATE, Pathway
+
+        pathways["student"].append(Pathway(PRIVATE, "DP source (DP-SGD) -> labels of the unqueried synthetic samples",
+                                           "the student's supervised set", True, "post-processing of the DP source"))
+
+
 def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, secure: bool) -> tuple[nn.Module, str]:
     """The model a generator is fitted to, and a key naming its weights: the DP source (end-to-end mode, its event
     under SOURCE_KEY in `events`), else the cached non-private baseline. Its stage reference goes into `refs`."""
