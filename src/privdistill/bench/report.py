@@ -339,7 +339,9 @@ def strict_end_to_end_table(results: list[dict]) -> str:
              and isinstance(r.get("epsilon_strict"), (int, float))]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in whole:
-        label = _variant_label(r) + (" [end-to-end]" if r.get("privacy_scope") == "end-to-end" else "")
+        label = _variant_label(r)
+        if r.get("privacy_scope") == "end-to-end" and "end-to-end" not in label:
+            label += " [end-to-end]"
         groups.setdefault((r["dataset"], label), []).append(r)
 
     def best(rs: list[dict], eps: float) -> dict | None:
