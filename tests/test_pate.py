@@ -166,6 +166,11 @@ def test_vote_noise_set_for_250_teachers_warns_with_10():
     with pytest.warns(VoteNoiseWarning, match="10 teachers"):
         note = vote_noise_note(10, 10, distribution="laplace", scale=40, option="dgd.laplace_scale")
     assert "right 1" in note  # ~13 %
+    from privdistill.privacy.vote_noise import scale_for_accuracy
+
+    b = scale_for_accuracy(10, 10, distribution="laplace", target=0.9)
+    assert "would make it 90 %" in note and 1.5 < b < 3.5  # the noise 10 teachers can afford
+    assert unanimous_label_accuracy(10, 10, distribution="laplace", scale=b)[0] == pytest.approx(0.9, abs=0.03)
     with warnings.catch_warnings():
         warnings.simplefilter("error", VoteNoiseWarning)
         vote_noise_note(250, 10, distribution="laplace", scale=40, option="dgd.laplace_scale")

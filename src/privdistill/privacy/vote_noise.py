@@ -47,6 +47,24 @@ def vote_noise_note(num_teachers: int, num_classes: int, *, distribution: str, s
     if threshold is not None:
         note += f", and {answered:.0%} of the queries would pass the threshold T = {threshold:g}"
     if right < WARN_BELOW or answered < 0.5:
-        warnings.warn(f"{note}. The noise was set for another number of teachers: lower {option} (and pay for it "
-                      "in epsilon per query) or use more teachers.", VoteNoiseWarning, stacklevel=3)
+        fitted = scale_for_accuracy(num_teachers, num_classes, distribution=distribution, target=0.9)
+        note += (f"; a {kind} of {fitted:.3g} would make it 90 % (each query then costs more epsilon: "
+                 "--dry-run shows how many fit)")
+        warnings.warn(f"{note}. The noise was set for another number of teachers: lower {option} or use more "
+                      "teachers.", VoteNoiseWarning, stacklevel=3)
     return note
+
+
+def scale_for_accuracy(num_teachers: int, num_classes: int, *, distribution: str, target: float) -> float:
+    """The largest noise scale (to 2 %) at which a unanimous vote of `num_teachers` still gives the right label with
+    probability `target`: the noise a run with this many teachers could afford (bisection on the Monte-Carlo
+    estimate above; accuracy falls as the scale grows)."""
+    low, high = 1e-3 * num_teachers, 10.0 * num_teachers
+    while high / low > 1.02:
+        mid = (low * high) ** 0.5
+        if unanimous_label_accuracy(num_teachers, num_classes, distribution=distribution, scale=mid,
+                                    draws=4000)[0] >= target:
+            low = mid
+        else:
+            high = mid
+    return low
