@@ -230,16 +230,16 @@ class SRRMethod(Method):
         if generator_loss != "srr":
             raise ConfigError("srr_generator.loss must be 'srr' (the paper's BN-statistics loss), "
                               f"got {generator_loss!r}")
-        total, num_classes = cfg.num_samples or len(ctx.data.train), ctx.data.num_classes
-        if cfg.setting == "label-dp" and total > len(ctx.data.train):
-            raise ConfigError(f"label-dp: num_samples {total} exceeds the {len(ctx.data.train)} private records "
-                              "(each record's label may be released once)")
+        total, num_classes, records = cfg.num_samples or len(ctx.data.train), ctx.data.num_classes, len(ctx.data.train)
+        capped = cfg.setting == "label-dp" and total > records  # e.g. the preset's 60,000 (all of MNIST) on less data
+        total = records if capped else total
         epsilon = epsilon_per_label(cfg, ctx.budget, total, num_classes)
         schedule = StageSchedule.of(cfg, total)
         events = [label_event(cfg, n, num_classes, epsilon) for n in schedule.sizes]
-        notes = [] if ctx.budget.accounting == "paper" else [
+        notes = [f"label-dp: num_samples {cfg.num_samples} > the {records} private records: all of them, one label "
+                 "each"] * capped + ([] if ctx.budget.accounting == "paper" else [
             f"epsilon per label {epsilon:.6g}: the largest whose strict epsilon for all {total} labels fits the "
-            f"target {ctx.budget.epsilon:g}"]
+            f"target {ctx.budget.epsilon:g}"])
         threshold = cfg.threshold if cfg.threshold is not None else 1.0 / (2 * num_classes)
         return Plan(remaining=[event for i, event in enumerate(events) if stage_key(i) not in recorded], notes=notes,
                     details={"epsilon_per_label": epsilon, "num_labels": total, "threshold": threshold,
