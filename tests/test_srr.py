@@ -190,7 +190,7 @@ def test_budget_refuses_before_training(tiny_npz, tmp_path, cache):
     # label-DP draws one label per private record: a preset's larger num_samples (60,000: all of MNIST) means all
     capped = run_srr(request(tiny_npz, tmp_path / "c", "srr.setting=label-dp", "srr.num_samples=100000",
                              "budget.epsilon=10", "srr.stages=1", "srr.student_model=small-cnn")).summary
-    assert capped["num_labels"] == 270 and any("all of them" in n for n in capped["plan_notes"])
+    assert capped["num_labels"] == 300 and any("all of them" in n for n in capped["plan_notes"])
 
 
 class _Interrupt(Exception):
