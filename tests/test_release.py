@@ -93,3 +93,14 @@ def test_preprocess_accepts_the_usual_layouts():
     assert release.preprocess(torch.zeros(2, 3, 4, 4, dtype=torch.uint8)).min() == -1
     with pytest.raises(ValueError, match="do not fit"):
         release.preprocess(np.zeros((2, 5, 5, 3), dtype=np.uint8))
+
+
+def test_weights_that_do_not_fit_their_architecture_are_a_clear_error(tmp_path):
+    from privdistill.engine.run import RunDir
+    from privdistill.models import create_model
+
+    run = RunDir(tmp_path)
+    run.save_weights("model", create_model("small-cnn", in_channels=1, num_classes=10, image_size=28))
+    wrong = create_model("paper-cnn", in_channels=1, num_classes=10, image_size=28)
+    with pytest.raises(RunError, match="do not fit the architecture"):
+        run.load_weights("model", wrong)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from privdistill import __version__
+from privdistill.engine.run import RunDir
 from privdistill.errors import PrivacyError, RunError
 
 #: What every classifier here reads: images scaled from [0, 255] to [-1, 1] (data.dataset.to_float), NCHW.
@@ -118,12 +119,13 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                                "to export it anyway.")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise RunError(f"{out} exists and is not empty; choose a new directory or pass --overwrite")
+    source = RunDir(run)
+    meta = source.weights_metadata(weights.stem)
+    model = source.load_weights(weights.stem)  # the release must load: checked before anything is written
 
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    model, meta = _load_weights(weights)
-    _build(meta, model, weights)  # the release must load: check before anything is written
     classes = _classes(summary, meta)
     card_meta = {"privdistill_version": __version__, "method": str(summary.get("method")),
                  "dataset": str(summary.get("dataset")), "dp_as_a_whole": json.dumps(is_dp),
@@ -133,7 +135,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                                                               "training set"),
                  "preprocessing": json.dumps(PREPROCESSING), "classes": json.dumps(classes),
                  "test_accuracy": json.dumps(summary.get("test_accuracy"))}
-    _save(model, partial / "model.safetensors", {**meta, **card_meta})
+    RunDir(partial).save_weights("model", model, metadata={**meta, **card_meta})
     if generator:
         shutil.copy2(gen_path, partial / "generator.safetensors")
     if privacy:
@@ -150,38 +152,6 @@ def _read_json(path: Path, missing: str) -> dict[str, Any]:
     if not path.is_file():
         raise RunError(missing)
     return json.loads(path.read_text())
-
-
-def _load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = dict(f.metadata() or {})
-    if not meta.get("registry_name"):
-        raise RunError(f"{path} does not name its architecture (registry_name): it cannot be exported")
-    return load_file(str(path)), meta
-
-
-def _build(meta: dict[str, str], state: dict[str, torch.Tensor], where: Path, device: str = "cpu") -> nn.Module:
-    """The registry's architecture with these weights (a clear error if they do not fit it)."""
-    from privdistill.models import create_model
-
-    kwargs = json.loads(meta.get("registry_kwargs", "{}"))
-    model = create_model(meta["registry_name"], **kwargs)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
-        raise RunError(f"{where}: the weights do not fit the architecture {meta['registry_name']!r} of this "
-                       f"privdistill version ({first}); were they made by another version?") from None
-    return model.to(device)
-
-
-def _save(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    from safetensors.torch import save_file
-
-    save_file(state, str(path), metadata=metadata)
 
 
 def _classes(summary: dict[str, Any], meta: dict[str, str]) -> list[str]:
@@ -264,19 +234,14 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
 # -------------------------------------------------------------------------------------------------------- load
 def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Release:
     """Load an exported release (a directory from `export_run`, or its model.safetensors)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     path = Path(path)
-    weights = path / "model.safetensors" if path.is_dir() else path
-    if not weights.is_file():
+    directory, name = (path, "model") if path.is_dir() else (path.parent, path.stem)
+    if not (directory / f"{name}.safetensors").is_file():
         raise RunError(f"{path} is not a privdistill release (no model.safetensors)")
-    with safe_open(str(weights), framework="pt") as f:
-        meta = dict(f.metadata() or {})
-    if not meta.get("registry_name"):
-        raise RunError(f"{weights} does not name its architecture: not a privdistill release")
+    release = RunDir(directory)
+    meta = release.weights_metadata(name)
     kwargs = json.loads(meta.get("registry_kwargs", "{}"))
-    model = _build(meta, load_file(str(weights), device=str(device)), weights, device=str(device)).eval()
+    model = release.load_weights(name, device=device).eval()
     classes = json.loads(meta["classes"]) if "classes" in meta else [str(i) for i in range(kwargs["num_classes"])]
     card = {k: (json.loads(v) if k in ("dp_as_a_whole", "epsilon_strict", "epsilon_paper", "delta", "preprocessing",
                                        "classes", "test_accuracy") else v) for k, v in meta.items()}

@@ -165,8 +165,8 @@ _SHARED = (("dataset", Dataset, "mnist"), ("preset", Preset, "quick"), ("config"
            ("set_", Overrides, None), ("run_dir", RunDirOpt, None), ("resume", Resume, False),
            ("record", Record, False), ("seed", Seed, None), ("device", Device, None), ("precision", Precision, None),
            ("data_root", DataRoot, None), ("no_progress", NoProgress, False))
-_BUDGET = (("dry_run", DryRun, False), ("epsilon", Epsilon, None), ("delta", Delta, None),
-           ("max_epsilon", MaxEpsilon, None), ("accounting", BudgetAccounting, None), ("privacy", BudgetPrivacy, None))
+_BUDGET = (("epsilon", Epsilon, None), ("delta", Delta, None), ("max_epsilon", MaxEpsilon, None),
+           ("accounting", BudgetAccounting, None), ("privacy", BudgetPrivacy, None))
 
 
 def run_command(func: Callable[..., Any], *, budget: bool = False, section: str | None = None,
@@ -177,7 +177,8 @@ def run_command(func: Callable[..., Any], *, budget: bool = False, section: str 
     With `budget`, also the budget options; with `section`, `--variant` (<section>.variant); with `cache`,
     `--no-cache` (`run.no_cache`)."""
     own = inspect.signature(func, eval_str=True)  # the command's own options, annotations evaluated
-    added = _SHARED + (_BUDGET if budget else ()) + ((("variant", Variant, None),) if section else ()) + (
+    budget_options = (("dry_run", DryRun, False),) + _BUDGET
+    added = _SHARED + (budget_options if budget else ()) + ((("variant", Variant, None),) if section else ()) + (
         (("no_cache", NoCache, False),) if cache else ())
     params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
               for name, annotation, default in added]
@@ -188,7 +189,7 @@ def run_command(func: Callable[..., Any], *, budget: bool = False, section: str 
         run = RunArgs(**{name: kwargs.pop(name) for name, _, _ in _SHARED})
         if budget:
             run.dry_run = kwargs.pop("dry_run")
-            run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET if name != "dry_run"})
+            run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET})
         if section:
             run.method = section_overrides(section, variant=kwargs.pop("variant"))
         if cache:

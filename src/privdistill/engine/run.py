@@ -194,23 +194,36 @@ class RunDir:
     def has_weights(self, name: str) -> bool:
         return (self.path / f"{name}.safetensors").is_file()
 
-    def load_weights(self, name: str, module: nn.Module | None = None, device: str | torch.device = "cpu") -> nn.Module:
-        """Load weights into `module`, or rebuild the module from the registry metadata stored with them."""
+    def weights_metadata(self, name: str) -> dict[str, str]:
+        """The metadata stored with `name`.safetensors (the registry name and arguments, and what else was saved)."""
         from safetensors import safe_open
-        from safetensors.torch import load_file
 
         path = self.path / f"{name}.safetensors"
         if not path.is_file():
             raise RunError(f"{path} not found: the run did not finish this stage")
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+
+    def load_weights(self, name: str, module: nn.Module | None = None, device: str | torch.device = "cpu") -> nn.Module:
+        """Load weights into `module`, or rebuild the module from the registry metadata stored with them. Weights
+        that do not fit the module (e.g. saved by another version of an architecture) are a RunError."""
+        from safetensors.torch import load_file
+
+        path = self.path / f"{name}.safetensors"
+        meta = self.weights_metadata(name)
         if module is None:
             from privdistill.models import create_model
 
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
             if not meta.get("registry_name"):
                 raise RunError(f"{path} carries no model name; pass the module to load it into")
             module = create_model(meta["registry_name"], **json.loads(meta.get("registry_kwargs", "{}")))
-        module.load_state_dict(load_file(str(path), device=str(device)))
+        try:
+            module.load_state_dict(load_file(str(path), device=str(device)))
+        except RuntimeError as err:
+            lines = str(err).splitlines()
+            raise RunError(f"{path}: the weights do not fit the architecture {meta.get('registry_name') or 'given'} "
+                           f"({lines[1].strip() if len(lines) > 1 else lines[0]}); were they made by another "
+                           "version of privdistill?") from None
         return module.to(device)
 
     # ------------------------------------------------------------------------------------ checkpoints

@@ -172,8 +172,8 @@ def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bo
     digest = ledger.spend(SOURCE_KEY, event, train)  # recorded once trained; a resumed run gets the digest back
     from privdistill.engine.run import RunDir
 
-    model = RunDir(run_dir).load_weights("model").eval()
-    summary = RunDir(run_dir).summary()
+    source = RunDir(run_dir)
+    model, summary = source.load_weights("model").eval(), source.summary()
     ref: dict[str, Any] = {"run_dir": str(run_dir), "weights": str(digest), "epsilon_strict": summary["epsilon_strict"],
                            "delta": event.delta, "test_accuracy": summary["test_accuracy"]}
     return model, str(digest), ref

@@ -99,7 +99,7 @@ class SecureNoise:
         uniform member (OpenDP's RR with keep probability 1/k, from any member, is exactly that)."""
         rows = in_set.cpu()
         out = []
-        for i, (members_mask, y, p) in enumerate(zip(rows, labels.cpu().tolist(), keep.cpu().tolist())):
+        for members_mask, y, p in zip(rows, labels.cpu().tolist(), keep.cpu().tolist()):
             members = tuple(int(c) for c in torch.nonzero(members_mask).flatten())
             if len(members) == 1:
                 out.append(members[0])
