@@ -91,7 +91,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                generator: bool = False, overwrite: bool = False) -> Path:
     """Write the releasable part of a finished run to `out` (see the module docstring); returns `out`."""
     from privdistill.methods.runner import generator_is_covered
-    from privdistill.privacy.report import guarantee
+    from privdistill.privacy.report import guarantee, is_label_dp
 
     run, out = Path(run_dir), Path(out)
     summary = _read_json(run / "summary.json", f"{run} has no summary.json: only a finished run can be exported")
@@ -101,8 +101,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
     if weights is None:
         raise RunError(f"{run} holds no released classifier (student.safetensors or model.safetensors)")
     is_dp, sentence = guarantee(summary)
-    label_dp = "label-DP" in sentence
-    if not (is_dp or label_dp):
+    if not (is_dp or is_label_dp(summary)):
         if not allow_non_private:
             raise PrivacyError(f"refusing to export {run}, whose released model is {sentence} "
                                "Pass --allow-non-private (Python: allow_non_private=True) to export it anyway; its "
@@ -165,7 +164,7 @@ def _classes(summary: dict[str, Any], meta: dict[str, str]) -> list[str]:
 def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, is_dp: bool, classes: list[str],
                meta: dict[str, str], *, generator: bool = False) -> str:
     """The model card, in the Hugging Face README.md format (YAML front matter, then markdown)."""
-    from privdistill.privacy.report import _fmt
+    from privdistill.privacy.report import _fmt, is_label_dp
 
     method, dataset = summary.get("method"), summary.get("dataset")
     kwargs = json.loads(meta.get("registry_kwargs", "{}"))
@@ -177,8 +176,7 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
              "model-index:", f"- name: {method}-{dataset}", "  results:",
              "  - task: {type: image-classification}", f"    dataset: {{name: {dataset}, type: {dataset}}}",
              "    metrics:", f"    - {{type: accuracy, value: {acc}}}", "---", ""]
-    title = "differentially private" if is_dp else ("label-DP" if "label-DP" in sentence else "NOT differentially "
-                                                                                            "private")
+    title = "differentially private" if is_dp else "label-DP" if is_label_dp(summary) else "NOT differentially private"
     lines = [f"# {meta.get('registry_name')} on {dataset}, trained by {method} ({title})", "",
              f"**Privacy: {sentence}**", ""]
     if summary.get("noise_secure") is False:

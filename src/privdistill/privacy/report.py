@@ -168,6 +168,13 @@ def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
     ]}
 
 
+def is_label_dp(summary: Mapping[str, Any]) -> bool:
+    """Whether a run's ε is label-DP (it protects the labels only): its neighbouring relation says so."""
+    strict = summary.get("epsilon_strict")
+    finite = strict not in (None, "inf") and not (isinstance(strict, float) and math.isinf(strict))
+    return finite and "label" in str(summary.get("relation") or "")
+
+
 def guarantee(summary: Mapping[str, Any]) -> tuple[bool, str]:
     """(whether the released model is DP as a whole, one sentence in words saying so) from a run's summary: the
     headline the console, the report and the model card put above any ε. "As a whole" means every pathway from
@@ -179,7 +186,7 @@ def guarantee(summary: Mapping[str, Any]) -> tuple[bool, str]:
     not_covered = list(summary.get("not_covered") or [])
     relation = str(summary.get("relation") or "replace-one")
     finite = strict not in (None, "inf") and not (isinstance(strict, float) and math.isinf(strict))
-    if "label" in relation and finite:  # a label-DP release covers the labels by design, never the images
+    if is_label_dp(summary):  # a label-DP release covers the labels by design, never the images
         return False, (f"label-DP only, not DP as a whole: ({_fmt(strict)}, {_fmt(delta)})-label-DP (strict "
                        "accounting) protects the labels of the private training set; its images are used "
                        "without noise.")
