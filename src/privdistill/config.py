@@ -313,6 +313,23 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
     return {name: build_section(cls, merged[name], name) for name, cls in sections.items()}
 
 
+def chosen_values(*, preset: str, dataset: str | None = None, config_file: str | Path | None = None,
+                  overrides: list[str] | dict | None = None) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """(the preset's own values by section, the "section.key"s chosen for this run): chosen are those the
+    preset's `by_dataset` block, the user's --config file or --set gives. methods/sizing.py fits only the
+    others to the data: a value someone chose is never changed behind their back."""
+    base = load_preset(preset)
+    layers = _layers(base, dataset, load_yaml_file(config_file), normalize_overrides(overrides))
+    chosen = {f"{section}.{key}" for layer in layers[1:] for section, block in layer.items()
+              if section != "by_dataset" and isinstance(block, dict) for key in block}
+    own: dict[str, dict[str, Any]] = {}
+    for layer in layers[:2]:  # the preset and its block for this dataset: what the preset's values were set for
+        for section, block in layer.items():
+            if section != "by_dataset" and isinstance(block, dict):
+                own.setdefault(section, {}).update(block)
+    return own, chosen
+
+
 def _check_user_sections(user: dict[str, Any], sections: dict[str, type], base: dict[str, Any],
                          config_file: str | Path | None) -> None:
     """A --config file may carry sections for other commands (the preset `base` does), but a section no

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privdistill.config import RunOptions, keyed_config, resolve_sections
+from privdistill.config import RunOptions, chosen_values, keyed_config, resolve_sections
 from privdistill.data import DataSplits, canonical_name, dataset_slug, load_data
 from privdistill.engine import Env, RunDir, record_result
 from privdistill.engine.run import lock_run_dir, unlock_run_dir
 from privdistill.errors import RunError
+from privdistill.methods.sizing import fit_to_data
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Prepared:
     data: DataSplits
     dataset: str
     started: float
+    notes: list[str] = field(default_factory=list)  # what was fitted to the data (methods/sizing.py)
 
 
 def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> Prepared:
@@ -51,13 +53,18 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     options: RunOptions = resolved["run"]
     env = Env.from_options(options)
     data = load_data(dataset, options.data_root, seed=options.seed)
+    # the preset's sizes and vote noise refitted to this dataset's N before anything is keyed or planned
+    preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
+                                          overrides=request.overrides)
+    resolved, notes = fit_to_data(resolved, data, preset_values=preset_values, chosen=chosen)
     config = {"method": method, "dataset": dataset, "preset": request.preset,
               **{name: keyed_config(section) for name, section in resolved.items()}}
     run_dir = request.run_dir or str(
         Path(options.runs_dir) / f"{method}-{dataset_slug(dataset)}-{time.strftime('%Y%m%d-%H%M%S')}")
     lock_run_dir(run_dir)  # held until finish_run: a second process on this directory is refused
     run = RunDir.open(run_dir, config=config, resume=request.resume)
-    return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter())
+    return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter(),
+                    notes=notes)
 
 
 BUDGET_KEYWORDS = ("epsilon", "max_epsilon", "delta", "accounting", "privacy")

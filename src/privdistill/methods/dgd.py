@@ -244,8 +244,7 @@ def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None) -> i
     n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
                                 accounting=budget.accounting, fixed=fixed)
     if n < 1:
-        raise ConfigError(f"ε = {budget.epsilon} at δ = {budget.delta} allows no query under the {budget.accounting} "
-                          "accounting with this noise; raise ε or the noise scale")
+        raise ConfigError(calibration.no_query_fits(vote_event(cfg, 1), budget, cfg.aggregation, fixed=fixed))
     return n
 
 

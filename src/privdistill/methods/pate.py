@@ -129,8 +129,7 @@ def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, 
         n = calibration.max_queries(query_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
                                     accounting=budget.accounting)
         if n < 1:
-            raise ConfigError(f"ε = {budget.epsilon} at δ = {budget.delta:g} allows no {cfg.aggregation} query under "
-                              f"the {budget.accounting} accounting with this noise; raise ε or the noise")
+            raise ConfigError(calibration.no_query_fits(query_event(cfg, 1), budget, cfg.aggregation))
     if n > available:
         notes.append(f"{n} queries allowed/asked but the public slice has {available} images: all of them are queried "
                      "(ε below the target)")

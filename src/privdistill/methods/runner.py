@@ -239,6 +239,7 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
     if budget.privacy == "end-to-end":
         method.check_end_to_end(ctx)
     plan = method.plan(ctx, LedgerView.read(prep.run.path))
+    plan.notes[:0] = prep.notes  # what was fitted to the data comes first
     ledger = (PrivacyLedger(prep.run.path, max_epsilon=budget.limit, accounting=budget.accounting,
                             delta=budget.delta) if method.uses_ledger else None)
     if ledger is not None:

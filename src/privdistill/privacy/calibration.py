@@ -73,6 +73,16 @@ def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accou
     return lo
 
 
+def no_query_fits(event: PrivacyEvent, budget, aggregation: str, fixed: Sequence[PrivacyEvent] = ()) -> str:
+    """Why a vote plan has no query (max_queries returned 0), with the ε one query costs and the ways out."""
+    one = _eps(list(fixed) + [event.with_count(1)], budget.delta, budget.accounting)
+    noise = getattr(event, event.noise_field)
+    return (f"ε = {budget.epsilon:g} at δ = {budget.delta:g} allows no {aggregation} query under the "
+            f"{budget.accounting} accounting: one query with noise {noise:g} costs ε = {one:.3g}. Raise --epsilon to "
+            f"at least {one:.3g}, raise the vote noise (each label is then wrong more often: --dry-run prints by "
+            "how much), or bring more data (more teachers outvote more noise)")
+
+
 def max_queries(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
                 fixed: Sequence[PrivacyEvent] = ()) -> int:
     """Most noisy-argmax queries (or labels) that fit; see :func:`max_count`."""

@@ -1,0 +1,132 @@
+"""Presets that fit the data: the sizes and vote noise a preset sets for MNIST, refitted to a run's dataset.
+
+The presets are written for the built-in datasets (60,000 records, 250 teachers). On a dataset of one's own with
+1,500 records the same numbers give teachers with 6 records each, a vote noise that drowns a 15-teacher vote,
+60,000 synthetic labels composed under a strict ε, and a baseline trained for 47 steps. `fit_to_data` refits
+those values, before anything is planned or trained, by four stated rules:
+
+  teachers          at most N_private / MIN_PARTITION teachers (so that each is trained on >= 100 records),
+                    and a batch no larger than the smallest partition;
+  vote noise        LNMax/GNMax noise is in vote units, set for the preset's number of teachers (b = 40 for
+                    250): with fewer teachers it is lowered to the largest noise at which a unanimous vote is
+                    still right 90 % of the time (privacy/vote_noise.py), and Confident-GNMax's threshold test
+                    is scaled by (teachers / preset's teachers). Each answer then costs more ε, so the plan's
+                    query count, derived from --epsilon, is smaller: the plan prints both;
+  synthetic labels  SRR draws at most N labels (the paper's 60,000 = MNIST's N);
+  short training    a classifier trained on the private data (the baseline, SRR's teacher, DP-SGD's network) gets
+                    at least MIN_STEPS optimiser steps: on 1,500 records DP-SGD's 3 epochs are 18 steps, which
+                    learn nothing at any ε (11 % at ε = 10), against 84 % with 600 steps (docs/results.md).
+
+A value chosen for the run (the preset's own `by_dataset` block, --config, --set) is never changed: only the
+preset's general values are. On the built-in datasets every rule is a no-op (tested), so the papers' numbers
+and the cached stages stay as they were. Every change is a line of the plan's notes, printed by --dry-run and
+kept in summary.json. Nothing here reads a record's content: only N, which the release discloses anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from privdistill.data.dataset import DataSplits
+from privdistill.engine.holdout import holdout_size
+from privdistill.privacy.vote_noise import scale_for_accuracy
+
+MIN_PARTITION = 100  # records per teacher: below ~100 records of 10 classes a small CNN is barely better than chance
+MIN_STEPS = 500  # optimiser steps of a classifier trained on the private data (MNIST's quick baseline: 1,875)
+
+# the vote-noise options each aggregator reads, with the noise they are the scale of ("votes": Confident-GNMax's
+# threshold test, a share of the teachers)
+VOTE_NOISE = {("dgd", "laplace"): {"laplace_scale": "laplace"},
+              ("dgd", "gaussian"): {"gaussian_sigma": "gaussian"},
+              ("pate", "lnmax"): {"laplace_scale": "laplace"},
+              ("pate", "gnmax"): {"sigma": "gaussian"},
+              ("pate", "confident-gnmax"): {"sigma2": "gaussian", "threshold": "votes", "sigma1": "votes"}}
+UNANIMOUS_ACCURACY = 0.9  # what the refitted vote noise leaves of a unanimous vote (privacy/vote_noise.py)
+# the teacher ensemble each vote section counts
+ENSEMBLE_OF = {"dgd": "teachers", "pate": "teachers"}
+# classifiers trained on the private data (DP-SGD's σ is calibrated for its number of steps afterwards)
+PRIVATE_CLASSIFIERS = ("baseline", "srr_teacher", "dpsgd")
+
+
+def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: dict[str, dict[str, Any]],
+                chosen: set[str]) -> tuple[dict[str, Any], list[str]]:
+    """(the sections with the preset's values fitted to `data`, one note per change)."""
+    fitted = dict(sections)
+    notes: list[str] = []
+    n = len(data.train)
+
+    def change(section: str, key: str, value: Any, why: str) -> None:
+        old = getattr(fitted[section], key)
+        if value == old:
+            return
+        fitted[section] = dataclasses.replace(fitted[section], **{key: value})
+        notes.append(f"sized to the data: {section}.{key} {_show(old)} -> {_show(value)}: {why}")
+
+    def free(section: str, key: str) -> bool:
+        return section in fitted and f"{section}.{key}" not in chosen
+
+    for section in ("teachers", "dpdfd_teachers"):
+        if section not in fitted:
+            continue
+        records = _private_records(fitted, n)
+        if free(section, "num_teachers") and records // MIN_PARTITION < fitted[section].num_teachers:
+            change(section, "num_teachers", max(1, records // MIN_PARTITION),
+                   f"at least {MIN_PARTITION} of the {records:,} private records for each teacher")
+        smallest = records // fitted[section].num_teachers
+        if free(section, "batch_size") and 0 < smallest < fitted[section].batch_size:
+            change(section, "batch_size", smallest, "no larger than the smallest partition")
+
+    for section in ("dgd", "pate"):
+        ensemble = ENSEMBLE_OF[section]
+        if section not in fitted or ensemble not in fitted:
+            continue
+        keys = VOTE_NOISE.get((section, fitted[section].aggregation), {})
+        count = fitted[ensemble].num_teachers
+        set_for = int(preset_values.get(ensemble, {}).get("num_teachers", count))
+        if count >= set_for:
+            continue
+        for key, distribution in keys.items():
+            if not free(section, key):
+                continue
+            old = getattr(fitted[section], key)
+            if distribution == "votes":  # a threshold on the vote count, and the noise of that check
+                value = float(f"{old * count / set_for:.4g}")
+                why = f"a share of the teachers, set for {set_for}; this run has {count}"
+            else:
+                fits = scale_for_accuracy(count, data.num_classes, distribution=distribution,
+                                          target=UNANIMOUS_ACCURACY)
+                value = min(old, float(f"{fits:.3g}"))
+                why = (f"set for {set_for} teachers; with {count}, the most noise that leaves a unanimous vote right "
+                       f"{UNANIMOUS_ACCURACY:.0%} of the time")
+            change(section, key, value, why)
+
+    if free("srr", "num_samples") and fitted["srr"].num_samples > n:
+        change("srr", "num_samples", n, "at most N labels, as the paper's 60,000 for MNIST's 60,000 records")
+
+    for section in PRIVATE_CLASSIFIERS:
+        cfg = fitted.get(section)
+        if cfg is None or getattr(cfg, "steps", 0) > 0 or not free(section, "epochs"):
+            continue
+        if cfg.epochs * n / cfg.batch_size < MIN_STEPS:
+            why = f"at least {MIN_STEPS} optimiser steps" + (", σ calibrated for them" if section == "dpsgd" else "")
+            change(section, "epochs", type(cfg.epochs)(math.ceil(MIN_STEPS * cfg.batch_size / n)), why)
+    if notes:
+        notes.insert(0, f"sized to the data: the preset is written for 60,000 records, this training set has {n:,}; "
+                        "the values below were refitted (a value given with --set or --config never is)")
+    return fitted, notes
+
+
+def _private_records(sections: dict[str, Any], n: int) -> int:
+    """Records the teachers are partitioned over: the training set less PATE's public slice, or DGD's (Fig. 7)."""
+    if "pate" in sections:
+        return n - holdout_size(sections["pate"].holdout, n)
+    dgd = sections.get("dgd")
+    if dgd is not None and dgd.inputs == "private-holdout":
+        return n - holdout_size(dgd.holdout, n)
+    return n
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
