@@ -79,3 +79,9 @@ def test_dry_run_prices_the_plan_and_trains_nothing(tiny_npz, tmp_path, monkeypa
     assert "Dry run of pate" in text and "would spend: GNMax" in text and "strict" in text
     assert "vote noise" in text and "5 teachers" in text, "what the noise leaves of the vote, before training"
     assert not (tmp_path / "runs").exists(), "no run directory, nothing trained"
+
+
+def test_budget_options_show_their_defaults():
+    """Issue 27: `[default: strict]` was written in the help text but read by rich as markup and dropped."""
+    result = runner.invoke(get_app(), ["dgd", "--help"], env={"COLUMNS": "200"})
+    assert "[default: strict]" in result.output and "[default: method]" in result.output

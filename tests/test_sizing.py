@@ -17,7 +17,7 @@ from privdistill.methods.dpsgd import DPSGDMethod
 from privdistill.methods.pate import PATEMethod
 from privdistill.methods.runner import Budget
 from privdistill.methods.sizing import MIN_PARTITION, MIN_STEPS, UNANIMOUS_ACCURACY, fit_to_data
-from privdistill.methods.srr import SRRMethod
+from privdistill.methods.srr import SRRMethod, StageSchedule
 from privdistill.privacy.vote_noise import unanimous_label_accuracy
 
 METHODS = {"dgd": DGDMethod, "pate": PATEMethod, "srr": SRRMethod, "dpdfd": DPDFDMethod, "dpsgd": DPSGDMethod}
@@ -84,6 +84,8 @@ def test_srr_draws_at_most_one_label_per_record():
     sections, notes = fitted("srr", 1500)
     assert sections["srr"].num_samples == 1500
     assert sections["srr_teacher"].epochs * 1500 / sections["srr_teacher"].batch_size >= MIN_STEPS
+    # 20 stages of 75 labels at batch 128 were one student step per epoch: 80 steps in all
+    assert sum(StageSchedule.of(sections["srr"], 1500).steps) >= MIN_STEPS
 
 
 def test_dp_sgd_gets_enough_steps_for_its_noise_to_be_calibrated_on():
@@ -118,6 +120,7 @@ FEWER_ITERATIONS = {
             "student.eval_every=10", "teachers.steps=10"],
     "pate": ["teachers.steps=10", "pate_student.steps=10", "pate_student.eval_every=10"],
     "srr": ["srr_generator.rounds=1", "srr_generator.steps_per_round=5", "srr.stages=2", "srr.epochs_per_stage=1"],
+    "srr-label-dp": ["--setting", "label-dp", "srr.stages=2", "srr.epochs_per_stage=1"],
     "dpdfd": ["dpdfd.max_steps=10", "dpdfd_generator.rounds=1", "dpdfd_generator.steps_per_round=5",
               "dpdfd.eval_every=10"],
     "dpsgd": ["dpsgd.epochs=3"],
@@ -132,16 +135,16 @@ def test_a_small_npz_runs_every_method_with_the_default_preset(method, tmp_path,
     from privdistill.cli import get_app
 
     spec = f"npz:{_digits_npz(tmp_path / 'digits.npz')}?range=0,16"
-    sets = [arg for s in FEWER_ITERATIONS[method] for arg in ("--set", s)]
-    result = CliRunner().invoke(get_app(), [method, "-d", spec, "-e", "10", "--run-dir", str(tmp_path / "run"),
-                                      "--no-progress", *sets])
+    sets = [arg for s in FEWER_ITERATIONS[method] for arg in (("--set", s) if "=" in s else (s,))]
+    args = [method.split("-")[0], "-d", spec, "-e", "10", "--run-dir", str(tmp_path / "run"), "--no-progress"]
+    result = CliRunner().invoke(get_app(), args + sets)
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["accounting"] == "strict" and summary["epsilon_strict"] <= 10 + 1e-6
     notes = " ".join(summary["plan_notes"])
     if method in ("dgd", "pate"):
         assert "teachers.num_teachers 250 ->" in notes
-    if method == "srr":
+    if method.startswith("srr"):
         assert "srr.num_samples 60000 -> 600" in notes
     if method in ("dgd", "dpdfd"):  # the non-private baseline learnt the 0..16 data: it was read on its own scale
         assert summary["baseline_accuracy"] > 0.5

@@ -53,14 +53,15 @@ class Accounting(str, Enum):
 # The budget, the same for every private method (section `budget`, see methods/runner.py: Budget).
 Epsilon = Annotated[Optional[float], typer.Option(
     "--epsilon", "-e", help="target ε under --accounting (budget.epsilon): the method sizes its plan (queries, "
-                            "steps, noise, per-label ε) so that the run fits it [default: the preset's, if any]")]
+                            "steps, noise, per-label ε) so that the run fits it \\[default: none; without it, "
+                            "give the queries or steps]")]
 Delta = Annotated[Optional[float], typer.Option("--delta", help="δ (budget.delta, default 1e-5)")]
 MaxEpsilon = Annotated[Optional[float], typer.Option(
     "--max-epsilon", help="hard limit the privacy ledger enforces (budget.max_epsilon; default: the target)")]
 BudgetAccounting = Annotated[Optional[Accounting], typer.Option(
     "--accounting", help="what the target and the limit are measured in: strict (dp-accounting's (ε, δ) of every "
                          "recorded use of the private data; the run's privacy line says whether that covers the whole "
-                         "model) or paper (the paper's own formula, to reproduce it) [default: strict]")]
+                         "model) or paper (the paper's own formula, to reproduce it) \\[default: strict]")]
 
 
 class PrivacyScope(str, Enum):
@@ -71,7 +72,7 @@ class PrivacyScope(str, Enum):
 BudgetPrivacy = Annotated[Optional[PrivacyScope], typer.Option(
     "--privacy", help="method: the method as published (the privacy line says what ε covers); end-to-end: every "
                       "pathway to the released model priced within the target ε, e.g. a DP-SGD model in place of a "
-                      "non-private source (docs/privacy.md) [default: method]")]
+                      "non-private source (docs/privacy.md) \\[default: method]")]
 
 
 def budget_overrides(*, epsilon=None, delta=None, max_epsilon=None, accounting=None, privacy=None) -> dict[str, Any]:
