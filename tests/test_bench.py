@@ -250,12 +250,15 @@ def test_run_report_markdown_and_html(tmp_path):
                        extra={"dpsgd_accounting": accounting, "delta": 1e-5})
     run.write_summary(method="dpsgd", dataset="mnist", preset="quick", test_accuracy=0.95, epsilon_paper=1.0,
                       epsilon_strict=1.1, delta=1e-5, audit={"mia": {"attacks": {"loss": {
-                          "auc": 0.5, "tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.0, "balanced_accuracy": 0.51}}}})
+                          "auc": 0.5, "tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.0, "balanced_accuracy": 0.51}}}},
+                      plan_notes=["sized to the data: dpsgd.epochs 3 -> 86: at least 500 optimiser steps"])
     md = render(run.path, fmt="md").read_text()
     assert "epsilon_opacus_rdp" in md and "[covered    ]" in md and "| loss | 0.500 |" in md
+    assert "- sized to the data: dpsgd.epochs 3 -> 86" in md  # what the plan refitted, in the report
     assert "![Training curve](report-curve.png)" in md
     html = render(run.path, fmt="html").read_text()
     assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
+    assert "<li>sized to the data: dpsgd.epochs 3 -&gt; 86" in html
 
 
 def test_bench_without_a_subcommand_runs_the_matrix(tmp_path, monkeypatch):

@@ -118,10 +118,11 @@ def render(run_dir: str | Path, *, fmt: str = "md", output: str | Path | None = 
     audit = audit_rows(summary)
     inversion = (summary.get("audit") or {}).get("inversion")
     figures = [(run.path / f, caption) for f, caption in FIGURES if (run.path / f).is_file()]
+    notes = list(summary.get("plan_notes") or [])  # what was sized, calibrated or refitted before training
     if fmt == "md":
-        text = _markdown(title, rows, privacy, audit, inversion, figures, out.parent)
+        text = _markdown(title, rows, privacy, notes, audit, inversion, figures, out.parent)
     else:
-        text = _html(title, rows, privacy, audit, inversion, figures)
+        text = _html(title, rows, privacy, notes, audit, inversion, figures)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out
@@ -133,10 +134,15 @@ def _rel(path: Path, base: Path) -> str:
     return os.path.relpath(path.resolve(), base.resolve())
 
 
-def _markdown(title, rows, privacy, audit, inversion, figures, base: Path) -> str:
+PLAN = "The plan (sized, calibrated and checked before anything trained)"
+
+
+def _markdown(title, rows, privacy, notes, audit, inversion, figures, base: Path) -> str:
     md = [f"# {title}", "", "| | |", "| --- | --- |"]
     md += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
     md += ["", "## Privacy", "", "```", privacy.rstrip(), "```", ""]
+    if notes:
+        md += [f"## {PLAN}", ""] + [f"- {n}" for n in notes] + [""]
     if audit:
         md += ["## Membership inference (members: training data, non-members: test data)", "",
                "| attack | AUC [95% CI] | TPR @ 1% FPR | TPR @ 0.1% FPR | best balanced accuracy |",
@@ -154,7 +160,7 @@ def _markdown(title, rows, privacy, audit, inversion, figures, base: Path) -> st
     return "\n".join(md) + "\n"
 
 
-def _html(title, rows, privacy, audit, inversion, figures) -> str:
+def _html(title, rows, privacy, notes, audit, inversion, figures) -> str:
     esc = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto}td,th{border:1px solid #ccc;"
@@ -162,6 +168,8 @@ def _html(title, rows, privacy, audit, inversion, figures) -> str:
              "white-space:pre-wrap}</style></head><body>", f"<h1>{esc(title)}</h1><table>"]
     parts += [f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in rows]
     parts += ["</table><h2>Privacy</h2>", f"<pre>{esc(privacy)}</pre>"]
+    if notes:
+        parts.append(f"<h2>{esc(PLAN)}</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
     if audit:
         parts.append("<h2>Membership inference</h2><table><tr><th>attack</th><th>AUC [95% CI]</th><th>TPR @ 1% FPR</th>"
                      "<th>TPR @ 0.1% FPR</th><th>best balanced accuracy</th></tr>")
