@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import AUGMENTATIONS, ClassifierTraining
+from privdistill.config import AUGMENTATIONS
 from privdistill.data.dataset import to_float
 from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
@@ -171,7 +171,7 @@ class _Private:
 
 class DPSGDMethod(Method):
     name = "dpsgd"
-    sections = {"baseline": ClassifierTraining, "dpsgd": DPSGDConfig}
+    sections = {"dpsgd": DPSGDConfig}
     uses_ledger = False  # Opacus's accountant (its history of (σ, q, steps)) is the record, saved in checkpoints
     weights_name = "model"
 
