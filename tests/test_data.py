@@ -210,6 +210,13 @@ def test_npz_pixel_scale_is_never_guessed_when_ambiguous(tmp_path):
         load_data(f"npz:{tmp_path / 'digits.npz'}?range=0,8")
     with pytest.raises(DataError, match="LO,HI"):
         load_data(f"npz:{tmp_path / 'digits.npz'}?range=sixteen")
+    # arrays passed to fit(): the advice names fit's own option, not a file the user never wrote
+    from privdistill.data.custom import as_dataset_spec
+
+    with pytest.raises(DataError, match=r"fit\(images, labels, value_range=\(LO, HI\)\)"):
+        as_dataset_spec(x, np.arange(40) % 4)
+    spec = as_dataset_spec(x, np.arange(40) % 4, value_range=(0, 16))
+    assert int(load_data(spec).train.images.max()) == 255
     bright = rng.integers(0, 256, size=(40, 8, 8)).astype(np.int64)  # 0..255 in int64: unambiguous, as before
     np.savez(tmp_path / "bright.npz", x=bright, y=np.arange(40) % 4)
     assert int(load_data(f"npz:{tmp_path / 'bright.npz'}").train.images.max()) > 200

@@ -96,3 +96,16 @@ def test_secure_mode_draws_every_gradient_noise_from_opendp(tiny_npz, tmp_path, 
     sizes = [p.numel() for p in create_model("small-cnn", in_channels=1, num_classes=10, image_size=28).parameters()]
     steps = s["dpsgd_accounting"]["steps"]
     assert [n for _, n in secure_draws] == sizes * steps, "each parameter's noise, every step, from OpenDP"
+
+
+def test_python_api_takes_the_config_overlay_and_arrays(tiny_npz, tmp_path):
+    """DP-SGD is a method of the Python API like the others (issue 26), with --config's overlays (issue 27)."""
+    import numpy as np
+
+    from privdistill.methods import DPSGD
+
+    assert DPSGD(epsilon=1, config="scatternet").request("mnist").config_file == "scatternet"
+    arrays = np.load(tiny_npz)
+    result = DPSGD(overrides=TINY, run_dir=str(tmp_path / "api"), epochs=1).fit(arrays["x"], arrays["y"])
+    assert result.summary["method"] == "dpsgd" and result.summary["epochs"] == 1
+    assert result.summary["epsilon_paper"] <= 10 + 1e-9 and result.generator is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,7 @@ def load_image_folder(directory: str | Path, *, image_size: int | None = None, t
     return holdout_split(data, test_fraction, seed)
 
 
-def as_dataset_spec(data: Any, labels: Any = None) -> str:
+def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, float] | None = None) -> str:
     """A dataset given as data rather than by name, as the `npz:PATH` every command reads: arrays (`data` images
     N x H x W or N x C x H x W with `labels` N), a pair `(images, labels)`, or a torch Dataset of (image, label)
     items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and `npz:`/`folder:` strings pass through.
@@ -234,13 +235,21 @@ def as_dataset_spec(data: Any, labels: Any = None) -> str:
         raise DataError("fit(images) needs the labels too: fit(images, labels)")
     x = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
     y = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
-    digest = hashlib.sha256(x.tobytes() + str((x.dtype, x.shape)).encode() + y.tobytes()).hexdigest()[:16]
+    extra = {} if value_range is None else {"value_range": np.asarray(value_range, dtype=np.float64)}
+    digest = hashlib.sha256(x.tobytes() + str((x.dtype, x.shape, value_range)).encode() + y.tobytes()).hexdigest()[:16]
     path = default_cache_root().parent / "arrays" / f"arrays-{digest}.npz"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial.npz")
-        np.savez(partial, x=x, y=y)
+        np.savez(partial, x=x, y=y, **extra)
         os.replace(partial, path)
-    spec = f"npz:{path}"
-    load_npz(path)  # every check now, before any training
-    return spec
+    try:
+        load_npz(path)  # every check now, before any training
+    except DataError as err:
+        if "range" not in str(err):
+            raise
+        # the npz's own advice (npz:PATH?range=...) names a file the user never wrote: say it for arrays
+        what = re.split(r",? (?:State it|or state the scale)", str(err).split(": ", 1)[-1])[0]
+        raise DataError(f"{what.rstrip('?')}? State the scale of the arrays: fit(images, labels, "
+                        "value_range=(LO, HI))") from None
+    return f"npz:{path}"

@@ -1,7 +1,8 @@
 """The methods, each a thin composition of engine stages, with one Python API shape:
 
-    from privdistill.methods import DGD, DPDFD, SRR
-    released = DGD(epsilon=10, queries=1300).fit("mnist")      # or DPDFD(teacher=model, epsilon=10), SRR(epsilon=1)
+    from privdistill.methods import DGD, DPDFD, DPSGD, PATE, SRR
+    released = DGD(epsilon=10, queries=1300).fit("mnist")      # or DPDFD(teacher=model, epsilon=10), SRR(epsilon=1),
+                                                               # DPSGD(epsilon=1, config="scatternet"), PATE(epsilon=10)
     released.student, released.generator, released.summary["epsilon_strict"], released.privacy  # a RunResult
 
 Loaded on first use (PEP 562), so importing one module of this package does not import every method.
@@ -9,9 +10,10 @@ Loaded on first use (PEP 562), so importing one module of this package does not 
 
 from importlib import import_module
 
-_EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "RunResult": "runner", "Released": "runner",
+_EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "DPSGD": "dpsgd", "PATE": "pate",
+            "RunResult": "runner", "Released": "runner",
             "RunRequest": "common", "Budget": "runner"}
-__all__ = ["DGD", "DPDFD", "SRR", "Budget", "Released", "RunRequest", "RunResult"]
+__all__ = ["DGD", "DPDFD", "DPSGD", "PATE", "SRR", "Budget", "Released", "RunRequest", "RunResult"]
 
 
 def __getattr__(name: str):

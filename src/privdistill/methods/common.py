@@ -74,36 +74,49 @@ class MethodAPI:
     """Shared shape of the methods' Python API: options in the constructor, the private data in `fit`.
 
     `dataset` is a name (mnist, fashion-mnist, cifar10, svhn) or a source string (`npz:PATH`, `folder:DIR`);
-    `overrides`: typed values by dotted key (`{"student.steps": 300}`), or `section.key=value` strings as on
-    the command line (`--set`); `epsilon`, `max_epsilon`, `delta` and `accounting` go to the `budget` section,
-    other keyword options to the method's section, typed as given."""
+    `config`: a YAML file or a packaged overlay name (`"scatternet"`), as `--config`; `overrides`: typed values by
+    dotted key (`{"student.steps": 300}`), or `section.key=value` strings as on the command line (`--set`);
+    `epsilon`, `max_epsilon`, `delta`, `accounting` and `privacy` go to the `budget` section, other keyword
+    options to the method's section, typed as given; `cache=False` trains every shared stage afresh."""
 
     section = ""  # the configuration section the keyword options go to
+    method: type = type(None)  # the runner's Method class (methods/runner.py)
 
-    def __init__(self, dataset: str | None = None, *, preset: str = "quick",
+    def __init__(self, dataset: str | None = None, *, preset: str = "quick", config: str | None = None,
                  overrides: list[str] | dict[str, Any] | None = None, run_dir: str | None = None,
-                 record: bool = False, **options: Any):
+                 record: bool = False, cache: bool = True, **options: Any):
         from privdistill.config import normalize_overrides
 
-        self.dataset, self.preset, self.run_dir, self.record = dataset, preset, run_dir, record
+        self.dataset, self.preset, self.config, self.run_dir, self.record = dataset, preset, config, run_dir, record
+        self.cache = cache
         self.overrides = {f"{section}.{key}": value for section, block in normalize_overrides(overrides).items()
                           for key, value in block.items()}
         # the budget keywords are the same for every method: they go to the `budget` section
         self.overrides.update({f"budget.{k}": options.pop(k) for k in BUDGET_KEYWORDS if options.get(k) is not None})
         self.overrides.update({f"{self.section}.{k}": v for k, v in options.items() if v is not None})
 
-    def request(self, data: Any = None, labels: Any = None) -> RunRequest:
+    def request(self, data: Any = None, labels: Any = None, value_range: tuple[float, float] | None = None
+                ) -> RunRequest:
         """`data`: a dataset name or source string, images with `labels` (numpy or torch), an (images, labels)
-        pair, or a torch Dataset of (image, label) items (data.custom.as_dataset_spec)."""
+        pair, or a torch Dataset of (image, label) items (data.custom.as_dataset_spec); `value_range`: the pixel
+        scale of such images when it is neither 0..255 nor 0..1 (e.g. (0, 16))."""
         from privdistill.data.custom import as_dataset_spec
         from privdistill.errors import ConfigError
 
-        dataset = as_dataset_spec(data, labels) or self.dataset
+        dataset = as_dataset_spec(data, labels, value_range=value_range) or self.dataset
         if not dataset:
             raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist'), fit('npz:PATH') "
                               "or fit(images, labels)")
-        return RunRequest(dataset=dataset, preset=self.preset, overrides=self.overrides, run_dir=self.run_dir,
-                          record=self.record)
+        return RunRequest(dataset=dataset, preset=self.preset, config_file=self.config, overrides=self.overrides,
+                          run_dir=self.run_dir, record=self.record)
+
+    def fit(self, data: Any = None, labels: Any = None, *, value_range: tuple[float, float] | None = None):
+        """Run the method on the private data (see `request`) -> RunResult(student, generator, summary, privacy)."""
+        return self.method().run(self.request(data, labels, value_range), cache=self.cache, **self.inputs())
+
+    def inputs(self) -> dict[str, Any]:
+        """What the method takes besides the request (DPDFD: the teacher)."""
+        return {}
 
 
 def finish_run(prep: Prepared, request: RunRequest, *, method: str, wall_seconds: float,

@@ -30,7 +30,7 @@ Readings of what the paper leaves open (each configurable):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -339,11 +339,4 @@ class DGD(MethodAPI):
     `variant=...`); anything else through `overrides={"student.steps": 300, ...}`.
     """
 
-    section = "dgd"
-
-    def __init__(self, dataset: str | None = None, *, cache: bool = True, **options: Any):
-        super().__init__(dataset, **options)
-        self.cache = cache
-
-    def fit(self, data: Any = None, labels: Any = None) -> RunResult:
-        return run_dgd(self.request(data, labels), cache=self.cache)
+    section, method = "dgd", DGDMethod

@@ -337,12 +337,12 @@ class DPDFD(MethodAPI):
     go to the `budget` section, others to `dpdfd` (`algorithm=2`, `max_steps=500`, ...). The dataset supplies the
     test set and the image shape (Alg. 1 and 2 never read its training images; Alg. 3 does)."""
 
-    section = "dpdfd"
+    section, method = "dpdfd", DPDFDMethod
 
     def __init__(self, dataset: str | None = None, *, teacher: nn.Module | str | Path | TeacherSpec | None = None,
-                 cache: bool = True, **options: Any):
+                 **options: Any):
         super().__init__(dataset, **options)  # epsilon, max_epsilon, delta, accounting: the budget section
-        self.teacher, self.cache = TeacherSpec.of(teacher), cache
+        self.teacher = TeacherSpec.of(teacher)
 
-    def fit(self, data: Any = None, labels: Any = None) -> RunResult:
-        return DPDFDMethod().run(self.request(data, labels), cache=self.cache, teacher=self.teacher)
+    def inputs(self) -> dict[str, Any]:
+        return {"teacher": self.teacher}

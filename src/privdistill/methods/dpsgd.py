@@ -47,7 +47,7 @@ from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import lr_factor, make_optimizer
 from privdistill.engine.trainer import accuracy
 from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
-from privdistill.methods.common import RunRequest
+from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.models.scatternet import ScatterNet
@@ -227,6 +227,13 @@ class DPSGDMethod(Method):
                     # the training loss is a statistic of the private batches, not covered by ε: it stays in the
                     # run's own log (metrics.jsonl, private) and is left out of the summary, which results/ publishes
                     "history": [{k: v for k, v in h.items() if k != "train_loss"} for h in history[-3:]]})
+
+
+class DPSGD(MethodAPI):
+    """`DPSGD(epsilon=1, config="scatternet").fit("mnist")` -> RunResult(student, None, summary, privacy): the
+    budget keywords go to the `budget` section, others to `dpsgd` (`epochs=10`, `secure_mode=True`, ...)."""
+
+    section, method = "dpsgd", DPSGDMethod
 
 
 def run_dpsgd(request: RunRequest) -> RunResult:

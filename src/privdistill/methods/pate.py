@@ -39,7 +39,7 @@ from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_t
 from privdistill.engine.holdout import holdout_split
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
 from privdistill.errors import ConfigError
-from privdistill.methods.common import RunRequest
+from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
@@ -213,6 +213,13 @@ class PATEMethod(Method):
                           "implemented)",
                           "epsilon_covers": f"the teacher-vote channel ({name}) for the private part (all but the "
                                             "held-out public slice)"})
+
+
+class PATE(MethodAPI):
+    """`PATE(epsilon=10, aggregation="confident-gnmax").fit("mnist")` -> RunResult(student, None, summary, privacy):
+    the budget keywords go to the `budget` section, others to `pate` (`queries`, `holdout`, `secure_noise`, ...)."""
+
+    section, method = "pate", PATEMethod
 
 
 def run_pate(request: RunRequest, *, cache: bool = True) -> RunResult:

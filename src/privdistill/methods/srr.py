@@ -335,14 +335,7 @@ class SRR(MethodAPI):
     anything else through `overrides=["srr_generator.rounds=32", ...]`.
     """
 
-    section = "srr"
-
-    def __init__(self, dataset: str | None = None, *, cache: bool = True, **options: Any):
-        super().__init__(dataset, **options)  # epsilon, max_epsilon, delta, accounting: the budget section
-        self.cache = cache
-
-    def fit(self, data: Any = None, labels: Any = None) -> RunResult:
-        return SRRMethod().run(self.request(data, labels), cache=self.cache)
+    section, method = "srr", SRRMethod
 
 
 def run_srr(request: RunRequest, *, cache: bool = True) -> RunResult:
