@@ -68,21 +68,26 @@ def training_curve(run: RunDir, out: Path) -> Path | None:
         unit = "step" if "step" in m else "epoch" if "epoch" in m else None
         if unit is None:
             continue
+        value = m[unit]
+        if m.get("stage") == "srr" and unit == "step":  # SRR logs one line per stage, numbered under `step`
+            unit = "SRR stage"
         units.add(unit)
         points.setdefault(f"{m.get('stage', 'train')} ({unit}s)", []).append(
-            (float(m[unit]), 100 * float(m["test_accuracy"])))
+            (float(value), 100 * float(m["test_accuracy"])))
     if not points:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for stage, pts in points.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=stage)
-    ax.set(xlabel=" / ".join(f"training {u}" for u in sorted(units)) + (" (see the legend)" if len(units) > 1 else ""),
-           ylabel="test accuracy %")
+    names = [u if u.startswith("SRR") else f"training {u}" for u in sorted(units)]
+    ax.set(xlabel=" / ".join(names) + (" (see the legend)" if len(units) > 1 else ""), ylabel="test accuracy %")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, epochs and stages are whole numbers
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
