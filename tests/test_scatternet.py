@@ -64,9 +64,29 @@ def test_scatternet_dpsgd_release_covers_the_model_and_reloads(tiny_npz, tmp_pat
     assert list((tmp_path / "cache").glob("features-*")) == stages
 
 
-def test_scatternet_refuses_augmentation(tiny_npz, tmp_path):
-    with pytest.raises(ConfigError, match="augment must be none"):
-        _run(tiny_npz, tmp_path, "aug", ["dpsgd.augment=shift"])
+def test_scatternet_augments_only_with_copies(tiny_npz, tmp_path):
+    """The features are computed once: augmentation means fixed copies averaged per example (multiplicity)."""
+    for bad in (["dpsgd.augment=shift"], ["dpsgd.augment_copies=3"],
+                ["dpsgd.augment_copies=3", "dpsgd.augment=shift", "dpsgd.model=scatter-cnn"]):
+        with pytest.raises(ConfigError, match="augment_copies"):
+            _run(tiny_npz, tmp_path, "aug", bad)
+
+
+def test_augmentation_multiplicity_averages_copies_at_the_same_privacy_cost(tiny_npz, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    one = _run(tiny_npz, tmp_path, "one")
+    three = _run(tiny_npz, tmp_path, "three", ["dpsgd.augment_copies=3", "dpsgd.augment=shift"])
+    # one clipped gradient per example either way: the same σ, sampling rate and steps, so the same ε
+    assert three["epsilon_strict"] == one["epsilon_strict"]
+    assert three["dpsgd_accounting"]["noise_multiplier"] == one["dpsgd_accounting"]["noise_multiplier"]
+    stages = {p.name: load_file(str(p / "features.safetensors")) for p in (tmp_path / "cache").glob("features-*")}
+    plain, copies = sorted(stages.values(), key=lambda f: f["train"].dim())
+    assert copies["train"].shape == (plain["train"].shape[0], 3, *plain["train"].shape[1:])
+    assert torch.equal(copies["train"][:, 0], plain["train"]), "copy 0 is the image as it is"
+    assert not torch.equal(copies["train"][:, 1], plain["train"]), "the others are shifted"
+    assert three["test_accuracy"] > 0.5
 
 
 def test_the_scatternet_overlay_sets_the_recipe(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, keyed_config
 from privdistill.data.dataset import DataSplits, to_float
 from privdistill.data.partition import partition_indices
+from privdistill.engine.augment import augment_batch
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, class_balance, generate, train_generator, warn_if_collapsed
@@ -44,12 +45,15 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-def fixed_features(model: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 1000) -> torch.Tensor:
-    """`model.scatter(images)` in batches, on the CPU (float32)."""
+def fixed_features(model: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 1000, augment: str = "none",
+                   stream: int = 0) -> torch.Tensor:
+    """`model.scatter(images)` in batches, on the CPU (float32); with `augment`, of augmented images drawn from a
+    fixed public seed (`stream`, the batch), not the run's: the cached features are the same for every run."""
     model.to(env.device)
     with torch.no_grad():
-        return torch.cat([model.scatter(env.place_batch(to_float(images[i:i + batch_size]))).float().cpu()
-                          for i in range(0, len(images), batch_size)])
+        return torch.cat([model.scatter(env.place_batch(augment_batch(
+            to_float(images[i:i + batch_size]), augment, torch.Generator().manual_seed(1_000_003 * stream + i))
+        )).float().cpu() for i in range(0, len(images), batch_size)])
 
 
 @dataclass
@@ -203,18 +207,23 @@ class Stages:
         stage = self._get("teachers", material, build)
         return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
 
-    def features(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    def features(self, model: nn.Module, augment: str = "none", copies: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """A fixed feature transform's output (a ScatterNet's `scatter`, named by its `transform_id`) on the train
         and test images: a public per-example function, computed once per dataset (about a minute for MNIST on 2
-        cores) and shared by every model with the same transform."""
+        cores) and shared by every model with the same transform. With `copies` > 1 the training features are
+        [N, copies, ...]: the images as they are, then `augment`ed copies (fixed public streams, one per copy)."""
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 
-            save_file({name: fixed_features(model, split.images, self.env) for name, split in
-                       (("train", self.data.train), ("test", self.data.test))}, str(run.path / "features.safetensors"))
-            return {"transform": model.transform_id}
+            train = [fixed_features(model, self.data.train.images, self.env, augment=augment if k else "none",
+                                    stream=k) for k in range(copies)]
+            save_file({"train": train[0] if copies == 1 else torch.stack(train, 1),
+                       "test": fixed_features(model, self.data.test.images, self.env)},
+                      str(run.path / "features.safetensors"))
+            return {"transform": model.transform_id, "augment": augment, "copies": copies}
 
-        material = {"data": self.fingerprint, "test": self.data.test.fingerprint(), "transform": model.transform_id}
+        material = {"data": self.fingerprint, "test": self.data.test.fingerprint(), "transform": model.transform_id,
+                    **({"augment": augment, "copies": copies} if copies > 1 else {})}  # (keys of one copy unchanged)
         stage = self._get("features", material, build)
         from safetensors.torch import load_file
 

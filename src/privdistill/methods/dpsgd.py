@@ -33,7 +33,7 @@ import math
 import secrets
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -73,10 +73,14 @@ class DPSGDConfig:
     momentum: float = 0.9
     lr_schedule: str = "constant"  # constant | linear | cosine (public schedule: no privacy cost)
     augment: str = "none"  # none | shift | flip-shift (per-example preprocessing: no privacy cost)
+    # scatter-linear: each example's gradient is the mean over this many copies (the first unaugmented, the others
+    # with `augment`, features computed once) before clipping: augmentation multiplicity (De et al. 2022)
+    augment_copies: int = 1
     grad_sample_mode: str = "hooks"
     noise_seed: int | None = None  # seed of the sampling and noise generators (default: the run seed)
     secure_mode: bool = False  # noise from OpenDP's samplers, batches from OS entropy (privacy.secure)
     variant: Optional[str] = None  # the label --record adds to the result's name
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment_copies",)  # runs started before it stay resumable
 
     def validate(self) -> None:
         if self.accountant not in OPACUS_ACCOUNTANTS:
@@ -89,9 +93,11 @@ class DPSGDConfig:
             raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
         if self.augment not in AUGMENTATIONS:
             raise ConfigError("dpsgd.augment must be none, shift or flip-shift")
-        if self.model.startswith("scatter-") and self.augment != "none":
-            raise ConfigError(f"dpsgd.model={self.model} trains on scattering features computed once: "
-                              "dpsgd.augment must be none")
+        copies = self.augment_copies > 1
+        if (copies and (self.model != "scatter-linear" or self.augment == "none")) or self.augment_copies < 1 or (
+                self.model.startswith("scatter-") and self.augment != "none" and not copies):
+            raise ConfigError("dpsgd.augment_copies > 1 needs model scatter-linear and an augment; a ScatterNet's "
+                              "features are computed once, so its augment applies only to those copies")
 
 
 # ----------------------------------------------------------------------------------------- accounting
@@ -259,7 +265,7 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     trainable, train_inputs, test_inputs = model, data.train.images, data.test.images
     if isinstance(model, ScatterNet):  # the fixed transform once, then DP-SGD on the head alone
         trainable = model.head
-        train_inputs, test_inputs = ctx.stages.features(model)
+        train_inputs, test_inputs = ctx.stages.features(model, cfg.augment, cfg.augment_copies)
     errors = ModuleValidator.validate(trainable, strict=False)
     if errors:
         raise ConfigError(f"model {cfg.model!r} is not DP-SGD compatible (e.g. BatchNorm): {errors[0]}")
@@ -327,11 +333,13 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
             step = epoch * per_epoch + i
             for g, lr in zip(p.optimizer.param_groups, base_lrs):
                 g["lr"] = lr * lr_factor(cfg.lr_schedule, step, total)
-            x = augment_batch(to_float(x), cfg.augment, env.generator(streams.DPSGD_AUGMENT, epoch, i))
+            if not isinstance(p.model, ScatterNet):  # (a ScatterNet's copies are augmented in its features)
+                x = augment_batch(to_float(x), cfg.augment, env.generator(streams.DPSGD_AUGMENT, epoch, i))
             x, y = x.to(env.device), y.to(env.device)
             p.optimizer.zero_grad(set_to_none=True)
             if len(x):
-                loss = F.cross_entropy(p.dp_model(x), y)
+                out = p.dp_model(x)  # [B, classes], or [B, copies, classes]: the loss averages the copies
+                loss = F.cross_entropy(out.flatten(0, -2), y.repeat_interleave(out[0].numel() // out.shape[-1]))
                 loss.backward()
                 running += float(loss.detach()) * len(x)
                 seen += len(x)

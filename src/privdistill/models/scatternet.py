@@ -53,7 +53,9 @@ class ScatterNet(nn.Module):
         self.norm = nn.GroupNorm(groups, channels, affine=False)
         if head == "linear":
             self.feature_dim = channels * (h // 4) * (w // 4)
-            self.head = nn.Sequential(nn.Flatten(), nn.Linear(self.feature_dim, num_classes))
+            # flattens the last three dims: [B, K, C, h, w] features (K augmented copies, methods/dpsgd.py) give
+            # [B, K, classes]; the state dict is the same as with nn.Flatten()
+            self.head = nn.Sequential(nn.Flatten(start_dim=-3), nn.Linear(self.feature_dim, num_classes))
         elif head == "cnn":  # Tramèr & Boneh's small CNN on scattering features (their MNIST model's shape)
             side = lambda n: (n + 1) // 2  # noqa: E731 - the stride-2 convolution's output side
             self.head = nn.Sequential(
