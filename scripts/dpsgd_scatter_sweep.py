@@ -11,12 +11,13 @@ any ε (see docs/results.md).
         '[{"B": 1024, "E": 5, "eps": 1, "lr": 4, "C": 0.1}, {"B": 1024, "E": 10, "eps": 3, "lr": 4, "C": 0.1}]'
 
 Keys: B expected batch, E epochs, eps strict target, lr, C clip norm; optional model (scatter-linear), mom (0.9),
-sched ("cos" for cosine decay), ema (a decay: also report an exponential moving average of the weights), seed,
-and bn_sigma: instead of GroupNorm, normalise each scattering channel by a mean and variance estimated under DP
-(Tramèr & Boneh's MNIST models): per-example channel means and mean squares, each vector clipped to norm 1 (a
-bound every image in [-1, 1] meets on MNIST: the largest norms are 0.96 and 0.91, so nothing is clipped), summed,
-plus Gaussian noise of bn_sigma x 2 (replace-one sensitivity). Its cost is not composed here: give eps the
-DP-SGD share (with bn_sigma = 100 the two sums are zCDP rho = 4e-4, under 2 % of a total ε of 1 at δ = 1e-5).
+sched ("cos" for cosine decay), ema (a decay: also report an exponential moving average of the weights), seed;
+copies (with augment, default shift): augmentation multiplicity, as `dpsgd.augment_copies`; bn_sigma: instead of
+GroupNorm, normalise each scattering channel by a mean and variance estimated under DP (Tramèr & Boneh's MNIST
+models): per-example channel means and mean squares, each vector clipped to norm 1 (every image in [-1, 1] meets
+it on MNIST: the largest norms are 0.96 and 0.91, so nothing is clipped), summed, plus Gaussian noise of
+bn_sigma x 2 (replace-one sensitivity). Its cost is not composed here: give eps the DP-SGD share (with
+bn_sigma = 100 the two sums are zCDP rho = 4e-4, under 2 % of a total ε of 1 at δ = 1e-5).
 One JSON line per setting on stdout.
 """
 
@@ -66,8 +67,9 @@ def run_setting(c: dict, data, features: tuple[torch.Tensor, torch.Tensor], env:
                 for group in optimizer.param_groups:
                     group["lr"] = c["lr"] * 0.5 * (1 + math.cos(math.pi * step / total))
             optimizer.zero_grad(set_to_none=True)
-            if len(x):
-                F.cross_entropy(dp_head(x), y).backward()
+            if len(x):  # [B, classes], or [B, copies, classes] with copies: the loss averages each example's copies
+                out = dp_head(x)
+                F.cross_entropy(out.flatten(0, -2), y.repeat_interleave(out[0].numel() // out.shape[-1])).backward()
             optimizer.step()
             step += 1
             if ema is not None:  # post-processing of the released iterates: no privacy cost
@@ -105,9 +107,11 @@ def main() -> None:
                          num_classes=data.num_classes, image_size=data.image_size[0])
     env = Env.cpu()
     features = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep")).features(model)
-    raw = None
+    raw, stages = None, Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep"))
     for c in settings:
         use = features
+        if c.get("copies", 1) > 1:  # augmentation multiplicity: the library's cached copies (methods/dpsgd.py)
+            use = stages.features(model, c.get("augment", "shift"), c["copies"])
         if c.get("bn_sigma"):
             if raw is None:  # the scattering coefficients before GroupNorm (about a minute for MNIST)
                 with torch.no_grad():
