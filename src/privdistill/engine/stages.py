@@ -215,9 +215,13 @@ class Stages:
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 
-            train = [fixed_features(model, self.data.train.images, self.env, augment=augment if k else "none",
-                                    stream=k) for k in range(copies)]
-            save_file({"train": train[0] if copies == 1 else torch.stack(train, 1),
+            train = plain = fixed_features(model, self.data.train.images, self.env)  # copy 0: the images as they are
+            if copies > 1:  # filled in place: stacking a list of copies would hold them all twice
+                train = torch.empty((len(plain), copies, *plain.shape[1:]))
+                train[:, 0] = plain
+                for k in range(1, copies):
+                    train[:, k] = fixed_features(model, self.data.train.images, self.env, augment=augment, stream=k)
+            save_file({"train": train,
                        "test": fixed_features(model, self.data.test.images, self.env)},
                       str(run.path / "features.safetensors"))
             return {"transform": model.transform_id, "augment": augment, "copies": copies}

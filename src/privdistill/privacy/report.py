@@ -168,11 +168,15 @@ def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
     ]}
 
 
+def _finite_strict(summary: Mapping[str, Any]) -> bool:
+    """Whether the summary states a finite strict ε (JSON writes infinity as "inf")."""
+    strict = summary.get("epsilon_strict")
+    return strict not in (None, "inf") and not (isinstance(strict, float) and math.isinf(strict))
+
+
 def is_label_dp(summary: Mapping[str, Any]) -> bool:
     """Whether a run's ε is label-DP (it protects the labels only): its neighbouring relation says so."""
-    strict = summary.get("epsilon_strict")
-    finite = strict not in (None, "inf") and not (isinstance(strict, float) and math.isinf(strict))
-    return finite and "label" in str(summary.get("relation") or "")
+    return _finite_strict(summary) and "label" in str(summary.get("relation") or "")
 
 
 def guarantee(summary: Mapping[str, Any]) -> tuple[bool, str]:
@@ -185,12 +189,11 @@ def guarantee(summary: Mapping[str, Any]) -> tuple[bool, str]:
         return False, "No differential-privacy guarantee: no privacy mechanism was used."
     not_covered = list(summary.get("not_covered") or [])
     relation = str(summary.get("relation") or "replace-one")
-    finite = strict not in (None, "inf") and not (isinstance(strict, float) and math.isinf(strict))
     if is_label_dp(summary):  # a label-DP release covers the labels by design, never the images
         return False, (f"label-DP only, not DP as a whole: ({_fmt(strict)}, {_fmt(delta)})-label-DP (strict "
                        "accounting) protects the labels of the private training set; its images are used "
                        "without noise.")
-    if not_covered or not finite:
+    if not_covered or not _finite_strict(summary):
         missing = "; ".join(not_covered) or "the strict accounting gives no finite epsilon"
         paper_note = (f" (the paper's own accounting says epsilon = {_fmt(paper)}, which is not a guarantee)"
                       if paper is not None and paper != strict else "")
