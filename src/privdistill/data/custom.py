@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,15 @@ NPZ_HELP = (
 # Pixels whose largest value is below this are not read as 0..255 without being told: 0..16 digits (sklearn's)
 # would become nearly black images that every method trains to chance on, silently.
 AMBIGUOUS_BELOW = 128
+
+
+class PixelScaleError(DataError):
+    """Pixel values whose scale is not read without being told. `finding` says what was seen, without the advice
+    on how to state the scale, which depends on how the data came in (an npz file, or arrays passed to fit)."""
+
+    def __init__(self, path: Path, finding: str, advice: str):
+        super().__init__(f"{path}: {finding}{advice}")
+        self.finding = finding
 
 
 def _as_uint8_images(x: np.ndarray, path: Path, key: str,
@@ -49,12 +57,12 @@ def _as_uint8_images(x: np.ndarray, path: Path, key: str,
     elif lo >= 0.0 and hi <= 1.0:
         x = x * 255.0
     elif lo < 0.0 or hi > 255.0:
-        raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}]; expected [0, 1] or [0, 255], "
-                        "or state the scale: npz:PATH?range=LO,HI (or an array value_range in the file)")
+        raise PixelScaleError(path, f"pixel values of {key!r} lie in [{lo:g}, {hi:g}]; expected [0, 1] or [0, 255]",
+                              ", or state the scale: npz:PATH?range=LO,HI (or an array value_range in the file)")
     elif hi < AMBIGUOUS_BELOW:
-        raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}]: is that scale 0..255 (dark "
-                        f"images) or 0..{hi:g}? State it: npz:PATH?range=0,{hi:g} (or an array value_range = "
-                        f"[0, {hi:g}] in the file); 0..255 data is read without asking when stored as uint8")
+        raise PixelScaleError(path, f"pixel values of {key!r} lie in [{lo:g}, {hi:g}]: is that scale 0..255 (dark "
+                              f"images) or 0..{hi:g}?", f" State it: npz:PATH?range=0,{hi:g} (or an array value_range "
+                              f"= [0, {hi:g}] in the file); 0..255 data is read without asking when stored as uint8")
     return torch.from_numpy(np.ascontiguousarray(np.rint(x).astype(np.uint8)))
 
 
@@ -245,11 +253,7 @@ def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, 
         os.replace(partial, path)
     try:
         load_npz(path)  # every check now, before any training
-    except DataError as err:
-        if "range" not in str(err):
-            raise
-        # the npz's own advice (npz:PATH?range=...) names a file the user never wrote: say it for arrays
-        what = re.split(r",? (?:State it|or state the scale)", str(err).split(": ", 1)[-1])[0]
-        raise DataError(f"{what.rstrip('?')}? State the scale of the arrays: fit(images, labels, "
+    except PixelScaleError as err:  # the npz advice (npz:PATH?range=...) names a file the user never wrote
+        raise DataError(f"{err.finding.rstrip('?')}? State the scale of the arrays: fit(images, labels, "
                         "value_range=(LO, HI))") from None
     return f"npz:{path}"
