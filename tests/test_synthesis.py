@@ -1,6 +1,7 @@
 """Issue 24: the synthesis engine beyond the papers' generator losses (source ensembles, image priors, sample
 verification and class targets, quality measures), on fabricated data and on cases whose answer is known."""
 
+import json
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from privdistill.data import load_data
 from privdistill.engine import Env
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import GeneratorTraining, datafree_loss, train_generator
+from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
 from privdistill.engine.synthesis import (
@@ -357,3 +359,52 @@ def test_a_run_started_before_new_options_existed_still_resumes(tmp_path):
     with pytest.raises(RunError, match="class_targets"):
         RunDir.open(run_dir, config={"generator": keyed_config(GeneratorTraining(class_targets=True))},
                     resume=True)
+
+
+def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):
+    """generator.adversarial_weight (DFAD): the disagreement is 0 for equal predictions and 2 for opposite sure
+    ones, its gradient reaches the images; in a generator run the student in the loop learns the source (its
+    imitation loss falls) and the run resumes to the same generator."""
+    from privdistill.engine.synthesis import disagreement, distillation_loss
+
+    sure = torch.tensor([[20.0, -20.0], [-20.0, 20.0]])
+    assert float(disagreement(sure, sure)) == pytest.approx(0.0, abs=1e-6)
+    assert float(disagreement(sure, sure.flip(1))) == pytest.approx(2.0, abs=1e-6)
+    assert float(distillation_loss(sure, sure)) == pytest.approx(0.0, abs=1e-6)
+    x = torch.rand(8, 1, 8, 8, requires_grad=True)
+    student = create_model("paper-cnn", kind="classifier", in_channels=1, num_classes=4, image_size=8)
+    disagreement(Fixed()(x), student(x)).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+    base = dict(loss="dgd", rounds=6, steps_per_round=10, batch_size=32, width=16, latent_dim=8, lr=0.01,
+                lr_decay=1.0, adversarial_weight=1.0, adversarial_lr=3e-3)
+    with pytest.raises(ConfigError, match="adversarial"):
+        train_generator(Fixed(), GeneratorTraining(**base), Env.cpu(), channels=1, image_size=8)
+    cfg = GeneratorTraining(**base, checkpoint_every=10)
+    reference_run = RunDir(tmp_path / "reference")
+    reference_run.path.mkdir()
+    reference, _ = train_generator(Fixed(), cfg, Env.cpu(seed=0), channels=1, image_size=8, num_classes=4,
+                                   run=reference_run)
+    history = [json.loads(line) for line in (reference_run.path / "metrics.jsonl").read_text().splitlines()]
+    imitation = [h["imitation"] for h in history if "imitation" in h]
+    assert len(imitation) == 6 and all(math.isfinite(h["disagreement"]) for h in history if "disagreement" in h)
+    assert imitation[-1] < 0.5 * imitation[0], "the student in the loop learns the source's answers"
+
+    real_record = TrainingLoop.record
+
+    def crash(self, parts, **kw):  # killed at step 25, after the step-20 checkpoint
+        if self.step == 25:
+            raise KeyboardInterrupt("simulated crash")
+        return real_record(self, parts, **kw)
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    monkeypatch.setattr(TrainingLoop, "record", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_generator(Fixed(), cfg, Env.cpu(seed=0), channels=1, image_size=8, num_classes=4, run=run)
+    monkeypatch.setattr(TrainingLoop, "record", real_record)
+    resumed, _ = train_generator(Fixed(), cfg, Env.cpu(seed=0), channels=1, image_size=8, num_classes=4, run=run)
+    for a, b in zip(reference.state_dict().values(), resumed.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-6), "resume ends with the uninterrupted generator"
+    with pytest.raises(ConfigError, match="adversarial_weight"):
+        GeneratorTraining(adversarial_weight=-1.0).validate()

@@ -36,7 +36,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_step_schedule, step_decay_factor
 from privdistill.engine.run import RunDir
-from privdistill.engine.synthesis import contrastive_diversity, image_prior
+from privdistill.engine.synthesis import contrastive_diversity, disagreement, distillation_loss, image_prior
 from privdistill.errors import ConfigError, ModelError
 from privdistill.models import create_model
 
@@ -47,7 +47,8 @@ LOSS_DEFAULTS = {"dgd": (5.0, 0.1), "dpdfd": (1.0, 1.0), "srr": (5.0, 10.0)}
 class GeneratorTraining:
     """Config section `generator`."""
 
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("class_targets", "diversity_weight", "diversity_temperature")
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("class_targets", "diversity_weight", "diversity_temperature",
+                                                 "adversarial_weight", "adversarial_student", "adversarial_lr")
 
     loss: str = "dgd"  # dgd | dpdfd | srr
     alpha: Optional[float] = None  # None: the paper's value for the chosen loss
@@ -77,6 +78,9 @@ class GeneratorTraining:
     class_targets: bool = False  # a class-conditional generator: each sample is made for a class it is told
     diversity_weight: float = 0.0  # contrastive diversity (CMI's instance discrimination on the batch)
     diversity_temperature: float = 0.2
+    adversarial_weight: float = 0.0  # a student in the loop (DFAD): reward samples on which it and the source differ
+    adversarial_student: str = "paper-cnn"  # that student's architecture (discarded after the stage)
+    adversarial_lr: float = 1e-3  # its Adam rate; it learns the source's soft labels on each fresh batch
     quality: bool = False  # measure the stage's quality (class balance, agreement, ceiling) into its stage.json
 
     def validate(self) -> None:
@@ -94,9 +98,10 @@ class GeneratorTraining:
             raise ConfigError("generator.source_parts must be 0 or at least generator.source_models")
         if min(self.source_steps, self.source_batch_size) < 1 or self.source_lr <= 0:
             raise ConfigError("generator.source_steps and source_batch_size must be >= 1, source_lr > 0")
-        if min(self.tv_weight, self.l2_weight, self.diversity_weight) < 0 or self.diversity_temperature <= 0:
-            raise ConfigError("generator.tv_weight, l2_weight and diversity_weight must be >= 0, "
-                              "diversity_temperature > 0")
+        if min(self.tv_weight, self.l2_weight, self.diversity_weight, self.adversarial_weight) < 0 \
+                or self.diversity_temperature <= 0 or self.adversarial_lr <= 0:
+            raise ConfigError("generator.tv_weight, l2_weight, diversity_weight and adversarial_weight must be >= 0, "
+                              "diversity_temperature and adversarial_lr > 0")
         if not 0 <= self.verify <= 1:
             raise ConfigError("generator.verify must lie in [0, 1]")
         if self.verify and self.source_models < 2:
@@ -185,11 +190,12 @@ class BatchNormStatistics:
 
 
 def datafree_loss(classifier: nn.Module, x: torch.Tensor, kind: str, alpha: float, beta: float,
-                  bn: BatchNormStatistics | None = None,
-                  targets: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                  bn: BatchNormStatistics | None = None, targets: torch.Tensor | None = None,
+                  outputs: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The papers' generator losses; with `targets` (class targets), the one-hot term aims at the class each
-    sample was made for instead of the classifier's own argmax (DAFL's pseudo-label)."""
-    logits, feats = logits_and_features(classifier, x)
+    sample was made for instead of the classifier's own argmax (DAFL's pseudo-label). `outputs`: the
+    classifier's (logits, features) on x when the caller already has them."""
+    logits, feats = outputs if outputs is not None else logits_and_features(classifier, x)
     logits, feats = logits.float(), feats.float()
     one_hot = F.cross_entropy(logits, logits.argmax(1) if targets is None else targets)
     mean_p = F.softmax(logits, dim=1).mean(0)
@@ -260,6 +266,16 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
         raise ConfigError("generator.class_targets needs the number of classes (train_generator(num_classes=K))")
     generator = env.place(build_generator(cfg, channels, image_size, num_classes=num_classes)).train()
     optimizer = make_optimizer(generator.parameters(), "adam", lr=cfg.lr)
+    modules, optimizers = {"generator": generator}, {"generator": optimizer}
+    if cfg.adversarial_weight:  # DFAD's student in the loop; checkpointed with the generator so resume is exact
+        if num_classes < 2:
+            raise ConfigError("generator.adversarial_weight needs the number of classes "
+                              "(train_generator(num_classes=K))")
+        torch.manual_seed(env.generator(streams.GENERATOR_ADVERSARY).initial_seed())
+        modules["adversary"] = env.place(create_model(cfg.adversarial_student, kind="classifier", in_channels=channels,
+                                                      num_classes=num_classes, image_size=image_size)).train()
+        optimizers["adversary"] = make_optimizer(modules["adversary"].parameters(), "adam", lr=cfg.adversarial_lr)
+    schedule = make_step_schedule(optimizer, cfg.lr_decay_every * cfg.steps_per_round, cfg.lr_decay)
     alpha, beta = cfg.weights
     bn = BatchNormStatistics(classifier) if cfg.loss == "srr" else None
     decay_every = cfg.lr_decay_every * cfg.steps_per_round  # steps
@@ -269,9 +285,8 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                 "lr": cfg.lr * step_decay_factor(done - 1, decay_every, cfg.lr_decay)}
 
     loop = TrainingLoop(steps=cfg.total_steps, env=env, run=run, checkpoint="generator-checkpoint",
-                        title=f"generator ({cfg.loss})", log_stage="generator", modules={"generator": generator},
-                        optimizers={"generator": optimizer},
-                        schedules={"generator": make_step_schedule(optimizer, decay_every, cfg.lr_decay)},
+                        title=f"generator ({cfg.loss})", log_stage="generator", modules=modules,
+                        optimizers=optimizers, schedules={"generator": schedule},
                         eval_every=cfg.steps_per_round, checkpoint_every=cfg.checkpoint_every,
                         entry_fields=round_fields)
     try:
@@ -279,7 +294,8 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
             z = draw_latent(generator, cfg.batch_size, env.generator(streams.GENERATOR_LATENT, step))
             with env.autocast():
                 x = generator(z.to(env.device))
-                loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn,
+                outputs = logits_and_features(classifier, x)
+                loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn, outputs=outputs,
                                             targets=latent_labels(generator, z.to(env.device)))
             if cfg.tv_weight or cfg.l2_weight:
                 prior, prior_parts = image_prior(x, tv_weight=cfg.tv_weight, l2_weight=cfg.l2_weight)
@@ -290,7 +306,26 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                         classifier, x, env.generator(streams.GENERATOR_VIEWS, step),
                         temperature=cfg.diversity_temperature)
                 loss, parts = loss + cfg.diversity_weight * diversity, {**parts, **diversity_parts}
-            loop.update(loss, {"loss": float(loss.detach()), **parts})
+            if "adversary" not in modules:
+                loop.update(loss, {"loss": float(loss.detach()), **parts})
+                continue
+            # DFAD (Fang et al. 2019): the generator seeks samples on which the student still differs from the
+            # source, and the student then learns the source's answer on those very samples
+            adversary = modules["adversary"]
+            with env.autocast():
+                gap = disagreement(outputs[0], adversary(x))
+            loss = loss - cfg.adversarial_weight * gap
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            with env.autocast():
+                imitation = distillation_loss(adversary(x.detach()), outputs[0].detach())
+            optimizers["adversary"].zero_grad(set_to_none=True)  # also drops what the generator's loss left there
+            imitation.backward()
+            optimizers["adversary"].step()
+            loop.record({"loss": float(loss.detach()), **parts, "disagreement": float(gap.detach()),
+                         "imitation": float(imitation.detach())}, loss=float(loss.detach()))
     finally:
         if bn is not None:
             bn.remove()

@@ -18,6 +18,10 @@ generator is fitted to six independently trained models instead of one):
 * contrastive diversity (`generator.diversity_weight`; CMI's instance discrimination, simplified to the batch):
   two randomly shifted views of each sample must be told apart from the other samples in the source's feature
   space, which pushes the samples of one class apart instead of onto one confident mode.
+* a student in the loop (`generator.adversarial_weight`; DFAD, Fang et al. 2019): a student learns the
+  source's answers on the samples while the generator is rewarded for samples on which the two still differ,
+  so the samples move to where the source's knowledge has not yet been passed on instead of staying on the
+  few prototypes the source is surest of.
 * sample verification (`generator.verify`, `generator.balance`): the synthetic set keeps the samples on which
   at least a share `verify` of the source models agree with the ensemble's label (and, with class targets,
   with the class asked for), and an equal number per label, so that every class is covered.
@@ -116,6 +120,19 @@ def contrastive_diversity(model: nn.Module, x: torch.Tensor, rng: torch.Generato
     similarity = first @ second.T / temperature
     loss = F.cross_entropy(similarity, torch.arange(len(x), device=x.device))
     return loss, {"diversity": float(loss.detach())}
+
+
+def disagreement(source_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """DFAD's adversarial objective, which the generator maximises: the mean L1 distance between the source's and
+    the student's predictions. On probabilities (DFAD uses logits) it is bounded by 2 and cannot grow by
+    inflating logits; measured on Fashion-MNIST it lifted the ceiling from 68 % to 75 % (docs/results.md)."""
+    return (F.softmax(source_logits.float(), 1) - F.softmax(student_logits.float(), 1)).abs().sum(1).mean()
+
+
+def distillation_loss(student_logits: torch.Tensor, source_logits: torch.Tensor) -> torch.Tensor:
+    """KL(source ‖ student) on one batch: how the adversarial student learns the source's soft answer."""
+    return F.kl_div(F.log_softmax(student_logits.float(), 1), F.softmax(source_logits.float(), 1),
+                    reduction="batchmean")
 
 
 def source_labels(source: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 500) -> torch.Tensor:
