@@ -408,3 +408,66 @@ def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):
         assert torch.allclose(a.float(), b.float(), atol=1e-6), "resume ends with the uninterrupted generator"
     with pytest.raises(ConfigError, match="adversarial_weight"):
         GeneratorTraining(adversarial_weight=-1.0).validate()
+
+
+def test_the_adversarial_overlay_runs_srr_end_to_end(tiny_npz, tmp_path, monkeypatch):
+    """`--config adversarial` configures the baseline (a BN network, for DGD and DPDFD) and SRR's generator (BN
+    statistics, class targets, the student in the loop), and an SRR run with it trains that generator: its stage
+    logs the disagreement and the student's imitation loss."""
+    import json
+
+    from privdistill.config import ClassifierTraining, resolve_sections
+    from privdistill.methods.common import RunRequest
+    from privdistill.methods.srr import run_srr
+
+    for dataset in ("mnist", "fashion-mnist"):
+        sections = resolve_sections({"baseline": ClassifierTraining, "generator": GeneratorTraining,
+                                     "srr_generator": GeneratorTraining}, preset="quick", dataset=dataset,
+                                    config_file="adversarial")
+        assert sections["baseline"].model == "paper-cnn-bn"
+        for name in ("generator", "srr_generator"):
+            cfg = sections[name]
+            cfg.validate()
+            assert cfg.loss == "srr" and cfg.class_targets and cfg.adversarial_weight > 0 and cfg.total_steps == 1200
+
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), config_file="adversarial",
+                       overrides=["run.precision=fp32", "run.progress=false", "run.threads=1",
+                                  "srr_teacher.steps=10", "srr_teacher.batch_size=32", "srr_generator.rounds=2",
+                                  "srr_generator.steps_per_round=3", "srr_generator.batch_size=16",
+                                  "srr_generator.width=16", "srr.stages=2", "srr.num_samples=40", "srr.batch_size=16",
+                                  "srr.epochs_per_stage=1", "srr.finetune_steps=1", "budget.epsilon=2",
+                                  "budget.accounting=paper"]))
+    [stage] = list((tmp_path / "cache").glob("generator-*"))
+    logged = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in logged] == [3, 6]
+    assert all(math.isfinite(entry["disagreement"]) and math.isfinite(entry["imitation"]) for entry in logged)
+
+
+def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_npz, tmp_path, monkeypatch):
+    """`privdistill generator train --config adversarial --variant adversarial --record` writes its own result file
+    (generator-<dataset>-adversarial.json) instead of replacing the papers' generator row, and the generator table
+    names the variant; the stage's log holds the student-in-the-loop terms."""
+    from typer.testing import CliRunner
+
+    from privdistill.bench.report import generator_table
+    from privdistill.cli import get_app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    runner, fast = CliRunner(), ["--precision", "fp32", "--no-progress"]
+    result = runner.invoke(get_app(), ["train", "baseline", "-d", f"npz:{tiny_npz}", "--run-dir", "teacher", *fast,
+                                       "--set", "baseline.model=paper-cnn-bn", "--set", "baseline.epochs=2",
+                                       "--set", "baseline.batch_size=32"])
+    assert result.exit_code == 0, result.output
+    small = ["generator.rounds=2", "generator.steps_per_round=3", "generator.batch_size=16", "generator.width=16",
+             "generator.num_samples=64", "synthetic_student.epochs=1"]
+    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial",
+                                       "--variant", "adversarial", "--record", "--run-dir", "gen", *fast,
+                                       *[arg for item in small for arg in ("--set", item)]])
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((tmp_path / "results" / "quick" / "generator-npz-tiny-adversarial.json").read_text())
+    assert recorded["variant"] == "adversarial" and recorded["loss"] == "srr"
+    assert math.isfinite(recorded["generator_stats"]["final"]["disagreement"])
+    recorded["_file"] = "results/quick/generator-npz-tiny-adversarial.json"
+    assert "| srr (adversarial) |" in generator_table([recorded])

@@ -179,7 +179,8 @@ def baseline_table(results: list[dict]) -> str:
 def generator_table(results: list[dict]) -> str:
     rows = [r for r in results if r.get("method") == "generator"]
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]), ("loss", lambda r: r.get("loss", "-")),
+        ("dataset", lambda r: r["dataset"]),
+        ("loss", lambda r: r.get("loss", "-") + (f" ({r['variant']})" if r.get("variant") else "")),
         ("samples", lambda r: str(r.get("num_samples", "-"))),
         ("student on synthetic only %", lambda r: _pct(r.get("test_accuracy"))),
         ("teacher %", lambda r: _pct(r.get("baseline_accuracy"))),

@@ -63,7 +63,7 @@ def generator_train(teacher: Annotated[
                     data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
                     loss: Annotated[Optional[str], typer.Option("--loss", help="dgd, dpdfd or srr")] = None,
                     samples: Annotated[Optional[int], typer.Option("--samples", help="N synthetic samples")] = None,
-                    no_cache: o.NoCache = False) -> None:
+                    variant: o.Variant = None, no_cache: o.NoCache = False) -> None:
     """Train a generator against a fixed classifier, write N samples + a grid, report their quality."""
     from privdistill.methods.datafree import GeneratorRequest, train_generator_workflow
 
@@ -71,7 +71,8 @@ def generator_train(teacher: Annotated[
     req = GeneratorRequest(teacher=str(teacher), preset=preset, config_file=str(config) if config else None,
                            overrides=o.run_overrides(set_, extra=extra, seed=seed, device=device,
                                                      precision=precision, data_root=data_root, no_progress=no_progress),
-                           run_dir=str(run_dir) if run_dir else None, resume=resume, record=record, cache=not no_cache)
+                           run_dir=str(run_dir) if run_dir else None, resume=resume, record=record, cache=not no_cache,
+                           variant=variant)
     summary = train_generator_workflow(req)
     show_summary(summary, title=f"generator ({summary['loss']} loss) on {summary['dataset']}")
     q = summary["synthetic_quality"]

@@ -42,6 +42,7 @@ class GeneratorRequest:
     record: bool = False
     cache: bool = True
     results_dir: str = "results"
+    variant: str | None = None  # names the recorded result (generator-<dataset>-<variant>.json) beside the papers'
 
 
 def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
@@ -102,7 +103,8 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
         wall_seconds=round(wall, 1), device=env.describe(), loss=cfg.loss, num_samples=n,
         generator_stage=gen_stage.ref(), synthetic_stage=syn_stage.ref(), generator_stats=gen_stage.info(),
         synthetic_quality=view, synthesis_quality={**quality, "ceiling": round(student_accuracy, 4)},
-        source="teacher" if source is teacher else f"{cfg.source_models} source models (disjoint parts of the data)")
+        source="teacher" if source is teacher else f"{cfg.source_models} source models (disjoint parts of the data)",
+        **({"variant": req.variant} if req.variant else {}))
     if req.record:
         summary["recorded_as"] = str(record_result(summary, results_dir=req.results_dir))
     return summary
