@@ -275,10 +275,10 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
         modules["adversary"] = env.place(create_model(cfg.adversarial_student, kind="classifier", in_channels=channels,
                                                       num_classes=num_classes, image_size=image_size)).train()
         optimizers["adversary"] = make_optimizer(modules["adversary"].parameters(), "adam", lr=cfg.adversarial_lr)
-    schedule = make_step_schedule(optimizer, cfg.lr_decay_every * cfg.steps_per_round, cfg.lr_decay)
     alpha, beta = cfg.weights
     bn = BatchNormStatistics(classifier) if cfg.loss == "srr" else None
     decay_every = cfg.lr_decay_every * cfg.steps_per_round  # steps
+    schedule = make_step_schedule(optimizer, decay_every, cfg.lr_decay)
 
     def round_fields(done: int) -> dict:  # the round and the rate of the step just done
         return {"round": math.ceil(done / cfg.steps_per_round),
