@@ -100,3 +100,36 @@ def test_typed_overrides_reach_the_sections_as_given():
     resolved = resolve_sections({"baseline": ClassifierTraining}, preset="quick",
                                 overrides={"baseline.model": "small-cnn", "baseline.epochs": 0.5})
     assert resolved["baseline"].model == "small-cnn" and resolved["baseline"].epochs == 0.5
+
+
+def test_named_overlays_compose_with_plus(tmp_path, monkeypatch):
+    """`--config adversarial+staged-prior`: both overlays apply, a later one's keys win, and a part that does not
+    exist is named in the error."""
+    import pytest
+
+    from privdistill.config import resolve_sections
+    from privdistill.engine.datafree import GeneratorTraining
+    from privdistill.errors import ConfigError
+    from privdistill.methods.srr import SRRConfig
+
+    monkeypatch.chdir(tmp_path)
+    sections = {"srr": SRRConfig, "srr_generator": GeneratorTraining}
+    both = resolve_sections(sections, preset="quick", dataset="fashion-mnist", config_file="adversarial+staged-prior")
+    assert both["srr"].stages == 2 and both["srr"].loss == "likelihood"  # staged-prior
+    assert both["srr_generator"].adversarial_weight == 3.0 and both["srr_generator"].class_targets  # adversarial
+    (tmp_path / "mine.yaml").write_text("srr:\n  stages: 3\n")
+    later = resolve_sections(sections, preset="quick", config_file="staged-prior+mine.yaml")
+    assert later["srr"].stages == 3 and later["srr"].loss == "likelihood"
+    with pytest.raises(ConfigError, match="nosuch.yaml does not exist"):
+        resolve_sections(sections, preset="quick", config_file="staged-prior+nosuch.yaml")
+
+
+def test_the_config_help_names_every_packaged_overlay():
+    from importlib import resources
+
+    from privdistill.cli.options import ConfigFile
+
+    help_text = ConfigFile.__metadata__[0].help
+    names = [p.name[:-5] for p in resources.files("privdistill.presets").joinpath("overlays").iterdir()
+             if p.name.endswith(".yaml")]
+    assert names and all(name in help_text for name in names), names

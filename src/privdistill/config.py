@@ -136,9 +136,26 @@ def packaged_overlay(name: str | Path) -> Path | None:
 
 def load_yaml_file(path: str | Path | None, *, what: str = "config file",
                    holds: str = "sections") -> dict[str, Any]:
-    """A YAML mapping from `path` ({} for None), or a ConfigError naming `what` the file is."""
+    """A YAML mapping from `path` ({} for None), or a ConfigError naming `what` the file is.
+
+    Named overlays and files compose with "+" (`--config adversarial+staged-prior`): each is read in turn and
+    a later one's keys replace an earlier one's, section by section (and dataset by dataset in `by_dataset`)."""
     if path is None:
         return {}
+    if "+" in str(path) and not Path(path).exists():
+        merged: dict[str, Any] = {}
+        for part in str(path).split("+"):
+            for section, block in load_yaml_file(part, what=what, holds=holds).items():
+                if section == "by_dataset" and isinstance(block, dict):
+                    for dataset, sections in block.items():
+                        target = merged.setdefault("by_dataset", {}).setdefault(dataset, {})
+                        for name, values in (sections or {}).items():
+                            target.setdefault(name, {}).update(values or {})
+                elif isinstance(block, dict):
+                    merged.setdefault(section, {}).update(block)
+                else:
+                    merged[section] = block
+        return merged
     path = packaged_overlay(path) or Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {path} " + ("is a directory, not a YAML file" if path.is_dir()

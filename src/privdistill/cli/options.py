@@ -19,7 +19,9 @@ Preset = Annotated[
     str, typer.Option("--preset", "-p", help="quick (CPU, minutes) or paper (the papers' settings, GPU)")
 ]
 ConfigFile = Annotated[
-    Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets")
+    Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets, or a "
+                                 "named overlay (synthesis, adversarial, staged-prior, scatternet); compose with + "
+                                 "(adversarial+staged-prior: the later one wins)")
 ]
 Overrides = Annotated[
     Optional[list[str]], typer.Option("--set", "-s", help="override one value: section.key=value (repeatable)")
