@@ -227,7 +227,8 @@ def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path,
     assert 0 < report["agreement_with_sources"] <= 1 and (out / "samples.png").is_file()
     assert report["fitted_to"].startswith("sources:") and "not covered by any epsilon" in report["note"]
     shutil.rmtree(teachers_dir)
-    result = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}"])
+    # the bare key (as a summary's `stages` shows it) finds the stage too
+    result = CliRunner().invoke(get_app(), ["generator", "quality", stage.key, "-d", f"npz:{tiny_npz}"])
     assert result.exit_code != 0 and "--source" in str(result.exception)
     result = CliRunner().invoke(get_app(), ["generator", "quality", "generator-nosuchkey", "-d", f"npz:{tiny_npz}"])
     assert result.exit_code != 0 and "no generator stage" in str(result.exception)

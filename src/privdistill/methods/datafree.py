@@ -154,6 +154,8 @@ def generator_quality(stage: str, *, dataset: str, source: str | None = None, re
     ceiling, and a sample grid. Evaluation only: non-private models read the samples, no ε is spent."""
     cache = StageCache()
     directory = Path(stage) if Path(stage).is_dir() else cache.root / stage
+    if not directory.is_dir() and (cache.root / f"generator-{stage}").is_dir():  # the bare key a summary shows
+        directory = cache.root / f"generator-{stage}"
     if not (directory / "generator.safetensors").is_file():
         raise RunError(f"{stage}: no generator stage there (give a key from `privdistill cache ls` or a directory "
                        "holding generator.safetensors)")
