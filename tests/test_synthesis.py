@@ -472,3 +472,12 @@ def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_np
     assert math.isfinite(recorded["generator_stats"]["final"]["disagreement"])
     recorded["_file"] = "results/quick/generator-npz-tiny-adversarial.json"
     assert "| srr (adversarial) |" in generator_table([recorded])
+    # again: the generator and its samples come from the cache, and the student trained on them is the same
+    sets = [arg for item in small for arg in ("--set", item)]
+    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial",
+                                       "--run-dir", "gen-again", *fast, *sets])
+    assert result.exit_code == 0, result.output
+    again = json.loads((tmp_path / "gen-again" / "summary.json").read_text())
+    assert again["generator_stage"]["reused"] and again["test_accuracy"] == recorded["test_accuracy"]
+    first, second = (RunDir.existing(tmp_path / name).load_weights("student") for name in ("gen", "gen-again"))
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, RunOptions, resolve_sections, to_plain
 from privdistill.data import ImageDataset, load_data
-from privdistill.engine import Env, RunDir, evaluate, record_result, train_classifier
+from privdistill.engine import Env, RunDir, evaluate, record_result, streams, train_classifier
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import GeneratorTraining, generate
 from privdistill.engine.ensemble import TeacherEnsemble
@@ -89,6 +90,8 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     # The quality check: a student that never sees a real image, labelled by the (non-private) teacher.
     student_cfg: ClassifierTraining = sections["synthetic_student"]
     synthetic = ImageDataset(images, teacher_labels, data.num_classes, name=f"synthetic {dataset}")
+    # its own stream: the same student whether the generator was trained in this process or came from the cache
+    torch.manual_seed(env.generator(streams.SYNTHESIS_CEILING).initial_seed())
     student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                            num_classes=data.num_classes, image_size=data.image_size[0])
     train_classifier(student, synthetic, cfg=student_cfg, env=env, run=run, test=data.test,
