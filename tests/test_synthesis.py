@@ -481,3 +481,22 @@ def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_np
     assert again["generator_stage"]["reused"] and again["test_accuracy"] == recorded["test_accuracy"]
     first, second = (RunDir.existing(tmp_path / name).load_weights("student") for name in ("gen", "gen-again"))
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+
+
+def test_a_generator_fitted_to_a_baseline_stage_finds_it_by_its_key(tmp_path):
+    """SRR's and DGD's generator stages record the baseline stage's key (a `generator train` stage, the weights'
+    digest): `generator quality` finds the source either way."""
+    from privdistill.engine.stages import file_digest
+    from privdistill.methods.datafree import resolve_source
+
+    cache = StageCache(tmp_path / "cache")
+    stage = RunDir(cache.root / "baseline-0123456789abcdef")
+    stage.path.mkdir(parents=True)
+    model = create_model("small-cnn", kind="classifier", in_channels=1, num_classes=4, image_size=8)
+    stage.save_weights("model", model)
+    env = Env.cpu()
+    by_key = resolve_source("0123456789abcdef", cache, env)
+    by_digest = resolve_source(file_digest(stage.path / "model.safetensors"), cache, env)
+    x = torch.rand(2, 1, 8, 8)
+    assert by_key is not None and by_digest is not None and torch.equal(by_key(x), by_digest(x))
+    assert resolve_source("fedcba9876543210", cache, env) is None

@@ -116,8 +116,12 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
 def resolve_source(recorded: str, cache: StageCache, env: Env) -> nn.Module | None:
     """The model a cached generator stage was fitted to, from the key its stage recorded: `sources:KEY` (an
     ensemble of source models, the teachers stage KEY) with an optional `+DIGEST` (the classifier joined to
-    it), or a classifier's weights digest, looked up among the cached baselines. None if not in the cache."""
+    it), or a classifier: a baseline stage's key (SRR's teacher, DGD's baseline) or its weights' digest
+    (`generator train --teacher RUN`), looked up among the cached baselines. None if not in the cache."""
     def classifier(digest: str) -> nn.Module | None:
+        stage = cache.root / f"baseline-{digest}"
+        if (stage / "model.safetensors").is_file():
+            return env.place(RunDir(stage).load_weights("model", device=env.device)).eval()
         for path in sorted(cache.root.glob("baseline-*/model.safetensors")):
             if file_digest(path) == digest:
                 return env.place(RunDir(path.parent).load_weights("model", device=env.device)).eval()
