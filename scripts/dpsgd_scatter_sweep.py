@@ -106,8 +106,8 @@ def main() -> None:
     model = create_model(settings[0].get("model", "scatter-linear"), in_channels=data.channels,
                          num_classes=data.num_classes, image_size=data.image_size[0])
     env = Env.cpu()
-    features = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep")).features(model)
-    raw, stages = None, Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep"))
+    stages = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep"))
+    features, raw = stages.features(model), None
     for c in settings:
         use = features
         if c.get("copies", 1) > 1:  # augmentation multiplicity: the library's cached copies (methods/dpsgd.py)

@@ -278,7 +278,6 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
     alpha, beta = cfg.weights
     bn = BatchNormStatistics(classifier) if cfg.loss == "srr" else None
     decay_every = cfg.lr_decay_every * cfg.steps_per_round  # steps
-    schedule = make_step_schedule(optimizer, decay_every, cfg.lr_decay)
 
     def round_fields(done: int) -> dict:  # the round and the rate of the step just done
         return {"round": math.ceil(done / cfg.steps_per_round),
@@ -286,7 +285,8 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
 
     loop = TrainingLoop(steps=cfg.total_steps, env=env, run=run, checkpoint="generator-checkpoint",
                         title=f"generator ({cfg.loss})", log_stage="generator", modules=modules,
-                        optimizers=optimizers, schedules={"generator": schedule},
+                        optimizers=optimizers,
+                        schedules={"generator": make_step_schedule(optimizer, decay_every, cfg.lr_decay)},
                         eval_every=cfg.steps_per_round, checkpoint_every=cfg.checkpoint_every,
                         entry_fields=round_fields)
     try:
@@ -315,15 +315,10 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
             with env.autocast():
                 gap = disagreement(outputs[0], adversary(x))
             loss = loss - cfg.adversarial_weight * gap
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+            loop.optimize(loss, name="generator")
             with env.autocast():
                 imitation = distillation_loss(adversary(x.detach()), outputs[0].detach())
-            optimizers["adversary"].zero_grad(set_to_none=True)  # also drops what the generator's loss left there
-            imitation.backward()
-            optimizers["adversary"].step()
+            loop.optimize(imitation, name="adversary")  # drops what the generator's loss left on the student first
             loop.record({"loss": float(loss.detach()), **parts, "disagreement": float(gap.detach()),
                          "imitation": float(imitation.detach())}, loss=float(loss.detach()))
     finally:

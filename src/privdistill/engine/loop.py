@@ -9,15 +9,16 @@
         loop.update(loss, parts)      # backward, optimiser and schedule step, then `loop.record(parts)`
     result = loop.finish()            # LoopResult(steps, wall_seconds, history); writes the final checkpoint
 
-A loop that updates several models in its own order (DPDFD's student then generator) calls the optimisers
-itself and then `loop.record(parts)`. `record` keeps the mean of each part since the last evaluation, and at
-the evaluation cadence (and the last step) appends {"step", entry_fields(step)..., means..., evaluate()...}
-to the history and the run's metrics.jsonl (`entry_fields`: what the step number alone gives, e.g. the
-epoch); at the checkpoint cadence it writes, atomically, everything the loop was given (modules, optimisers,
-schedules), the step, the elapsed time, the history, `loop.extra` (a method's own resumable state: JSON-able
-values or tensors) and, with `save_rng`, torch's global RNG (and the CUDA device's). A run killed at any
-point and resumed continues from the last checkpoint and, because the random draws are recomputed from the
-step counter, ends with the same weights as an uninterrupted run (tests: test_engine.py, test_*_resume).
+A loop that updates several models in its own order calls `loop.optimize(loss, name=...)` for each (or the
+optimisers itself, as DPDFD's noisy student step must) and then `loop.record(parts)` once. `record` keeps the
+mean of each part since the last evaluation, and at the evaluation cadence (and the last step) appends
+{"step", entry_fields(step)..., means..., evaluate()...} to the history and the run's metrics.jsonl
+(`entry_fields`: what the step number alone gives, e.g. the epoch); at the checkpoint cadence it writes,
+atomically, everything the loop was given (modules, optimisers, schedules), the step, the elapsed time, the
+history, `loop.extra` (a method's own resumable state: JSON-able values or tensors) and, with `save_rng`,
+torch's global RNG (and the CUDA device's). A run killed at any point and resumed continues from the last
+checkpoint and, because the random draws are recomputed from the step counter, ends with the same weights as
+an uninterrupted run (tests: test_engine.py, test_*_resume).
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ class TrainingLoop:
 
     def update(self, loss: torch.Tensor, parts: dict[str, float] | None = None, *, name: str | None = None) -> None:
         """One optimiser step on `loss` (the only optimiser, or `name`), its schedule's step, then `record`."""
+        self.optimize(loss, name=name)
+        self.record({"loss": float(loss.detach())} if parts is None else parts, loss=float(loss.detach()))
+
+    def optimize(self, loss: torch.Tensor, *, name: str | None = None) -> None:
+        """One optimiser step on `loss` and its schedule's step, without booking the step: for loops that update
+        several models in one step and then call `record` once. Gradients left on that optimiser's parameters
+        by another model's loss are dropped first."""
         name = name or next(iter(self.optimizers))
         optimizer = self.optimizers[name]
         optimizer.zero_grad(set_to_none=True)
@@ -98,7 +106,6 @@ class TrainingLoop:
         optimizer.step()
         if name in self.schedules:
             self.schedules[name].step()
-        self.record({"loss": float(loss.detach())} if parts is None else parts, loss=float(loss.detach()))
 
     def record(self, parts: dict[str, float], *, loss: float | None = None) -> None:
         """Book one finished step: window means, evaluation and log, checkpoint, progress bar."""
