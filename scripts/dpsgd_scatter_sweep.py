@@ -17,7 +17,9 @@ GroupNorm, normalise each scattering channel by a mean and variance estimated un
 models): per-example channel means and mean squares, each vector clipped to norm 1 (every image in [-1, 1] meets
 it on MNIST: the largest norms are 0.96 and 0.91, so nothing is clipped), summed, plus Gaussian noise of
 bn_sigma x 2 (replace-one sensitivity). Its cost is not composed here: give eps the DP-SGD share (with
-bn_sigma = 100 the two sums are zCDP rho = 4e-4, under 2 % of a total ε of 1 at δ = 1e-5).
+bn_sigma = 100 the two sums are zCDP rho = 4e-4, under 2 % of a total ε of 1 at δ = 1e-5); groups (27): GroupNorm's
+groups over the 81 channels; power: a data-independent power of the coefficients before GroupNorm (0.5: square
+root, compressing their heavy tail).
 One JSON line per setting on stdout.
 """
 
@@ -112,12 +114,15 @@ def main() -> None:
         use = features
         if c.get("copies", 1) > 1:  # augmentation multiplicity: the library's cached copies (methods/dpsgd.py)
             use = stages.features(model, c.get("augment", "shift"), c["copies"])
-        if c.get("bn_sigma"):
+        if c.get("bn_sigma") or "groups" in c or "power" in c:
             if raw is None:  # the scattering coefficients before GroupNorm (about a minute for MNIST)
                 with torch.no_grad():
                     raw = tuple(torch.cat([model._scattering(to_float(split.images[i:i + 1000])).flatten(1, 2)
                                            for i in range(0, len(split), 1000)]) for split in (data.train, data.test))
-            use = private_channel_norm(raw, c["bn_sigma"], c.get("seed", 0))
+            if c.get("bn_sigma"):
+                use = private_channel_norm(raw, c["bn_sigma"], c.get("seed", 0))
+            else:  # the order-0 (low-pass) channel can be negative on [-1, 1] images: keep its sign under the power
+                use = tuple(F.group_norm(x.sign() * x.abs() ** c.get("power", 1.0), c.get("groups", 27)) for x in raw)
         print(json.dumps({"dataset": dataset, **run_setting(c, data, use, env)}), flush=True)
 
 

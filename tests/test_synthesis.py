@@ -92,6 +92,47 @@ def test_label_balance_and_quality_on_known_answers():
     assert q["agreement_with_same"] == 1.0 and q["agreement_with_shifted"] == pytest.approx(0.25)
 
 
+def test_soft_targets_teach_the_whole_answer():
+    """train_classifier(soft_targets=...): one-hot targets train exactly as the integer labels do; a fixed
+    distribution is learned as that distribution (hard labels make the model sure of the argmax); a wrong shape
+    is refused. The soft ceiling of synthesis_quality records which labels its student read."""
+    from privdistill.config import ClassifierTraining
+    from privdistill.data import ImageDataset
+    from privdistill.engine.trainer import train_classifier
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (64, 1, 4, 4), generator=g, dtype=torch.uint8)
+    data = ImageDataset(images, torch.zeros(64, dtype=torch.long), 3, name="tiny")
+    cfg = ClassifierTraining(model="small-cnn", epochs=20, batch_size=16, lr=0.05, lr_schedule="constant",
+                             eval_every_epochs=1e9)
+
+    def trained(soft):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+        train_classifier(model, data, cfg=cfg, env=Env.cpu(), soft_targets=soft)
+        return model
+
+    one_hot = F.one_hot(data.labels, 3).float()
+    assert torch.allclose(trained(None)[1].weight, trained(one_hot)[1].weight, atol=1e-6)
+    target = torch.tensor([0.6, 0.3, 0.1])
+    x = images.float() / 127.5 - 1
+    soft_model, hard_model = trained(target.expand(64, 3).clone()), trained(None)
+    with torch.no_grad():
+        soft_answer, hard_answer = (m(x).softmax(1).mean(0) for m in (soft_model, hard_model))
+    assert torch.allclose(soft_answer, target, atol=0.05) and hard_answer[0] > 0.95
+    with pytest.raises(ConfigError, match="soft_targets"):
+        trained(torch.ones(64, 4) / 4)
+
+    levels = torch.tensor([-0.75, -0.25, 0.25, 0.75]).repeat_interleave(25)
+    bins = ((levels[:, None, None, None].expand(100, 1, 4, 4) + 1) * 127.5).round().to(torch.uint8)
+    test = ImageDataset(bins, torch.arange(4).repeat_interleave(25), 4, name="test")
+    q = synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_epochs=1,
+                          ceiling_model="small-cnn", ceiling_labels="soft")
+    assert q["ceiling_training"]["labels"] == "soft" and 0 <= q["ceiling"] <= 1
+    with pytest.raises(ConfigError, match="hard or soft"):
+        synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_labels="logits")
+
+
 class ConstantGenerator(nn.Module):
     """A 'generator' whose images' mean is the first latent coordinate squashed to [-1, 1]."""
 
@@ -222,6 +263,12 @@ def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path,
                                       "--samples", "40", "--reader", f"sources={teachers_dir}", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "quality.json").read_text())
+    # another seed draws other samples (and would train another ceiling student)
+    other = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}",
+                                     "--samples", "40", "--seed", "1", "--out", str(tmp_path / "other")])
+    assert other.exit_code == 0, other.output
+    reseeded = json.loads((tmp_path / "other" / "quality.json").read_text())
+    assert (report["seed"], reseeded["seed"]) == (0, 1) and reseeded["class_counts"] != report["class_counts"]
     assert report["samples"] == 40 and sum(report["class_counts"]) == 40 and 0 <= report["class_balance"] <= 1
     # the plurality of the two sources is the label of their mean softmax on most samples, never on none
     assert 0 < report["agreement_with_sources"] <= 1 and (out / "samples.png").is_file()

@@ -95,8 +95,14 @@ def generator_quality(
     samples: Annotated[int, typer.Option("--samples", min=10, help="synthetic samples drawn")] = 2000,
     ceiling: Annotated[bool, typer.Option(
         "--ceiling", help="also train a student only on the samples (source labels) and test it")] = False,
+    ceiling_labels: Annotated[str, typer.Option(
+        "--ceiling-labels", help="the ceiling student learns the source's label (hard: what a label channel such "
+                                 "as DGD's votes or SRR's responses carries) or its softmax (soft)")] = "hard",
     out: Annotated[Optional[Path], typer.Option("--out", help="where quality.json and samples.png go")] = None,
     data_root: o.DataRoot = None,
+    seed: Annotated[int, typer.Option(
+        "--seed", help="draws the samples and the ceiling student's initial weights: the ceiling's spread over "
+                       "seeds says which differences between generators are noise")] = 0,
 ) -> None:
     """Print the quality of any generator stage: class balance, other models' agreement, ceiling, a grid."""
     from privdistill.errors import ConfigError
@@ -109,8 +115,8 @@ def generator_quality(
             raise ConfigError(f"--reader takes NAME=DIR, got {item!r}")
         readers[name] = path
     report = measure(stage, dataset=dataset, source=str(source) if source else None, readers=readers,
-                     samples=samples, ceiling=ceiling, out=str(out) if out else None,
-                     data_root=str(data_root) if data_root else None)
+                     samples=samples, ceiling=ceiling, ceiling_labels=ceiling_labels, out=str(out) if out else None,
+                     data_root=str(data_root) if data_root else None, seed=seed)
     table = Table(title=f"generator stage {report['stage']} on {dataset} (evaluation only, no epsilon)")
     table.add_column("measure")
     table.add_column("value")

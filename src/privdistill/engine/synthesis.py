@@ -142,6 +142,13 @@ def source_labels(source: nn.Module, images: torch.Tensor, env: Env, batch_size:
     return predict_logits(source, images, env, batch_size).argmax(1)
 
 
+def source_probabilities(source: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 500) -> torch.Tensor:
+    """The source model's class probabilities (softmax of its output) for each uint8 image [N, classes]."""
+    from privdistill.engine.trainer import predict_logits
+
+    return predict_logits(source, images, env, batch_size).float().softmax(1)
+
+
 @torch.no_grad()
 def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *, num_classes: int,
                      verify: float = 0.0, balance: bool = False, max_rounds: int = 50,
@@ -213,22 +220,26 @@ def label_balance(labels: torch.Tensor, num_classes: int) -> float:
 
 def synthesis_quality(images: torch.Tensor, source: nn.Module, env: Env, *, num_classes: int,
                       readers: dict[str, Any] | None = None, ceiling_test: ImageDataset | None = None,
-                      ceiling_epochs: float = 3.0, ceiling_model: str = "paper-cnn") -> dict[str, Any]:
+                      ceiling_epochs: float = 3.0, ceiling_model: str = "paper-cnn",
+                      ceiling_labels: str = "hard") -> dict[str, Any]:
     """What a synthetic set is worth (evaluation only: it reads non-private models, no ε is spent).
 
     ``readers``: other models by name (a classifier, or a TeacherEnsemble read by its plurality vote); for each,
     the share of samples on which it gives the source's label (``agreement_with_<name>``). With
     ``ceiling_test``, the ceiling: the test accuracy of a fresh ``ceiling_model`` trained only on the samples
-    labelled by the source."""
+    labelled by the source: its argmax (``ceiling_labels="hard"``) or its softmax (``"soft"``)."""
+    if ceiling_labels not in ("hard", "soft"):
+        raise ConfigError(f"ceiling labels must be hard or soft, got {ceiling_labels!r}")
     labels = source_labels(source, images, env)
     out: dict[str, Any] = {"samples": len(images), "class_balance": round(label_balance(labels, num_classes), 4),
                            "class_counts": torch.bincount(labels, minlength=num_classes).tolist()}
     for name, reader in (readers or {}).items():
         out[f"agreement_with_{name}"] = round(float((read_labels(reader, images, env) == labels).float().mean()), 4)
     if ceiling_test is not None:
+        soft = source_probabilities(source, images, env) if ceiling_labels == "soft" else None
         out["ceiling"] = round(ceiling_accuracy(images, labels, ceiling_test, env, num_classes, ceiling_epochs,
-                                        ceiling_model), 4)
-        out["ceiling_training"] = {"model": ceiling_model, "epochs": ceiling_epochs}
+                                                ceiling_model, soft_targets=soft), 4)
+        out["ceiling_training"] = {"model": ceiling_model, "epochs": ceiling_epochs, "labels": ceiling_labels}
     return out
 
 
@@ -267,9 +278,13 @@ def read_labels(reader: Any, images: torch.Tensor, env: Env) -> torch.Tensor:
 
 
 def ceiling_accuracy(images: torch.Tensor, labels: torch.Tensor, test: ImageDataset, env: Env, num_classes: int,
-                     epochs: float = 3.0, model_name: str = "paper-cnn") -> float:
+                     epochs: float = 3.0, model_name: str = "paper-cnn",
+                     soft_targets: torch.Tensor | None = None) -> float:
     """The test accuracy of a fresh `model_name` trained `epochs` only on `images` with `labels` (Adam 1e-3,
-    batch 128): what a synthetic set labelled by its source teaches about the real data."""
+    batch 128): what a synthetic set labelled by its source teaches about the real data. With `soft_targets`
+    (the source's class probabilities) the student learns the source's whole answer instead of its argmax: what
+    the samples teach a method whose channel carries more than a label (DPDFD's output gradients, a DP source's
+    free soft labels), against what they teach a label channel (DGD's votes, SRR's responses)."""
     from privdistill.config import ClassifierTraining
     from privdistill.engine.trainer import evaluate, train_classifier
     from privdistill.models import create_model
@@ -280,5 +295,5 @@ def ceiling_accuracy(images: torch.Tensor, labels: torch.Tensor, test: ImageData
     data = ImageDataset(images, labels, num_classes, name="synthetic samples (source labels)")
     cfg = ClassifierTraining(model=model_name, epochs=epochs, batch_size=128, lr=1e-3, eval_every_epochs=1e9)
     quiet = Env(device=env.device, precision=env.precision, seed=env.seed, progress=False)
-    train_classifier(model, data, cfg=cfg, env=quiet, description="synthesis ceiling")
+    train_classifier(model, data, cfg=cfg, env=quiet, description="synthesis ceiling", soft_targets=soft_targets)
     return evaluate(model, test, env)

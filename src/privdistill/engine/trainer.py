@@ -22,6 +22,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule  # srr.py still imports make_schedule from here
 from privdistill.engine.run import RunDir
+from privdistill.errors import ConfigError
 
 
 @dataclass
@@ -74,9 +75,14 @@ def evaluate(model: nn.Module, data: ImageDataset, env: Env, batch_size: int = 1
 
 def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTraining, env: Env,
                      run: RunDir | None = None, test: ImageDataset | None = None, checkpoint: str = "checkpoint",
-                     description: str = "train", log_prefix: str = "") -> TrainResult:
+                     description: str = "train", log_prefix: str = "",
+                     soft_targets: torch.Tensor | None = None) -> TrainResult:
     """Train `model` on `train` (in place). With a run directory, checkpoints atomically every
-    `cfg.checkpoint_every` steps and resumes from the last checkpoint if one exists."""
+    `cfg.checkpoint_every` steps and resumes from the last checkpoint if one exists. `soft_targets` [N, classes]
+    (class probabilities, e.g. a teacher's softmax) replace the integer labels in the loss: cross-entropy to a
+    distribution, i.e. distillation of the whole answer instead of its argmax."""
+    if soft_targets is not None and tuple(soft_targets.shape) != (len(train), train.num_classes):
+        raise ConfigError(f"soft_targets must be [{len(train)}, {train.num_classes}], got {tuple(soft_targets.shape)}")
     model = env.place(model)
     model.train()
     optimizer = make_optimizer(model.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
@@ -94,6 +100,8 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
     for step in loop:
         idx = batch_indices(len(train), cfg.batch_size, step, env)
         x, y = train.batch(idx)
+        if soft_targets is not None:
+            y = soft_targets[idx]
         x = augment_batch(x, cfg.augment, env.generator(streams.TRAINER_AUGMENT, step))
         x, y = env.place_batch(x), y.to(env.device)
         with env.autocast():
