@@ -1,0 +1,99 @@
+"""What holds a generator's ceiling down (issue 24): one generator stage, several ceiling students.
+
+The ceiling (test accuracy of a student trained only on synthetic samples labelled by the source model) mixes
+three things: what the samples hold, what the labels carry, and the student's own noise. Each regime below
+changes one of them, on the same generator and source:
+
+    hard        60,000 samples, the source's argmax (what a label channel carries: DGD's votes, SRR's responses)
+    soft        the same samples, the source's softmax (what the samples hold for a channel that carries more)
+    fresh       a new draw of 60,000 samples every epoch (3 x 60,000 in all): is the sample count the limit?
+    fresh-soft  both
+    aug-soft    the 60,000 samples shifted by up to 2 pixels every step, relabelled by the source (its softmax)
+
+The student is the paper CNN, Adam 1e-3 at a constant rate, batch 128, 3 epochs (`generator quality` decays the
+rate linearly; compare rows of one script, not across). Evaluation only: no private image is read but the test
+set, nothing is released. One JSON line per regime:
+
+    flock /tmp/privdistill-cpu.lock python scripts/ceiling_probe.py generator-c7aabe888541b1ff fashion-mnist \\
+        hard,soft,fresh,fresh-soft,aug-soft >> docs/diagnostics/ceiling-probe-fashion-mnist.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from privdistill.config import RunOptions
+from privdistill.data import load_data
+from privdistill.data.dataset import to_float
+from privdistill.engine import Env, RunDir, evaluate
+from privdistill.engine.cache import StageCache
+from privdistill.engine.datafree import generate
+from privdistill.engine.trainer import predict_logits
+from privdistill.methods.datafree import resolve_source
+from privdistill.models import create_model
+
+SAMPLES, EPOCHS, BATCH = 60_000, 3, 128
+REGIMES = ("hard", "soft", "fresh", "fresh-soft", "aug-soft")
+
+
+def shifted(images: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """uint8 images as floats in [-1, 1], the whole batch moved by up to 2 pixels (background -1 fills in)."""
+    side = images.shape[-1]
+    padded = F.pad(to_float(images), (2, 2, 2, 2), value=-1.0)
+    i, j = torch.randint(0, 5, (2,), generator=g).tolist()
+    return padded[:, :, i:i + side, j:j + side]
+
+
+def ceiling(regime: str, generator, source, data, env: Env) -> float:
+    torch.manual_seed(0)
+    soft, fresh, augment = "soft" in regime, regime.startswith("fresh"), regime.startswith("aug")
+    student = create_model("paper-cnn", kind="classifier", in_channels=data.channels,
+                           num_classes=data.num_classes, image_size=data.image_size[0])
+    optimizer = torch.optim.Adam(student.parameters(), 1e-3)
+    g = torch.Generator().manual_seed(1)
+    for epoch in range(EPOCHS):
+        if epoch == 0 or fresh:  # stream `epoch`: each fresh draw is a new set of latent codes
+            images = generate(generator, SAMPLES, env, stream=epoch)
+            answers = predict_logits(source, images, env)
+        student.train()
+        for batch in torch.randperm(SAMPLES, generator=g).split(BATCH):
+            x, answer = to_float(images[batch]), answers[batch]
+            if augment:
+                x = shifted(images[batch], g)
+                with torch.no_grad():
+                    answer = source(x)
+            target = answer.softmax(1) if soft else answer.argmax(1)
+            loss = F.cross_entropy(student(x), target)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return evaluate(student, data.test, env)
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    stage, dataset = sys.argv[1], sys.argv[2]
+    regimes = sys.argv[3].split(",") if len(sys.argv) > 3 else list(REGIMES)
+    if unknown := set(regimes) - set(REGIMES):
+        sys.exit(f"unknown regimes {sorted(unknown)}; known: {', '.join(REGIMES)}")
+    cache = StageCache()
+    run = RunDir(cache.root / stage)
+    env = Env.from_options(RunOptions(seed=0, precision="fp32", progress=False))
+    data = load_data(dataset)
+    source = resolve_source((run.config() or {}).get("classifier", ""), cache, env).eval()
+    generator = run.load_weights("generator", device=env.device)
+    for regime in regimes:
+        started = time.time()
+        accuracy = ceiling(regime, generator, source, data, env)
+        print(json.dumps({"stage": stage, "dataset": dataset, "regime": regime, "ceiling": round(accuracy, 4),
+                          "seconds": round(time.time() - started)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
