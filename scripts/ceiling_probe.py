@@ -8,7 +8,7 @@ changes one of them, on the same generator and source:
     soft        the same samples, the source's softmax (what the samples hold for a channel that carries more)
     fresh       a new draw of 60,000 samples every epoch (3 x 60,000 in all): is the sample count the limit?
     fresh-soft  both
-    aug-soft    the 60,000 samples shifted by up to 2 pixels every step, relabelled by the source (its softmax)
+    aug-soft    the 60,000 samples, each shifted by up to 2 pixels every step, relabelled by the source (softmax)
 
 The student is the paper CNN, Adam 1e-3 at a constant rate, batch 128, 3 epochs (`generator quality` decays the
 rate linearly; compare rows of one script, not across). Evaluation only: no private image is read but the test
@@ -32,6 +32,7 @@ from privdistill.config import RunOptions
 from privdistill.data import load_data
 from privdistill.data.dataset import to_float
 from privdistill.engine import Env, RunDir, evaluate
+from privdistill.engine.augment import random_shift
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import generate
 from privdistill.engine.trainer import predict_logits
@@ -40,14 +41,6 @@ from privdistill.models import create_model
 
 SAMPLES, EPOCHS, BATCH = 60_000, 3, 128
 REGIMES = ("hard", "soft", "fresh", "fresh-soft", "aug-soft")
-
-
-def shifted(images: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """uint8 images as floats in [-1, 1], the whole batch moved by up to 2 pixels (background -1 fills in)."""
-    side = images.shape[-1]
-    padded = F.pad(to_float(images), (2, 2, 2, 2), value=-1.0)
-    i, j = torch.randint(0, 5, (2,), generator=g).tolist()
-    return padded[:, :, i:i + side, j:j + side]
 
 
 def ceiling(regime: str, generator, source, data, env: Env) -> float:
@@ -64,8 +57,8 @@ def ceiling(regime: str, generator, source, data, env: Env) -> float:
         student.train()
         for batch in torch.randperm(SAMPLES, generator=g).split(BATCH):
             x, answer = to_float(images[batch]), answers[batch]
-            if augment:
-                x = shifted(images[batch], g)
+            if augment:  # each image moved by up to 2 pixels, as the trainers' `augment: shift`
+                x = random_shift(x, 2, g)
                 with torch.no_grad():
                     answer = source(x)
             target = answer.softmax(1) if soft else answer.argmax(1)

@@ -142,13 +142,6 @@ def source_labels(source: nn.Module, images: torch.Tensor, env: Env, batch_size:
     return predict_logits(source, images, env, batch_size).argmax(1)
 
 
-def source_probabilities(source: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 500) -> torch.Tensor:
-    """The source model's class probabilities (softmax of its output) for each uint8 image [N, classes]."""
-    from privdistill.engine.trainer import predict_logits
-
-    return predict_logits(source, images, env, batch_size).float().softmax(1)
-
-
 @torch.no_grad()
 def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *, num_classes: int,
                      verify: float = 0.0, balance: bool = False, max_rounds: int = 50,
@@ -230,13 +223,16 @@ def synthesis_quality(images: torch.Tensor, source: nn.Module, env: Env, *, num_
     labelled by the source: its argmax (``ceiling_labels="hard"``) or its softmax (``"soft"``)."""
     if ceiling_labels not in ("hard", "soft"):
         raise ConfigError(f"ceiling labels must be hard or soft, got {ceiling_labels!r}")
-    labels = source_labels(source, images, env)
+    from privdistill.engine.trainer import predict_logits
+
+    answers = predict_logits(source, images, env).float()  # read once: the labels, and the soft ceiling's targets
+    labels = answers.argmax(1)
     out: dict[str, Any] = {"samples": len(images), "class_balance": round(label_balance(labels, num_classes), 4),
                            "class_counts": torch.bincount(labels, minlength=num_classes).tolist()}
     for name, reader in (readers or {}).items():
         out[f"agreement_with_{name}"] = round(float((read_labels(reader, images, env) == labels).float().mean()), 4)
     if ceiling_test is not None:
-        soft = source_probabilities(source, images, env) if ceiling_labels == "soft" else None
+        soft = answers.softmax(1) if ceiling_labels == "soft" else None
         out["ceiling"] = round(ceiling_accuracy(images, labels, ceiling_test, env, num_classes, ceiling_epochs,
                                                 ceiling_model, soft_targets=soft), 4)
         out["ceiling_training"] = {"model": ceiling_model, "epochs": ceiling_epochs, "labels": ceiling_labels}
