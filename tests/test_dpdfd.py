@@ -155,6 +155,11 @@ def test_config_errors():
         DPDFDConfig(operation="cut").validate()
     assert auto_variant(DPDFDConfig(algorithm=2), "strict") == "multi-teacher-strict"
     assert auto_variant(DPDFDConfig(variant="ablation-no-ce")) == "ablation-no-ce"
+    # a warm-started generator never records under the paper-literal cell's name
+    warm = DPDFDConfig(generator_init="teacher", generator_every=0)
+    assert auto_variant(warm, "paper") == "teacher-generator"
+    assert auto_variant(DPDFDConfig(generator_init="teacher"), "paper") == "teacher-generator-alternating"
+    assert auto_variant(DPDFDConfig(), "paper") is None
 
 
 # ------------------------------------------------------------------------------------------ end to end
@@ -200,6 +205,38 @@ def test_warm_started_generator_learns_and_is_reported_not_covered(tiny_npz, tmp
     privacy = json.loads((tmp_path / "w" / "privacy.json").read_text())
     assert not all(p["covered"] for p in privacy["artifacts"]["generator"])
     assert s["privacy"].startswith("NOT DP")
+
+
+def test_a_frozen_warm_generator_is_the_cached_stage_unchanged(tiny_npz, tmp_path, cache):
+    """generator_every=0 (the teacher-generator overlay): the student learns through the noisy channel while the
+    warm generator stays exactly the cached stage's, and the run records under its own variant name."""
+    from safetensors.torch import load_file
+
+    s = run(tiny_npz, tmp_path / "f", "budget.epsilon=null", "dpdfd.steps=30", "dpdfd.sigma=0.5",
+            "dpdfd.generator_init=teacher", "dpdfd.generator_every=0")
+    assert s["test_accuracy"] > 0.6 and s["variant"] == "teacher-generator" and s["privacy"].startswith("NOT DP")
+    [stage] = [p for p in cache.rglob("generator-*") if (p / "generator.safetensors").is_file()]
+    fitted = load_file(stage / "generator.safetensors")
+    released = load_file(tmp_path / "f" / "generator.safetensors")
+    weights = [k for k in fitted if "running" not in k and "num_batches" not in k]  # BN buffers move in train mode
+    assert weights and all(torch.equal(fitted[k], released[k]) for k in weights)
+
+
+def test_the_teacher_generator_overlay_trains_srrs_teacher_and_generator_once():
+    """`--config teacher-generator` gives DPDFD exactly SRR's quick teacher and generator (the same settings, so
+    the same cache keys): one dataset's SRR and DPDFD cells share both stages."""
+    from privdistill.config import ClassifierTraining, keyed_config, resolve_sections
+    from privdistill.engine.datafree import GeneratorTraining
+
+    sections = {"baseline": ClassifierTraining, "srr_teacher": ClassifierTraining, "dpdfd": DPDFDConfig,
+                "dpdfd_generator": GeneratorTraining, "srr_generator": GeneratorTraining}
+    for dataset in ("mnist", "fashion-mnist"):
+        srr = resolve_sections(sections, preset="quick", dataset=dataset)
+        warm = resolve_sections(sections, preset="quick", dataset=dataset, config_file="teacher-generator")
+        assert keyed_config(warm["baseline"]) == keyed_config(srr["srr_teacher"]), dataset
+        assert keyed_config(warm["dpdfd_generator"]) == keyed_config(srr["srr_generator"]), dataset
+        assert warm["dpdfd"].generator_init == "teacher" and warm["dpdfd"].generator_every == 0
+        assert srr["dpdfd"].generator_init == "scratch", "the paper-literal cell keeps its generator"
 
 
 def test_direct_training_learns_and_is_not_dp_under_strict(tiny_npz, tmp_path, cache):

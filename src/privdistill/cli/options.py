@@ -20,7 +20,8 @@ Preset = Annotated[
 ]
 ConfigFile = Annotated[
     Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets, or a "
-                                 "named overlay (synthesis, adversarial, staged-prior, scatternet); compose with + "
+                                 "named overlay (synthesis, adversarial, teacher-generator, staged-prior, scatternet); "
+                                 "compose with + "
                                  "(adversarial+staged-prior: the later one wins)")
 ]
 Overrides = Annotated[

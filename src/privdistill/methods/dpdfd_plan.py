@@ -123,7 +123,7 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def auto_variant(cfg: DPDFDConfig, accounting: str = "strict") -> str | None:
-    """The --record label: given, or derived (multi-teacher / direct, clipping, strict)."""
+    """The --record label: given, or derived (multi-teacher / direct, clipping, teacher-generator, strict)."""
     if cfg.variant:
         return cfg.variant
     parts = []
@@ -133,6 +133,8 @@ def auto_variant(cfg: DPDFDConfig, accounting: str = "strict") -> str | None:
         parts.append("direct")
     if cfg.operation == "clip":
         parts.append("clipping")
+    if cfg.algorithm != 3 and cfg.generator_init == "teacher":  # not the paper's generator: never its file name
+        parts.append("teacher-generator" + ("-alternating" if cfg.generator_every else ""))
     if accounting == "strict":
         parts.append("strict")
     return "-".join(parts) or None
