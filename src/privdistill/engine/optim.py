@@ -65,3 +65,16 @@ def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, kind: str, step: in
     """Set every group's rate for `step` (loops whose step counter is not the scheduler's)."""
     for group in optimizer.param_groups:
         group["lr"] = base_lr * lr_factor(kind, step, total)
+
+
+def weight_average(model: torch.nn.Module, decay: float) -> torch.optim.swa_utils.AveragedModel | None:
+    """An exponential moving average of `model`'s weights (torch's AveragedModel with its EMA rule), or None when
+    `decay` is 0. Update it with `average.update_parameters(model)` after each step; `average.module` is the
+    averaged model. Averaging the iterates of a DP training run is post-processing: it spends no privacy."""
+    if not decay:
+        return None
+    if not 0 < decay < 1:
+        raise ConfigError(f"a weight-average decay must lie in [0, 1), got {decay}")
+    swa = torch.optim.swa_utils
+    return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(decay), use_buffers=True)
+

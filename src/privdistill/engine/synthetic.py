@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from privdistill.data.dataset import to_float
+from privdistill.data.dataset import to_float, to_uint8
 from privdistill.engine.context import Env
+from privdistill.engine.datafree import generate
 from privdistill.engine.trainer import predict_logits
 
 
@@ -50,3 +51,17 @@ def save_grid(images: torch.Tensor, labels: torch.Tensor | None, path: str | Pat
         grid = torch.nn.functional.interpolate(grid.float(), scale_factor=factor, mode="nearest")
     save_image((grid + 1) / 2, str(path), nrow=per_class, padding=factor)
     return path
+
+
+def save_generator_grid(generator: nn.Module, labeller: nn.Module, path: str | Path, env: Env,
+                        num_classes: int) -> None:
+    """A grid of 500 generator samples, rows by `labeller`'s prediction (DPDFD passes its student: no teacher
+    access, no privacy cost). The labeller reads the generator's raw float output, as a student saw it in
+    training; the grid shows the same samples clamped to [-1, 1] (an output-BatchNorm generator exceeds that
+    range). Without torchvision, no grid."""
+    try:
+        samples = generate(generator, 500, env, stream=1, quantise=False)
+        save_grid(to_uint8(samples), predict_logits(labeller, samples, env).argmax(1), path, num_classes=num_classes)
+    except ImportError:
+        pass
+

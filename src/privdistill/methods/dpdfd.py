@@ -25,7 +25,9 @@ Readings and choices (see docs/privacy.md for the privacy side):
   activation term REWARDING high activation (see methods.dkd.generator_loss). w_ce, alpha, beta = 1 (paper);
   setting one to 0 is the Table 5 ablation.
 * The generator (the paper gives none; it builds on DAFL) is DAFL's; ``generator_output_norm`` adds DAFL's final
-  non-affine BatchNorm, set per dataset by the presets (why: methods/dpdfd_plan.py).
+  non-affine BatchNorm, set per dataset by the presets (why: methods/dpdfd_plan.py). Beyond the paper:
+  ``generator_init=teacher`` (a generator fitted to the teacher first, NOT covered) and ``student_ema`` (an average
+  of the student's iterates is released: post-processing).
 """
 
 from __future__ import annotations
@@ -41,15 +43,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import ClassifierTraining
-from privdistill.data.dataset import ImageDataset, to_uint8
+from privdistill.data.dataset import ImageDataset
 from privdistill.engine import streams
 from privdistill.engine.cache import Stage
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, build_generator, draw_latent, logits_and_features
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
 from privdistill.engine.loop import LoopResult, TrainingLoop
-from privdistill.engine.optim import make_optimizer, set_lr
+from privdistill.engine.optim import make_optimizer, set_lr, weight_average
 from privdistill.engine.run import RunDir
+from privdistill.engine.synthetic import save_generator_grid
 from privdistill.engine.teachers import TeacherSpec, load_teacher
 from privdistill.engine.trainer import evaluate
 from privdistill.errors import BudgetExceededError, ConfigError
@@ -88,9 +91,8 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
                 generator_cfg: GeneratorTraining, init_generator: nn.Module | None = None,
                 private: ImageDataset | None = None, test: ImageDataset | None = None,
                 run: RunDir | None = None) -> DPDFDResult:
-    """The DPDFD loop: Alg. 1 with a module teacher, Alg. 2 with a TeacherEnsemble, Alg. 3 with `private`.
-
-    Resumable (engine.loop): everything random derives from (seed, step) or from the ledger's recorded seeds."""
+    """The DPDFD loop: Alg. 1 with a module teacher, Alg. 2 with a TeacherEnsemble, Alg. 3 with `private`. Resumable
+    (engine.loop): everything random derives from (seed, step) or from the ledger's recorded seeds."""
     direct = cfg.algorithm == 3
     if (private if direct else teacher) is None:
         raise ConfigError("DPDFD Alg. 3 trains on private data: pass `private`" if direct
@@ -111,12 +113,15 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
         if not isinstance(teacher, TeacherEnsemble):
             teacher = env.place(teacher).eval().requires_grad_(False)
 
+    average = weight_average(student, cfg.student_ema)  # what is released and evaluated, when set
+    released = student if average is None else average.module
+
     def evaluation() -> dict[str, Any]:
-        accuracy = {} if test is None else {"test_accuracy": evaluate(student, test, env)}
+        accuracy = {} if test is None else {"test_accuracy": evaluate(released, test, env)}
         return {**accuracy, "elapsed": round(loop.wall_seconds(), 1)}
 
     loop = TrainingLoop(steps=plan.steps, env=env, run=run, checkpoint=CHECKPOINT, title=f"dpdfd alg. {cfg.algorithm}",
-                        log_stage="dpdfd", modules={"student": student, "generator": generator},
+                        log_stage="dpdfd", modules={"student": student, "generator": generator, "average": average},
                         optimizers={"student": opt_s, "generator": opt_g}, eval_every=cfg.eval_every,
                         checkpoint_every=cfg.checkpoint_every, evaluate=evaluation)
     chunks = LedgerChunks(ledger, plan, cfg, env)
@@ -124,14 +129,16 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
         try:
             chunk_seed = chunks.seed_for(step)  # the chunk is charged before its first step runs
         except BudgetExceededError as err:
-            return DPDFDResult(student, generator, loop.finish(step), f"budget exhausted before step {step}: {err}")
+            return DPDFDResult(released, generator, loop.finish(step), f"budget exhausted before step {step}: {err}")
         set_lr(opt_s, cfg.student_lr, cfg.student_lr_schedule, step, plan.steps)
         if direct:
             parts = _direct_step(cfg, plan, env, student, opt_s, private, step, chunk_seed)
         else:
             parts = _datafree_step(cfg, plan, env, student, opt_s, generator, opt_g, teacher, step, chunk_seed)
+        if average is not None:
+            average.update_parameters(student)
         loop.record(parts)
-    return DPDFDResult(student, generator, loop.finish())
+    return DPDFDResult(released, generator, loop.finish())
 
 
 def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Module, opt_s, generator: nn.Module, opt_g,
@@ -256,7 +263,8 @@ class DPDFDMethod(Method):
                              generator_cfg=ctx.section("dpdfd_generator"), init_generator=init_generator,
                              private=data.train if cfg.algorithm == 3 else None, test=data.test, run=ctx.run)
         if result.generator is not None:  # drawn from a copy: sampling moves the BatchNorm statistics
-            _save_samples(copy.deepcopy(result.generator), result.student, ctx.run, ctx.env, data.num_classes)
+            save_generator_grid(copy.deepcopy(result.generator), result.student, ctx.run.path / "samples.png",
+                                ctx.env, data.num_classes)
         num_teachers = ctx.section("dpdfd_teachers").num_teachers if cfg.algorithm == 2 else None
         return Trained(student=result.student, generator=result.generator, baseline_accuracy=teacher.accuracy,
                        wall_seconds=result.loop.wall_seconds,
@@ -305,23 +313,6 @@ def _timed(build: Callable[[], tuple[Any, Stage]], log: dict) -> tuple[Any, Stag
     log["stages"].append(stage.ref())
     log["stage_seconds"] += 0.0 if stage.reused else time.perf_counter() - started
     return model, stage
-
-
-def _save_samples(generator: nn.Module, student: nn.Module, run: RunDir, env: Env, num_classes: int) -> None:
-    """A grid of generator samples, rows by the STUDENT's prediction (no teacher access: no privacy cost).
-
-    The student labels the generator's raw float output, as it saw it in training; the grid shows the same
-    samples clamped to [-1, 1] (an output-BatchNorm generator exceeds that range)."""
-    try:
-        from privdistill.engine.datafree import generate
-        from privdistill.engine.synthetic import save_grid
-        from privdistill.engine.trainer import predict_logits
-
-        samples = generate(generator, 500, env, stream=1, quantise=False)
-        labels = predict_logits(student, samples, env).argmax(1)
-        save_grid(to_uint8(samples), labels, run.path / "samples.png", num_classes=num_classes)
-    except ImportError:  # torchvision missing: no grid
-        pass
 
 
 # ======================================================================================== Python API
