@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,8 +216,8 @@ def test_a_frozen_warm_generator_is_the_cached_stage_unchanged(tiny_npz, tmp_pat
     s = run(tiny_npz, tmp_path / "f", "budget.epsilon=null", "dpdfd.steps=30", "dpdfd.sigma=0.5",
             "dpdfd.generator_init=teacher", "dpdfd.generator_every=0")
     assert s["test_accuracy"] > 0.6 and s["variant"] == "teacher-generator" and s["privacy"].startswith("NOT DP")
-    [stage] = [p for p in cache.rglob("generator-*") if (p / "generator.safetensors").is_file()]
-    fitted = load_file(stage / "generator.safetensors")
+    [stage] = [ref["path"] for ref in s["stages"] if ref["stage"] == "generator"]  # the stage this run read
+    fitted = load_file(Path(stage) / "generator.safetensors")
     released = load_file(tmp_path / "f" / "generator.safetensors")
     weights = [k for k in fitted if "running" not in k and "num_batches" not in k]  # BN buffers move in train mode
     assert weights and all(torch.equal(fitted[k], released[k]) for k in weights)

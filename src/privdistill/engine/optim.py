@@ -77,4 +77,3 @@ def weight_average(model: torch.nn.Module, decay: float) -> torch.optim.swa_util
         raise ConfigError(f"a weight-average decay must lie in [0, 1), got {decay}")
     swa = torch.optim.swa_utils
     return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(decay), use_buffers=True)
-

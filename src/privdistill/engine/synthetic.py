@@ -64,4 +64,3 @@ def save_generator_grid(generator: nn.Module, labeller: nn.Module, path: str | P
         save_grid(to_uint8(samples), predict_logits(labeller, samples, env).argmax(1), path, num_classes=num_classes)
     except ImportError:
         pass
-
