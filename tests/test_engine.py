@@ -12,7 +12,7 @@ from privdistill.atomic import atomic_write_bytes
 from privdistill.config import ClassifierTraining
 from privdistill.data import load_data
 from privdistill.engine import Env, RunDir, evaluate, train_classifier
-from privdistill.engine.augment import random_flip, random_shift
+from privdistill.engine.augment import random_affine, random_flip, random_shift
 from privdistill.engine.run import SUMMARY_KEYS
 from privdistill.errors import ConfigError, RunError
 from privdistill.models import create_model
@@ -42,6 +42,22 @@ def test_augmentations_are_vectorised_and_seeded():
     flipped = [torch.equal(f[i], x[i].flip(-1)) for i in range(8)]
     assert all(flipped[i] or torch.equal(f[i], x[i]) for i in range(8)) and any(flipped)
 
+
+def test_affine_augmentation_rotates_within_its_bounds_and_fills_black():
+    x = torch.rand(6, 1, 28, 28) * 2 - 1
+    gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    a, b = random_affine(x, gen()), random_affine(x, gen())
+    assert torch.equal(a, b) and a.shape == x.shape and not torch.equal(a, x)
+    assert a.min() >= -1 - 1e-6 and a.max() <= 1 + 1e-6  # bilinear resampling stays in the images' range
+    # without rotation, scaling or shift it is the identity; a black image stays black (the fill is -1)
+    assert torch.allclose(random_affine(x, gen(), degrees=0, scale=0, max_shift=0), x, atol=1e-5)
+    assert torch.equal(random_affine(-torch.ones(2, 1, 28, 28), gen()), -torch.ones(2, 1, 28, 28))
+    # a 90-degree bound can turn a vertical bar far from vertical; 10 degrees keeps it nearly so
+    bar = -torch.ones(64, 1, 28, 28)
+    bar[..., 4:24, 13:15] = 1.0
+    spread = lambda y: ((y > 0).float().sum(-2) > 0).sum((-1, -2)).float().mean()  # noqa: E731  columns lit
+    assert spread(random_affine(bar, gen(), degrees=10, scale=0, max_shift=0)) < 5
+    assert spread(random_affine(bar, gen(), degrees=90, scale=0, max_shift=0)) > 10
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     target = tmp_path / "f.bin"

@@ -23,7 +23,7 @@ import yaml
 from privdistill.errors import ConfigError
 
 # engine/augment.py's batch augmentations, by name (every config section with an `augment` option)
-AUGMENTATIONS = ("none", "shift", "flip-shift")
+AUGMENTATIONS = ("none", "shift", "flip-shift", "affine")
 
 PRESETS = ("quick", "paper")
 

@@ -64,14 +64,14 @@ class TeacherTraining:
     partition_seed: int = 0
     # The synthesis engine's teacher side (issue 24): training that extrapolates consistently off the data, so
     # that teachers read synthetic samples alike. Off by default (the papers' teachers).
-    augment: str = "none"  # none | shift | flip-shift (engine/augment.py)
+    augment: str = "none"  # none | shift | flip-shift | affine (engine/augment.py)
     input_noise: float = 0.0  # std of Gaussian noise added to each training image (in [-1, 1] units)
 
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment", "input_noise")
 
     def validate(self) -> None:
         if self.augment not in AUGMENTATIONS:
-            raise ConfigError(f"teachers.augment must be none, shift or flip-shift, got {self.augment!r}")
+            raise ConfigError(f"teachers.augment must be none, shift, flip-shift or affine, got {self.augment!r}")
         if self.input_noise < 0:
             raise ConfigError("teachers.input_noise must be >= 0")
         if self.num_teachers < 1:

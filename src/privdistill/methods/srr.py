@@ -112,7 +112,7 @@ class SRRConfig:
     loss: str = "ce"
     first_stage_fraction: float = 0.0  # share of the N labels drawn at stage 1 (0: N/T, the paper's equal split)
     final_epochs: float = 0.0  # extra epochs on the union of all labelled samples after the last stage
-    augment: str = "none"  # none | shift | flip-shift (label-dp on real images)
+    augment: str = "none"  # none | shift | flip-shift | affine (label-dp on real images)
     # generator fine-tuning (data-free)
     finetune: str = "kd"  # kd | kd+srr | none
     finetune_steps: int = 5  # per stage
