@@ -21,7 +21,8 @@ bn_sigma = 100 the two sums are zCDP rho = 4e-4, under 2 % of a total ε of 1 at
 groups over the 81 channels; power: a data-independent power of the coefficients before GroupNorm (0.5: square
 root, compressing their heavy tail); nonprivate: true trains the head without clipping or noise (Adam, E epochs;
 B, eps, lr, C are ignored): the capacity a private run can approach, not a release; with it, head: a bigger head
-than the packaged ones (cnn64-tanh, cnn128-tanh, cnn64-relu-pool, cnn128-relu-pool, mlp256, conv1x1-256-linear).
+than the packaged ones (cnn64-tanh, cnn128-tanh, cnn64-relu-pool, cnn128-relu-pool, mlpN with N hidden units,
+conv1x1-256-linear); a private setting takes a head too (with copies, only mlpN).
 tta: K, test-time averaging: the head's softmax averaged over the test image and K - 1 copies augmented with
 tta_augment (default the setting's augment, else shift; fixed public seeds), reported as accuracy_tta beside the
 plain accuracy: the released classifier is then the head applied to K views, post-processing of the DP head.
@@ -62,8 +63,10 @@ def capacity_head(name: str, channels: int, side: int, classes: int) -> nn.Modul
     if name in ("cnn64-tanh", "cnn128-tanh"):
         return nn.Sequential(nn.Conv2d(channels, w, 3, padding=1), nn.Tanh(), nn.Conv2d(w, w, 3, stride=2, padding=1),
                              nn.Tanh(), nn.Flatten(), nn.Linear(w * ((side + 1) // 2) ** 2, classes))
-    if name == "mlp256":
-        return nn.Sequential(nn.Flatten(), nn.Linear(flat, 256), nn.ReLU(), nn.Linear(256, classes))
+    if name.startswith("mlp"):  # mlpN: N hidden units; flattening the last three dims keeps [B, copies, ...] intact,
+        # so a private run with copies clips each example's mean gradient (Opacus's Linear sums the extra dims)
+        width = int(name[3:])
+        return nn.Sequential(nn.Flatten(-3), nn.Linear(flat, width), nn.ReLU(), nn.Linear(width, classes))
     if name == "conv1x1-256-linear":
         return nn.Sequential(nn.Conv2d(channels, 256, 1), nn.ReLU(), nn.Flatten(),
                              nn.Linear(256 * side * side, classes))
@@ -111,8 +114,13 @@ def run_setting(c: dict, data, features: tuple[torch.Tensor, torch.Tensor], env:
 
     (x_train, x_test), (y_train, y_test) = features, (data.train.labels, data.test.labels)
     torch.manual_seed(c.get("seed", 0))
-    head = create_model(c.get("model", "scatter-linear"), in_channels=data.channels, num_classes=data.num_classes,
-                        image_size=data.image_size[0]).head
+    if c.get("head"):  # a bigger private head; with copies only an MLP (see capacity_head)
+        if x_train.dim() == 5 and not c["head"].startswith("mlp"):
+            raise SystemExit(f"head {c['head']!r} takes no copies: a convolution would clip each copy on its own")
+        head = capacity_head(c["head"], x_train.shape[-3], x_train.shape[-1], data.num_classes)
+    else:
+        head = create_model(c.get("model", "scatter-linear"), in_channels=data.channels,
+                            num_classes=data.num_classes, image_size=data.image_size[0]).head
     per_epoch = steps_per_epoch(len(x_train), c["B"])
     total = per_epoch * c["E"]
     sigma = strict_noise_multiplier(target_epsilon=c["eps"], delta=1e-5, sample_rate=1 / per_epoch, steps=total)
