@@ -77,7 +77,7 @@ def test_augmentation_multiplicity_averages_copies_at_the_same_privacy_cost(tiny
 
     monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
     one = _run(tiny_npz, tmp_path, "one")
-    three = _run(tiny_npz, tmp_path, "three", ["dpsgd.augment_copies=3", "dpsgd.augment=shift"])
+    three = _run(tiny_npz, tmp_path, "three", ["dpsgd.augment_copies=3", "dpsgd.augment=affine"])
     # one clipped gradient per example either way: the same σ, sampling rate and steps, so the same ε
     assert three["epsilon_strict"] == one["epsilon_strict"]
     assert three["dpsgd_accounting"]["noise_multiplier"] == one["dpsgd_accounting"]["noise_multiplier"]
@@ -85,7 +85,7 @@ def test_augmentation_multiplicity_averages_copies_at_the_same_privacy_cost(tiny
     plain, copies = sorted(stages.values(), key=lambda f: f["train"].dim())
     assert copies["train"].shape == (plain["train"].shape[0], 3, *plain["train"].shape[1:])
     assert torch.equal(copies["train"][:, 0], plain["train"]), "copy 0 is the image as it is"
-    assert not torch.equal(copies["train"][:, 1], plain["train"]), "the others are shifted"
+    assert not torch.equal(copies["train"][:, 1], plain["train"]), "the others are augmented (rotated, rescaled, shifted)"
     assert three["test_accuracy"] > 0.5
 
 
