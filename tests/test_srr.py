@@ -353,3 +353,32 @@ def test_label_dp_and_data_free_srr_refuse_end_to_end_before_training(tiny_npz, 
     with pytest.raises(ConfigError, match="no end-to-end mode yet"):
         run_srr(request(tiny_npz, tmp_path / "b", "budget.privacy=end-to-end", "budget.epsilon=2"))
     assert not list(cache.glob("baseline-*")), "refused before anything trained"
+
+
+def test_student_average_is_the_prior_and_the_release_at_the_same_epsilon(tiny_npz, tmp_path, cache, monkeypatch):
+    """srr.student_ema: the average of the student's weights is every later stage's prior and the released model;
+    it reads only released labels, so the spend is the plain run's."""
+    from safetensors.torch import load_file
+
+    args = ("srr.setting=label-dp", *PER_LABEL, "budget.epsilon=2", "srr.num_samples=0", "srr.stages=2",
+            "srr.student_model=small-cnn", "srr.lr=0.003", "run.device=cpu")
+    priors = []
+    real_prior = srr_mod.stage_prior
+
+    def recording_prior(srr, i, images):
+        prior = real_prior(srr, i, images)
+        if i > 0:  # the model the prior was read from must be the released one (the average when set)
+            priors.append((srr.released is not srr.student, srr.average is not None))
+        return prior
+
+    monkeypatch.setattr(srr_mod, "stage_prior", recording_prior)
+    plain = run_srr(request(tiny_npz, tmp_path / "plain", *args)).summary
+    averaged = run_srr(request(tiny_npz, tmp_path / "ema", *args, "srr.student_ema=0.9")).summary
+    assert priors == [(False, False), (True, True)]
+    assert averaged["epsilon_strict"] == plain["epsilon_strict"] and averaged["config"]["student_ema"] == 0.9
+    a, b = load_file(tmp_path / "plain" / "student.safetensors"), load_file(tmp_path / "ema" / "student.safetensors")
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    assert averaged["test_accuracy"] > 0.3
+    for bad in (dict(student_ema=1.0), dict(student_ema=0.9, final_epochs=1)):
+        with pytest.raises(ConfigError, match="student_ema"):
+            SRRConfig(**bad).validate()

@@ -113,6 +113,9 @@ class SRRConfig:
     first_stage_fraction: float = 0.0  # share of the N labels drawn at stage 1 (0: N/T, the paper's equal split)
     final_epochs: float = 0.0  # extra epochs on the union of all labelled samples after the last stage
     augment: str = "none"  # none | shift | flip-shift | affine (label-dp on real images)
+    # ours, off in the presets: an exponential moving average of the student's weights (this decay) is the prior
+    # of every later stage and the released model; it reads only released labels, so every ε is unchanged
+    student_ema: float = 0.0
     # generator fine-tuning (data-free)
     finetune: str = "kd"  # kd | kd+srr | none
     finetune_steps: int = 5  # per stage
@@ -123,7 +126,7 @@ class SRRConfig:
     keep_synthetic: bool = False  # keep each stage's synthetic images in the run directory
 
     # options added after runs were recorded: in config.yaml only when set (config.keyed_config)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("loss", "first_stage_fraction")
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("loss", "first_stage_fraction", "student_ema")
 
     def validate(self) -> None:
         check_model_name(self.student_model, "srr.student_model")
@@ -146,6 +149,8 @@ class SRRConfig:
             (self.loss == "ce" or self.final_epochs == 0,
              "final_epochs trains with cross-entropy on the released labels; it cannot follow loss=likelihood"),
             (self.final_epochs >= 0, "final_epochs must be >= 0"),
+            (0 <= self.student_ema < 1 and not (self.student_ema and self.final_epochs),
+             "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
             (self.augment in AUGMENTATIONS, f"unknown augment {self.augment!r}"),
             (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
             (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
@@ -272,7 +277,7 @@ class SRRMethod(Method):
             srr.train_final_epochs()
         srr.remove_synthetic()
         # release φs^(T): the runner evaluates it and writes its weights (and the fine-tuned generator's)
-        return Trained(student=srr.student, generator=srr.generator, baseline_accuracy=srr.teacher_accuracy,
+        return Trained(student=srr.released, generator=srr.generator, baseline_accuracy=srr.teacher_accuracy,
                        wall_seconds=srr.loop.elapsed + time.perf_counter() - ctx.started,
                        fields=srr.summary_fields(loop.wall_seconds))
 
@@ -310,7 +315,7 @@ def stage_prior(srr: SRRTraining, i: int, images: torch.Tensor) -> torch.Tensor:
     RRWithPrior would shrink its sets (Ghazi et al.'s stage 1 is plain RR; SRR's R gives I = all either way)."""
     if i == 0:
         return torch.full((len(images), srr.data.num_classes), 1.0 / srr.data.num_classes, dtype=torch.float64)
-    return torch.softmax(predict_logits(srr.student, images, srr.env).double(), dim=1)
+    return torch.softmax(predict_logits(srr.released, images, srr.env).double(), dim=1)
 
 
 def _label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: torch.Tensor,

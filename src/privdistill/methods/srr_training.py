@@ -29,7 +29,7 @@ from privdistill.engine.datafree import (
     generate,
 )
 from privdistill.engine.loop import TrainingLoop
-from privdistill.engine.optim import make_optimizer, make_schedule
+from privdistill.engine.optim import make_optimizer, make_schedule, weight_average
 from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.methods.runner import Context, Plan
 from privdistill.models import create_model
@@ -66,11 +66,11 @@ class SRRTraining:
         self.loop = TrainingLoop(
             steps=self.cfg.stages, env=self.env, run=self.run, checkpoint=CHECKPOINT, log_stage="srr",
             title=f"srr {self.cfg.setting} ({self.cfg.mechanism}, ε={self.epsilon:g} per label)",
-            modules={"student": self.student, "generator": self.generator},
+            modules={"student": self.student, "generator": self.generator, "average": self.average},
             optimizers={"student": self.optimizer, "generator": self.generator_optimizer},
             schedules={"student": self.lr_schedule}, checkpoint_every=1, round_parts=5,
             eval_every=self.cfg.eval_every_stages or max(1, self.cfg.stages // 10),
-            evaluate=lambda: {"test_accuracy": round(evaluate(self.student, self.data.test, self.env), 4)},
+            evaluate=lambda: {"test_accuracy": round(evaluate(self.released, self.data.test, self.env), 4)},
             extra={"labels": []})  # each stage's label statistics (SRRMethod.train), resumed with the loop
 
     def _build_models(self, ctx: Context) -> None:
@@ -96,12 +96,18 @@ class SRRTraining:
         self.optimizer = make_optimizer(self.student.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                                         weight_decay=cfg.weight_decay)
         self.lr_schedule = make_schedule(self.optimizer, cfg.lr_schedule, sum(self.schedule.steps))
+        self.average = weight_average(self.student, cfg.student_ema)  # None unless srr.student_ema is set
         finetune = self.generator is not None and cfg.finetune != "none" and cfg.finetune_steps > 0
         self.generator_optimizer = (make_optimizer(self.generator.parameters(), "adam", lr=cfg.finetune_lr)
                                     if finetune else None)
         # kd+srr: Eq. 2's BN-statistics term reads hooks on the teacher's BatchNorm layers (removed by close)
         self.bn = BatchNormStatistics(self.teacher) if finetune and cfg.finetune == "kd+srr" else None
         self.alpha, self.beta = generator_cfg.weights
+
+    @property
+    def released(self) -> torch.nn.Module:
+        """The model later stages read as their prior and the run releases: φs, or the average of its weights."""
+        return self.student if self.average is None else self.average.module
 
     # ------------------------------------------------------------------------------------ stage data
     def inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -194,6 +200,8 @@ class SRRTraining:
             loss.backward()
             self.optimizer.step()
             self.lr_schedule.step()
+            if self.average is not None:
+                self.average.update_parameters(student)
             losses.append(float(loss.detach()))
         return sum(losses) / len(losses)
 
