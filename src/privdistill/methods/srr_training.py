@@ -96,7 +96,8 @@ class SRRTraining:
         self.optimizer = make_optimizer(self.student.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                                         weight_decay=cfg.weight_decay)
         self.lr_schedule = make_schedule(self.optimizer, cfg.lr_schedule, sum(self.schedule.steps))
-        self.average = weight_average(self.student, cfg.student_ema)  # None unless srr.student_ema is set
+        # None unless srr.student_ema is set; with warm-up, as a stage's prior may be read after a few hundred steps
+        self.average = weight_average(self.student, cfg.student_ema, warmup=True)
         finetune = self.generator is not None and cfg.finetune != "none" and cfg.finetune_steps > 0
         self.generator_optimizer = (make_optimizer(self.generator.parameters(), "adam", lr=cfg.finetune_lr)
                                     if finetune else None)
