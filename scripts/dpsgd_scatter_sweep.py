@@ -54,8 +54,8 @@ from privdistill.models import create_model
 
 
 def capacity_head(name: str, channels: int, side: int, classes: int) -> nn.Module:
-    """Heads bigger than the packaged ones, for the non-private capacity only (key "head"): how far a private head
-    on the same [B, channels, side, side] features could go if DP-SGD cost it nothing."""
+    """Heads bigger than the packaged ones (key "head") on [B, channels, side, side] features: their non-private
+    capacity, and (run_setting) the same heads trained privately."""
     flat, w = channels * side * side, int(name.split("-")[0][3:]) if name.startswith("cnn") else 0
     if name in ("cnn64-relu-pool", "cnn128-relu-pool"):
         return nn.Sequential(nn.Conv2d(channels, w, 3, padding=1), nn.ReLU(), nn.Conv2d(w, w, 3, padding=1), nn.ReLU(),
@@ -79,7 +79,7 @@ def nonprivate_capacity(c: dict, data, features: tuple[torch.Tensor, torch.Tenso
     (x_train, x_test), (y_train, y_test) = features, (data.train.labels, data.test.labels)
     torch.manual_seed(c.get("seed", 0))
     if c.get("head"):
-        head = capacity_head(c["head"], x_train.shape[1], x_train.shape[-1], data.num_classes)
+        head = capacity_head(c["head"], x_train.shape[-3], x_train.shape[-1], data.num_classes)
     else:
         head = create_model(c.get("model", "scatter-linear"), in_channels=data.channels,
                             num_classes=data.num_classes, image_size=data.image_size[0]).head
@@ -179,7 +179,7 @@ def main() -> None:
                          num_classes=data.num_classes, image_size=data.image_size[0])
     env = Env.cpu()
     stages = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep"))
-    features, raw = stages.features(model), None
+    features, raw, test_views = stages.features(model), None, {}
     for c in settings:
         use = features
         if c.get("copies", 1) > 1:  # augmentation multiplicity: the library's cached copies (methods/dpsgd.py)
@@ -196,8 +196,10 @@ def main() -> None:
         views = None
         if c.get("tta", 1) > 1:  # the test images' K views (copy 0 as it is), through the fixed transform
             kind = c.get("tta_augment", c.get("augment", "shift"))
-            views = torch.stack([use[1]] + [fixed_features(model, data.test.images, env, augment=kind, stream=k)
-                                            for k in range(1, c["tta"])], 1)
+            for k in range(1, c["tta"]):  # each augmented view computed once for every setting that asks for it
+                if (kind, k) not in test_views:
+                    test_views[kind, k] = fixed_features(model, data.test.images, env, augment=kind, stream=k)
+            views = torch.stack([use[1]] + [test_views[kind, k] for k in range(1, c["tta"])], 1)
         print(json.dumps({"dataset": dataset, **run_setting(c, data, use, env, views)}), flush=True)
 
 

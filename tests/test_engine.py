@@ -231,26 +231,22 @@ def test_weight_average_warmup_follows_the_num_updates_rule():
     from privdistill.engine.optim import weight_average
 
     model = torch.nn.Linear(1, 1, bias=False)
-    average, expected = weight_average(model, 0.9, warmup=True), None
-    for n, value in enumerate((2.0, 4.0, 8.0) + (1.0,) * 200):
+
+    def feed(average, value: float) -> float:  # one iterate of the given weight; the average's weight after it
         with torch.no_grad():
             model.weight.fill_(value)
         average.update_parameters(model)
+        return float(average.module.weight)
+
+    average, expected = weight_average(model, 0.9, warmup=True), None
+    for n, value in enumerate((2.0, 4.0, 8.0) + (1.0,) * 200):
+        got = feed(average, value)
         if expected is None:
             expected = value  # the first update copies the iterate
         else:
             decay = min(0.9, (1 + n) / (10 + n))  # n iterates were averaged before this one
             expected = decay * expected + (1 - decay) * value
-        assert math.isclose(float(average.module.weight), expected, rel_tol=1e-5)
+        assert math.isclose(got, expected, rel_tol=1e-5)
     # a plain EMA of decay 0.9 would still hold 0.9^2 of the first iterate after three updates: warm-up holds less
-    plain = weight_average(model, 0.9)
-    for value in (2.0, 4.0, 8.0):
-        with torch.no_grad():
-            model.weight.fill_(value)
-        plain.update_parameters(model)
-    warm = weight_average(model, 0.9, warmup=True)
-    for value in (2.0, 4.0, 8.0):
-        with torch.no_grad():
-            model.weight.fill_(value)
-        warm.update_parameters(model)
-    assert float(warm.module.weight) > float(plain.module.weight)
+    plain, warm = weight_average(model, 0.9), weight_average(model, 0.9, warmup=True)
+    assert [feed(warm, v) for v in (2.0, 4.0, 8.0)][-1] > [feed(plain, v) for v in (2.0, 4.0, 8.0)][-1]

@@ -63,7 +63,7 @@ class ClassifierTraining:
     momentum: float = 0.9  # sgd only
     lr_schedule: str = "linear"  # linear decay to 0 (the papers' schedule) | cosine | constant
     weight_decay: float = 0.0
-    augment: str = "none"  # none | shift (random translation by up to 2 px) | flip-shift (+ horizontal flip)
+    augment: str = "none"  # one of AUGMENTATIONS: none | shift (up to 2 px) | flip-shift (+ horizontal flip) | affine
     label_smoothing: float = 0.0
     eval_every_epochs: float = 1.0
     checkpoint_every: int = 200  # steps
@@ -75,10 +75,15 @@ class ClassifierTraining:
         _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _check(self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}")
         _check(self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}")
-        _check(self.augment in AUGMENTATIONS, f"unknown augment {self.augment!r}")
+        check_augment(self.augment, "augment")
         _check(0 <= self.label_smoothing < 1, "label_smoothing must lie in [0, 1)")
         _check(self.checkpoint_every >= 1, "checkpoint_every must be >= 1")
         _check(self.weight_decay >= 0, "weight_decay must be >= 0")
+
+
+def check_augment(name: str, where: str) -> None:
+    """Refuse an augmentation engine/augment.py does not have, naming the ones it has."""
+    _check(name in AUGMENTATIONS, f"{where} must be one of {', '.join(AUGMENTATIONS)}, got {name!r}")
 
 
 def check_model_name(name: str, where: str, kind: str = "classifier") -> None:

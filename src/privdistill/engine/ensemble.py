@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from privdistill.atomic import atomic_write_bytes
-from privdistill.config import AUGMENTATIONS
+from privdistill.config import check_augment
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
 from privdistill.engine import streams
@@ -64,14 +64,13 @@ class TeacherTraining:
     partition_seed: int = 0
     # The synthesis engine's teacher side (issue 24): training that extrapolates consistently off the data, so
     # that teachers read synthetic samples alike. Off by default (the papers' teachers).
-    augment: str = "none"  # none | shift | flip-shift | affine (engine/augment.py)
+    augment: str = "none"  # one of config.AUGMENTATIONS (engine/augment.py)
     input_noise: float = 0.0  # std of Gaussian noise added to each training image (in [-1, 1] units)
 
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment", "input_noise")
 
     def validate(self) -> None:
-        if self.augment not in AUGMENTATIONS:
-            raise ConfigError(f"teachers.augment must be none, shift, flip-shift or affine, got {self.augment!r}")
+        check_augment(self.augment, "teachers.augment")
         if self.input_noise < 0:
             raise ConfigError("teachers.input_noise must be >= 0")
         if self.num_teachers < 1:

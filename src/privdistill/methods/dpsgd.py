@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import AUGMENTATIONS
+from privdistill.config import check_augment
 from privdistill.data.dataset import to_float
 from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
@@ -72,7 +72,7 @@ class DPSGDConfig:
     lr: float = 0.1
     momentum: float = 0.9
     lr_schedule: str = "constant"  # constant | linear | cosine (public schedule: no privacy cost)
-    augment: str = "none"  # none | shift | flip-shift | affine (per-example preprocessing: no privacy cost)
+    augment: str = "none"  # one of config.AUGMENTATIONS (per-example preprocessing: no privacy cost)
     # scatter-linear: each example's gradient is the mean over this many copies (the first unaugmented, the others
     # with `augment`, features computed once) before clipping: augmentation multiplicity (De et al. 2022)
     augment_copies: int = 1
@@ -91,8 +91,7 @@ class DPSGDConfig:
             raise ConfigError("dpsgd.optimizer must be sgd or adam")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
-        if self.augment not in AUGMENTATIONS:
-            raise ConfigError("dpsgd.augment must be none, shift, flip-shift or affine")
+        check_augment(self.augment, "dpsgd.augment")
         copies = self.augment_copies > 1
         if (copies and (self.model != "scatter-linear" or self.augment == "none")) or self.augment_copies < 1 or (
                 self.model.startswith("scatter-") and self.augment != "none" and not copies):

@@ -65,7 +65,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
-from privdistill.config import AUGMENTATIONS, ClassifierTraining, check_model_name
+from privdistill.config import ClassifierTraining, check_augment, check_model_name
 from privdistill.engine import streams
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.trainer import predict_logits
@@ -112,7 +112,7 @@ class SRRConfig:
     loss: str = "ce"
     first_stage_fraction: float = 0.0  # share of the N labels drawn at stage 1 (0: N/T, the paper's equal split)
     final_epochs: float = 0.0  # extra epochs on the union of all labelled samples after the last stage
-    augment: str = "none"  # none | shift | flip-shift | affine (label-dp on real images)
+    augment: str = "none"  # one of config.AUGMENTATIONS (label-dp on real images)
     # ours, off in the presets: an exponential moving average of the student's weights (this decay) is the prior
     # of every later stage and the released model; it reads only released labels, so every ε is unchanged
     student_ema: float = 0.0
@@ -132,6 +132,7 @@ class SRRConfig:
         check_model_name(self.student_model, "srr.student_model")
         if self.student_model_label_dp:
             check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
+        check_augment(self.augment, "srr.augment")
         for ok, message in [
             (self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}"),
             (self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"),
@@ -151,7 +152,6 @@ class SRRConfig:
             (self.final_epochs >= 0, "final_epochs must be >= 0"),
             (0 <= self.student_ema < 1 and not (self.student_ema and self.final_epochs),
              "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
-            (self.augment in AUGMENTATIONS, f"unknown augment {self.augment!r}"),
             (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
             (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
             (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
