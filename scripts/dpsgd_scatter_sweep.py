@@ -19,10 +19,12 @@ it on MNIST: the largest norms are 0.96 and 0.91, so nothing is clipped), summed
 bn_sigma x 2 (replace-one sensitivity). Its cost is not composed here: give eps the DP-SGD share (with
 bn_sigma = 100 the two sums are zCDP rho = 4e-4, under 2 % of a total ε of 1 at δ = 1e-5); groups (27): GroupNorm's
 groups over the 81 channels; power: a data-independent power of the coefficients before GroupNorm (0.5: square
-root, compressing their heavy tail); nonprivate: true trains the head without clipping or noise (Adam, E epochs;
+root, compressing their heavy tail); input01: true, the features of the images mapped to [0, 1] (as Tramer &
+Boneh's); nonprivate: true trains the head without clipping or noise (Adam, E epochs;
 B, eps, lr, C are ignored): the capacity a private run can approach, not a release; with it, head: a bigger head
 than the packaged ones (cnn64-tanh, cnn128-tanh, cnn64-relu-pool, cnn128-relu-pool, mlpN with N hidden units,
-conv1x1-256-linear); a private setting takes a head too (with copies, only mlpN).
+conv1x1-N-linear, pw-N-linear: the same as Linear layers); a private setting takes a head too (with copies, only
+mlpN and pw-N-linear).
 tta: K, test-time averaging: the head's softmax averaged over the test image and K - 1 copies augmented with
 tta_augment (default the setting's augment, else shift; fixed public seeds), reported as accuracy_tta beside the
 plain accuracy: the released classifier is then the head applied to K views, post-processing of the DP head.
@@ -67,10 +69,24 @@ def capacity_head(name: str, channels: int, side: int, classes: int) -> nn.Modul
         # so a private run with copies clips each example's mean gradient (Opacus's Linear sums the extra dims)
         width = int(name[3:])
         return nn.Sequential(nn.Flatten(-3), nn.Linear(flat, width), nn.ReLU(), nn.Linear(width, classes))
-    if name == "conv1x1-256-linear":
-        return nn.Sequential(nn.Conv2d(channels, 256, 1), nn.ReLU(), nn.Flatten(),
-                             nn.Linear(256 * side * side, classes))
+    if name.startswith("conv1x1-") and name.endswith("-linear"):  # conv1x1-N-linear: N 1x1 filters, ReLU, linear;
+        # a narrow N has fewer parameters than the linear head on all 81 channels (DP-SGD's noise grows with them)
+        width = int(name.split("-")[1])
+        return nn.Sequential(nn.Conv2d(channels, width, 1), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(width * side * side, classes))
+    if name.startswith("pw-") and name.endswith("-linear"):  # pw-N-linear: conv1x1-N-linear written with Linear
+        # layers on channels-last positions, so a private run with copies clips each example's mean gradient
+        width = int(name.split("-")[1])
+        return nn.Sequential(ChannelsLast(), nn.Linear(channels, width), nn.ReLU(), nn.Flatten(-2),
+                             nn.Linear(width * side * side, classes))
     raise SystemExit(f"unknown head {name!r}")
+
+
+class ChannelsLast(nn.Module):
+    """[..., C, H, W] -> [..., H W, C]: a 1x1 convolution becomes a Linear layer over the last dimension."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.movedim(-3, -1).flatten(-3, -2)
 
 
 def nonprivate_capacity(c: dict, data, features: tuple[torch.Tensor, torch.Tensor], env: Env) -> dict:
@@ -115,7 +131,7 @@ def run_setting(c: dict, data, features: tuple[torch.Tensor, torch.Tensor], env:
     (x_train, x_test), (y_train, y_test) = features, (data.train.labels, data.test.labels)
     torch.manual_seed(c.get("seed", 0))
     if c.get("head"):  # a bigger private head; with copies only an MLP (see capacity_head)
-        if x_train.dim() == 5 and not c["head"].startswith("mlp"):
+        if x_train.dim() == 5 and not c["head"].startswith(("mlp", "pw-")):
             raise SystemExit(f"head {c['head']!r} takes no copies: a convolution would clip each copy on its own")
         head = capacity_head(c["head"], x_train.shape[-3], x_train.shape[-1], data.num_classes)
     else:
@@ -184,15 +200,20 @@ def main() -> None:
         use = features
         if c.get("copies", 1) > 1:  # augmentation multiplicity: the library's cached copies (methods/dpsgd.py)
             use = stages.features(model, c.get("augment", "shift"), c["copies"])
-        if c.get("bn_sigma") or "groups" in c or "power" in c:
+        if c.get("bn_sigma") or "groups" in c or "power" in c or c.get("input01"):
             if raw is None:  # the scattering coefficients before GroupNorm (about a minute for MNIST)
                 with torch.no_grad():
                     raw = tuple(torch.cat([model._scattering(to_float(split.images[i:i + 1000])).flatten(1, 2)
                                            for i in range(0, len(split), 1000)]) for split in (data.train, data.test))
+            # input01: as if the images were in [0, 1] (Tramer & Boneh's ToTensor) instead of [-1, 1]. The wavelets
+            # have zero mean, so x -> (x + 1) / 2 halves every coefficient and adds 1/2 to the order-0 (low-pass, unit
+            # mass) channel only; the scale cancels in GroupNorm, the offset of channel 0 does not
+            coeffs = tuple(torch.cat([x[:, :1] + 1.0, x[:, 1:]], 1) for x in raw) if c.get("input01") else raw
             if c.get("bn_sigma"):
-                use = private_channel_norm(raw, c["bn_sigma"], c.get("seed", 0))
+                use = private_channel_norm(coeffs, c["bn_sigma"], c.get("seed", 0))
             else:  # the order-0 (low-pass) channel can be negative on [-1, 1] images: keep its sign under the power
-                use = tuple(F.group_norm(x.sign() * x.abs() ** c.get("power", 1.0), c.get("groups", 27)) for x in raw)
+                use = tuple(F.group_norm(x.sign() * x.abs() ** c.get("power", 1.0), c.get("groups", 27))
+                            for x in coeffs)
         views = None
         if c.get("tta", 1) > 1:  # the test images' K views (copy 0 as it is), through the fixed transform
             kind = c.get("tta_augment", c.get("augment", "shift"))
