@@ -19,7 +19,8 @@ it on MNIST: the largest norms are 0.96 and 0.91, so nothing is clipped), summed
 bn_sigma x 2 (replace-one sensitivity). Its cost is not composed here: give eps the DP-SGD share (with
 bn_sigma = 100 the two sums are zCDP rho = 4e-4, under 2 % of a total ε of 1 at δ = 1e-5); groups (27): GroupNorm's
 groups over the 81 channels; power: a data-independent power of the coefficients before GroupNorm (0.5: square
-root, compressing their heavy tail); input01: true, the features of the images mapped to [0, 1] (as Tramer &
+root, compressing their heavy tail); L: the scattering's angles (8; 1 + 2 L + L^2 channels at J = 2, so give
+groups that divide them); input01: true, the features of the images mapped to [0, 1] (as Tramer &
 Boneh's); nonprivate: true trains the head without clipping or noise (Adam, E epochs;
 B, eps, lr, C are ignored): the capacity a private run can approach, not a release; with it, head: a bigger head
 than the packaged ones (cnn64-tanh, cnn128-tanh, cnn64-relu-pool, cnn128-relu-pool, mlpN with N hidden units,
@@ -53,6 +54,7 @@ from privdistill.engine.stages import Stages, fixed_features
 from privdistill.engine.trainer import accuracy
 from privdistill.methods.dpsgd import epsilons, steps_per_epoch, strict_noise_multiplier
 from privdistill.models import create_model
+from privdistill.models.scatternet import make_scattering
 
 
 def capacity_head(name: str, channels: int, side: int, classes: int) -> nn.Module:
@@ -82,6 +84,14 @@ def capacity_head(name: str, channels: int, side: int, classes: int) -> nn.Modul
     raise SystemExit(f"unknown head {name!r}")
 
 
+def default_head(c: dict, data, x_train: torch.Tensor) -> nn.Module:
+    """The packaged model's head; with "L" (another number of scattering channels), a linear head of that size."""
+    if "L" in c:
+        return nn.Sequential(nn.Flatten(start_dim=-3), nn.Linear(x_train[0].shape[-3:].numel(), data.num_classes))
+    return create_model(c.get("model", "scatter-linear"), in_channels=data.channels, num_classes=data.num_classes,
+                        image_size=data.image_size[0]).head
+
+
 class ChannelsLast(nn.Module):
     """[..., C, H, W] -> [..., H W, C]: a 1x1 convolution becomes a Linear layer over the last dimension."""
 
@@ -97,8 +107,7 @@ def nonprivate_capacity(c: dict, data, features: tuple[torch.Tensor, torch.Tenso
     if c.get("head"):
         head = capacity_head(c["head"], x_train.shape[-3], x_train.shape[-1], data.num_classes)
     else:
-        head = create_model(c.get("model", "scatter-linear"), in_channels=data.channels,
-                            num_classes=data.num_classes, image_size=data.image_size[0]).head
+        head = default_head(c, data, x_train)
     optimizer = torch.optim.Adam(head.parameters(), 1e-3)
     started, curve = time.time(), []
     for _ in range(c["E"]):
@@ -135,8 +144,7 @@ def run_setting(c: dict, data, features: tuple[torch.Tensor, torch.Tensor], env:
             raise SystemExit(f"head {c['head']!r} takes no copies: a convolution would clip each copy on its own")
         head = capacity_head(c["head"], x_train.shape[-3], x_train.shape[-1], data.num_classes)
     else:
-        head = create_model(c.get("model", "scatter-linear"), in_channels=data.channels,
-                            num_classes=data.num_classes, image_size=data.image_size[0]).head
+        head = default_head(c, data, x_train)
     per_epoch = steps_per_epoch(len(x_train), c["B"])
     total = per_epoch * c["E"]
     sigma = strict_noise_multiplier(target_epsilon=c["eps"], delta=1e-5, sample_rate=1 / per_epoch, steps=total)
@@ -195,16 +203,20 @@ def main() -> None:
                          num_classes=data.num_classes, image_size=data.image_size[0])
     env = Env.cpu()
     stages = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-scatter-sweep"))
-    features, raw, test_views = stages.features(model), None, {}
+    features, raws, test_views = stages.features(model), {}, {}
     for c in settings:
         use = features
         if c.get("copies", 1) > 1:  # augmentation multiplicity: the library's cached copies (methods/dpsgd.py)
             use = stages.features(model, c.get("augment", "shift"), c["copies"])
-        if c.get("bn_sigma") or "groups" in c or "power" in c or c.get("input01"):
-            if raw is None:  # the scattering coefficients before GroupNorm (about a minute for MNIST)
+        if c.get("bn_sigma") or "groups" in c or "power" in c or c.get("input01") or "L" in c:
+            angles = c.get("L", 8)
+            if angles not in raws:  # the scattering coefficients before GroupNorm (about a minute for MNIST)
+                scattering = make_scattering(data.image_size, L=angles)
                 with torch.no_grad():
-                    raw = tuple(torch.cat([model._scattering(to_float(split.images[i:i + 1000])).flatten(1, 2)
-                                           for i in range(0, len(split), 1000)]) for split in (data.train, data.test))
+                    raws[angles] = tuple(torch.cat([scattering(to_float(split.images[i:i + 1000])).flatten(1, 2)
+                                                    for i in range(0, len(split), 1000)])
+                                         for split in (data.train, data.test))
+            raw = raws[angles]
             # input01: as if the images were in [0, 1] (Tramer & Boneh's ToTensor) instead of [-1, 1]. The wavelets
             # have zero mean, so x -> (x + 1) / 2 halves every coefficient and adds 1/2 to the order-0 (low-pass, unit
             # mass) channel only; the scale cancels in GroupNorm, the offset of channel 0 does not
