@@ -9,6 +9,11 @@ changes one of them, on the same generator and source:
     fresh       a new draw of 60,000 samples every epoch (3 x 60,000 in all): is the sample count the limit?
     fresh-soft  both
     aug-soft    the 60,000 samples, each shifted by up to 2 pixels every step, relabelled by the source (softmax)
+    aug-hard    the same, relabelled by the source's argmax (more hard labels, each on a nearby point)
+    shift-hard  the 60,000 samples shifted every step, each keeping its one argmax label (a student-side
+                augmentation that needs no new label: SRR's `srr.augment: shift`)
+    confident-hard  the 60,000 of 3 x 60,000 samples on which the source is most confident, argmax (TA-DFKD's
+                verification: are the labels of ambiguous samples what costs the hard-label ceiling?)
 
 The student is the paper CNN, Adam 1e-3 at a constant rate, batch 128, 3 epochs (`generator quality` decays the
 rate linearly; compare rows of one script, not across). Evaluation only: no private image is read but the test
@@ -40,18 +45,24 @@ from privdistill.methods.datafree import resolve_source
 from privdistill.models import create_model
 
 SAMPLES, EPOCHS, BATCH = 60_000, 3, 128
-REGIMES = ("hard", "soft", "fresh", "fresh-soft", "aug-soft")
+REGIMES = ("hard", "soft", "fresh", "fresh-soft", "aug-soft", "aug-hard", "shift-hard", "confident-hard")
 
 
 def ceiling(regime: str, generator, source, data, env: Env) -> float:
     torch.manual_seed(0)
-    soft, fresh, augment = "soft" in regime, regime.startswith("fresh"), regime.startswith("aug")
+    soft, fresh, augment = "soft" in regime, regime.startswith("fresh"), regime.startswith(("aug", "shift"))
+    relabel = not regime.startswith("shift")  # a shifted copy keeps its sample's label under shift-hard
     student = create_model("paper-cnn", kind="classifier", in_channels=data.channels,
                            num_classes=data.num_classes, image_size=data.image_size[0])
     optimizer = torch.optim.Adam(student.parameters(), 1e-3)
     g = torch.Generator().manual_seed(1)
     for epoch in range(EPOCHS):
-        if epoch == 0 or fresh:  # stream `epoch`: each fresh draw is a new set of latent codes
+        if regime == "confident-hard" and epoch == 0:  # three draws, the third of them the source is surest of
+            images = torch.cat([generate(generator, SAMPLES, env, stream=k) for k in range(3)])
+            answers = predict_logits(source, images, env)
+            keep = answers.softmax(1).amax(1).topk(SAMPLES).indices
+            images, answers = images[keep], answers[keep]
+        elif epoch == 0 or fresh:  # stream `epoch`: each fresh draw is a new set of latent codes
             images = generate(generator, SAMPLES, env, stream=epoch)
             answers = predict_logits(source, images, env)
         student.train()
@@ -59,8 +70,9 @@ def ceiling(regime: str, generator, source, data, env: Env) -> float:
             x, answer = to_float(images[batch]), answers[batch]
             if augment:  # each image moved by up to 2 pixels, as the trainers' `augment: shift`
                 x = random_shift(x, 2, g)
-                with torch.no_grad():
-                    answer = source(x)
+                if relabel:
+                    with torch.no_grad():
+                        answer = source(x)
             target = answer.softmax(1) if soft else answer.argmax(1)
             loss = F.cross_entropy(student(x), target)
             optimizer.zero_grad(set_to_none=True)
