@@ -209,6 +209,8 @@ def main() -> None:
         if c.get("copies", 1) > 1:  # augmentation multiplicity: the library's cached copies (methods/dpsgd.py)
             use = stages.features(model, c.get("augment", "shift"), c["copies"])
         if c.get("bn_sigma") or "groups" in c or "power" in c or c.get("input01") or "L" in c:
+            if c.get("copies", 1) > 1:  # the raw coefficients below are of the images as they are, one copy
+                raise SystemExit("copies take the packaged features: no bn_sigma, groups, power, input01 or L")
             angles = c.get("L", 8)
             if angles not in raws:  # the scattering coefficients before GroupNorm (about a minute for MNIST)
                 scattering = make_scattering(data.image_size, L=angles)
