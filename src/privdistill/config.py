@@ -63,7 +63,7 @@ class ClassifierTraining:
     momentum: float = 0.9  # sgd only
     lr_schedule: str = "linear"  # linear decay to 0 (the papers' schedule) | cosine | constant
     weight_decay: float = 0.0
-    augment: str = "none"  # one of AUGMENTATIONS: none | shift (up to 2 px) | flip-shift (+ horizontal flip) | affine
+    augment: str = "none"  # one of AUGMENTATIONS (engine/augment.py), as every other `augment` option
     label_smoothing: float = 0.0
     eval_every_epochs: float = 1.0
     checkpoint_every: int = 200  # steps
