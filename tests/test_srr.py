@@ -15,7 +15,8 @@ import privdistill.methods.srr as srr_mod
 from privdistill.errors import BudgetExceededError, ConfigError, DataError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget
-from privdistill.methods.srr import SRRConfig, label_event, run_srr, stage_sizes
+from privdistill.methods.srr import SRRConfig, label_event, run_srr
+from privdistill.methods.srr_training import stage_sizes
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import (
@@ -381,4 +382,28 @@ def test_student_average_is_the_prior_and_the_release_at_the_same_epsilon(tiny_n
     assert averaged["test_accuracy"] > 0.3
     for bad in (dict(student_ema=1.0), dict(student_ema=0.9, final_epochs=1)):
         with pytest.raises(ConfigError, match="student_ema"):
+            SRRConfig(**bad).validate()
+
+
+def test_label_copies_label_augmented_copies_of_each_sample_at_the_same_spend(tiny_npz, tmp_path, cache):
+    """srr.label_copies K: a stage's first ceil(n/K) images are the generator's samples (one batch of 20 here: the
+    generator normalises with batch statistics, so they are not the plain run's first 20), the rest their shifted
+    copies; every image gets its own label through the mechanism, and N counts them all, so both ε are the
+    plain run's with the same N."""
+    args = (*PER_LABEL, "budget.epsilon=2", "srr.keep_synthetic=true")
+    plain = run_srr(request(tiny_npz, tmp_path / "plain", *args)).summary
+    copied = run_srr(request(tiny_npz, tmp_path / "copies", *args, "srr.label_copies=2")).summary
+    assert copied["epsilon_strict"] == plain["epsilon_strict"] and copied["epsilon_paper"] == 2.0
+    assert sum(e.count for e in PrivacyLedger(tmp_path / "copies", accounting="paper").events()) == 160
+    images = torch.load(tmp_path / "copies" / "synthetic" / "stage-0001.pt", weights_only=True)
+    first = torch.load(tmp_path / "plain" / "synthetic" / "stage-0001.pt", weights_only=True)
+    assert images.dtype == torch.uint8 and len(images) == len(first) == 40
+    samples, copies = images[:20], images[20:]
+    assert not torch.equal(samples, copies)
+    for sample, copy in zip(samples, copies):  # each copy is its sample moved by at most 2 pixels, black fill
+        padded = torch.nn.functional.pad(sample, (2,) * 4)
+        assert any(torch.equal(padded[:, dy:dy + 28, dx:dx + 28], copy) for dy in range(5) for dx in range(5))
+    for bad in (dict(label_copies=0), dict(label_copies=2, copy_augment="none"),
+                dict(label_copies=2, setting="label-dp")):
+        with pytest.raises(ConfigError, match="label_copies"):
             SRRConfig(**bad).validate()

@@ -7,6 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from privdistill.data.dataset import to_float, to_uint8
+
 
 def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
     """Translate each image by up to `max_shift` pixels in each direction, filling with black (-1)."""
@@ -43,6 +45,14 @@ def random_affine(x: torch.Tensor, generator: torch.Generator, degrees: float = 
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     # grid_sample fills with 0; shifting to [0, 2] first makes that fill black (-1) after shifting back
     return F.grid_sample(x + 1, grid, mode="bilinear", padding_mode="zeros", align_corners=False) - 1
+
+
+def with_augmented_copies(images: torch.Tensor, copies: int, kind: str, generator: torch.Generator) -> torch.Tensor:
+    """The images followed by `copies` - 1 augmented copies of them ([n] + [n] + ...; copy k of image j at
+    k * n + j), in the images' dtype (uint8 in, uint8 out: a copy is quantised like a real image)."""
+    moved = [augment_batch(to_float(images), kind, generator) for _ in range(copies - 1)]
+    moved = [to_uint8(x) if images.dtype == torch.uint8 else x for x in moved]
+    return torch.cat([images, *moved])
 
 
 def augment_batch(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:

@@ -51,6 +51,11 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
 - ``loss: likelihood`` (ours, off in the presets): instead of Eq. 3, the student maximises the probability
   Σ_y p_s(y | x) P(released | y, I) it gives the released label through the mechanism (I and ε are known;
   `released_label_likelihood`): post-processing of the release, no privacy cost.
+- ``label_copies`` K (ours, off in the presets; data-free): a stage's samples are joined by K - 1 augmented copies
+  (``copy_augment``, a shift of up to 2 pixels by default), each labelled through the mechanism on its own: more
+  hard labels near each sample teach more than more samples (scripts/ceiling_probe.py, `aug-hard`). N counts
+  every label, so the strict ε composes over the copies too; the paper's ε stays per label, and under it the
+  independent noise on near-duplicate samples partly averages out, which that accounting does not price.
 - Student: the paper uses DataLens' network for the data-free setting and ResNet-18 for the label-sensitive
   one; we use the paper CNN (DGD/DPDFD's) for both in the quick preset and ResNet-18 for label-dp in the
   paper preset.
@@ -58,7 +63,6 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
@@ -72,7 +76,7 @@ from privdistill.engine.trainer import predict_logits
 from privdistill.errors import ConfigError
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
-from privdistill.methods.srr_training import SRRTraining, stage_key
+from privdistill.methods.srr_training import SRRTraining, StageSchedule, stage_key
 from privdistill.privacy.calibration import calibrate_noise
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
@@ -116,6 +120,10 @@ class SRRConfig:
     # ours, off in the presets: an exponential moving average of the student's weights (this decay) is the prior
     # of every later stage and the released model; it reads only released labels, so every ε is unchanged
     student_ema: float = 0.0
+    # ours, off in the presets (data-free): each synthetic sample is labelled with copy_augment-ed copies of it,
+    # label_copies labels in all, each drawn through the mechanism (N counts them all, so do both ε)
+    label_copies: int = 1
+    copy_augment: str = "shift"
     # generator fine-tuning (data-free)
     finetune: str = "kd"  # kd | kd+srr | none
     finetune_steps: int = 5  # per stage
@@ -126,13 +134,15 @@ class SRRConfig:
     keep_synthetic: bool = False  # keep each stage's synthetic images in the run directory
 
     # options added after runs were recorded: in config.yaml only when set (config.keyed_config)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("loss", "first_stage_fraction", "student_ema")
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("loss", "first_stage_fraction", "student_ema", "label_copies",
+                                                 "copy_augment")
 
     def validate(self) -> None:
         check_model_name(self.student_model, "srr.student_model")
         if self.student_model_label_dp:
             check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
         check_augment(self.augment, "srr.augment")
+        check_augment(self.copy_augment, "srr.copy_augment")
         for ok, message in [
             (self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}"),
             (self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"),
@@ -152,6 +162,11 @@ class SRRConfig:
             (self.final_epochs >= 0, "final_epochs must be >= 0"),
             (0 <= self.student_ema < 1 and not (self.student_ema and self.final_epochs),
              "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
+            (self.label_copies >= 1 and (self.label_copies == 1 or self.copy_augment != "none"),
+             "label_copies must be >= 1, and copies need a copy_augment other than none"),
+            (self.label_copies == 1 or self.setting == "data-free",
+             "label_copies is for the data-free setting: in label-dp, copies of a private record would release its "
+             "label more than once, which the parallel (once per record) pricing does not cover"),
             (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
             (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
             (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
@@ -171,19 +186,6 @@ class SRRConfig:
                         + ([self.mechanism] if self.mechanism != "srr" else [])) or None
 
 
-def stage_sizes(total: int, stages: int, first_fraction: float = 0.0) -> list[int]:
-    """N samples split as evenly as possible over T stages (earlier stages take the remainder); with
-    `first_fraction` > 0, stage 1 takes that share and the other stages split the rest (Ghazi et al.'s
-    multi-stage training gives its first, prior-less stage a larger share)."""
-    if stages > total:
-        raise ConfigError(f"{stages} stages need at least {stages} samples, got {total}")
-    if first_fraction > 0 and stages > 1:
-        first = min(max(1, round(first_fraction * total)), total - (stages - 1))
-        return [first] + stage_sizes(total - first, stages - 1)
-    base, extra = divmod(total, stages)
-    return [base + (1 if i < extra else 0) for i in range(stages)]
-
-
 def label_event(cfg: SRRConfig, count: int, num_classes: int, epsilon: float):
     """The privacy event of `count` labels at `epsilon` each (see the module docstring for why these)."""
     if cfg.setting == "data-free" and cfg.mechanism == "rr":
@@ -201,24 +203,6 @@ def epsilon_per_label(cfg: SRRConfig, budget: Budget, total: int, num_classes: i
     # all stages' labels as one event: how the ledger prices them (merged, label-dp: one parallel release)
     return calibrate_noise(label_event(cfg, total, num_classes, budget.epsilon), target_epsilon=budget.epsilon,
                            delta=budget.delta, accounting="strict")
-
-
-@dataclass
-class StageSchedule:
-    """How the N labels and the student's steps spread over the T stages."""
-
-    sizes: list[int]  # labels drawn at each stage
-    steps: list[int]  # student steps at each stage
-    batch: list[int]  # student batch size at each stage
-
-    @classmethod
-    def of(cls, cfg: SRRConfig, total: int) -> "StageSchedule":
-        sizes = stage_sizes(total, cfg.stages, cfg.first_stage_fraction)
-        # the student trains on the stage's samples, or (cumulative) on all samples labelled so far
-        seen = [sum(sizes[:i + 1]) if cfg.student_data == "cumulative" else n for i, n in enumerate(sizes)]
-        batch = [min(cfg.batch_size, m) for m in seen]
-        steps = [max(1, math.ceil(cfg.epochs_per_stage * math.ceil(m / b))) for m, b in zip(seen, batch)]
-        return cls(sizes, steps, batch)
 
 
 # ======================================================================================= the method

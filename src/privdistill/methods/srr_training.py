@@ -1,4 +1,4 @@
-"""The models and steps SRR's stage loop is written with (methods/srr.py, `SRRMethod.train`).
+"""The models, schedule and steps SRR's stage loop is written with (methods/srr.py, `SRRMethod.train`).
 
 `SRRTraining` holds one run's teacher φt, generator φg and student φs with their optimisers, the resumable
 stage loop (one step per stage, checkpoint "srr-checkpoint") and the operations of a stage: its inputs D̃(i),
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,7 +21,7 @@ from privdistill.atomic import atomic_torch_save
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import streams
-from privdistill.engine.augment import augment_batch
+from privdistill.engine.augment import augment_batch, with_augmented_copies
 from privdistill.engine.datafree import (
     BatchNormStatistics,
     GeneratorTraining,
@@ -31,13 +32,14 @@ from privdistill.engine.datafree import (
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule, weight_average
 from privdistill.engine.trainer import evaluate, train_classifier
+from privdistill.errors import ConfigError
 from privdistill.methods.runner import Context, Plan
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import released_label_likelihood
 
 if TYPE_CHECKING:
-    from privdistill.methods.srr import SRRConfig, StageSchedule
+    from privdistill.methods.srr import SRRConfig
 
 CHECKPOINT = "srr-checkpoint"
 
@@ -45,6 +47,37 @@ CHECKPOINT = "srr-checkpoint"
 def stage_key(i: int) -> str:
     """The ledger key of stage i's (0-based) labels."""
     return f"stage-{i + 1}"
+
+
+def stage_sizes(total: int, stages: int, first_fraction: float = 0.0) -> list[int]:
+    """N samples split as evenly as possible over T stages (earlier stages take the remainder); with
+    `first_fraction` > 0, stage 1 takes that share and the other stages split the rest (Ghazi et al.'s
+    multi-stage training gives its first, prior-less stage a larger share)."""
+    if stages > total:
+        raise ConfigError(f"{stages} stages need at least {stages} samples, got {total}")
+    if first_fraction > 0 and stages > 1:
+        first = min(max(1, round(first_fraction * total)), total - (stages - 1))
+        return [first] + stage_sizes(total - first, stages - 1)
+    base, extra = divmod(total, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+@dataclass
+class StageSchedule:
+    """How the N labels and the student's steps spread over the T stages."""
+
+    sizes: list[int]  # labels drawn at each stage
+    steps: list[int]  # student steps at each stage
+    batch: list[int]  # student batch size at each stage
+
+    @classmethod
+    def of(cls, cfg: SRRConfig, total: int) -> "StageSchedule":
+        sizes = stage_sizes(total, cfg.stages, cfg.first_stage_fraction)
+        # the student trains on the stage's samples, or (cumulative) on all samples labelled so far
+        seen = [sum(sizes[:i + 1]) if cfg.student_data == "cumulative" else n for i, n in enumerate(sizes)]
+        batch = [min(cfg.batch_size, m) for m in seen]
+        steps = [max(1, math.ceil(cfg.epochs_per_stage * math.ceil(m / b))) for m, b in zip(seen, batch)]
+        return cls(sizes, steps, batch)
 
 
 class SRRTraining:
@@ -122,13 +155,21 @@ class SRRTraining:
         path = self.synthetic_dir / f"stage-{i + 1:04d}.pt"
         if path.is_file():
             return torch.load(path, map_location="cpu", weights_only=True), None, None
-        images = generate(self.generator, self.schedule.sizes[i], self.env, latents=self.latents(i))
+        images = generate(self.generator, self.base_count(i), self.env, latents=self.latents(i))
+        if self.cfg.label_copies > 1:  # the samples first (the fine-tuning reads their labels), then their copies
+            images = with_augmented_copies(images, self.cfg.label_copies, self.cfg.copy_augment,
+                                           self.env.generator(streams.SRR_COPIES, i))[:self.schedule.sizes[i]]
         atomic_torch_save(path, images)
         return images, None, None
 
+    def base_count(self, i: int) -> int:
+        """Stage i's synthetic samples: its labels, or with `label_copies` K the ceil(1/K) of them whose copies
+        take the other labels."""
+        return math.ceil(self.schedule.sizes[i] / self.cfg.label_copies)
+
     def latents(self, i: int) -> torch.Tensor:
         """z_i: stage i's latent codes (the same codes again for the generator's fine-tuning)."""
-        return draw_latent(self.generator, self.schedule.sizes[i], self.env.generator(streams.SRR_LATENT, i))
+        return draw_latent(self.generator, self.base_count(i), self.env.generator(streams.SRR_LATENT, i))
 
     def recorded(self, i: int) -> torch.Tensor:
         """Stage i's released labels, read back from the ledger: never drawn here."""
