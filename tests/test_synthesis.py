@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.data import load_data
+from privdistill.data import ImageDataset, load_data
+from privdistill.data.dataset import to_float
 from privdistill.engine import Env
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import GeneratorTraining, datafree_loss, train_generator
@@ -131,6 +132,29 @@ def test_soft_targets_teach_the_whole_answer():
     assert q["ceiling_training"]["labels"] == "soft" and 0 <= q["ceiling"] <= 1
     with pytest.raises(ConfigError, match="hard or soft"):
         synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_labels="logits")
+
+
+def test_ceiling_copies_relabel_each_shifted_copy_by_the_source(monkeypatch):
+    """ceiling_copies K: the ceiling student reads the samples and K - 1 shifted copies, each labelled by the
+    source on its own (a shift brings in black pixels, so a bright sample's copy can fall in a darker bin)."""
+    import privdistill.engine.synthesis as synthesis
+
+    seen = {}
+
+    def recording(images, labels, *args, **kwargs):
+        seen.update(images=images, labels=labels)
+        return 0.5
+
+    monkeypatch.setattr(synthesis, "ceiling_accuracy", recording)
+    bins = ((torch.full((8, 1, 4, 4), 0.75) + 1) * 127.5).round().to(torch.uint8)  # all in the brightest bin
+    test = ImageDataset(bins, torch.full((8,), 3), 4, name="test")
+    q = synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_copies=3)
+    assert q["ceiling_training"]["copies"] == 3 and len(seen["images"]) == 24
+    assert torch.equal(seen["images"][:8], bins) and (seen["labels"][:8] == 3).all()
+    assert torch.equal(seen["labels"], Fixed()(to_float(seen["images"])).argmax(1))
+    assert (seen["labels"][8:] < 3).any(), "a copy shifted in black is relabelled, not given its sample's label"
+    with pytest.raises(ConfigError, match="copies"):
+        synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_copies=0)
 
 
 class ConstantGenerator(nn.Module):

@@ -98,6 +98,9 @@ def generator_quality(
     ceiling_labels: Annotated[str, typer.Option(
         "--ceiling-labels", help="the ceiling student learns the source's label (hard: what a label channel such "
                                  "as DGD's votes or SRR's responses carries) or its softmax (soft)")] = "hard",
+    ceiling_copies: Annotated[int, typer.Option(
+        "--ceiling-copies", min=1, help="the ceiling student also learns K - 1 copies of each sample shifted by up "
+                                        "to 2 px, each labelled by the source (SRR's srr.label_copies)")] = 1,
     out: Annotated[Optional[Path], typer.Option("--out", help="where quality.json and samples.png go")] = None,
     data_root: o.DataRoot = None,
     seed: Annotated[int, typer.Option(
@@ -115,7 +118,8 @@ def generator_quality(
             raise ConfigError(f"--reader takes NAME=DIR, got {item!r}")
         readers[name] = path
     report = measure(stage, dataset=dataset, source=str(source) if source else None, readers=readers,
-                     samples=samples, ceiling=ceiling, ceiling_labels=ceiling_labels, out=str(out) if out else None,
+                     samples=samples, ceiling=ceiling, ceiling_labels=ceiling_labels, ceiling_copies=ceiling_copies,
+                     out=str(out) if out else None,
                      data_root=str(data_root) if data_root else None, seed=seed)
     table = Table(title=f"generator stage {report['stage']} on {dataset} (evaluation only, no epsilon)")
     table.add_column("measure")
