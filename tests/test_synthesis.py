@@ -287,11 +287,14 @@ def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path,
                                       "--samples", "40", "--reader", f"sources={teachers_dir}", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "quality.json").read_text())
-    # another seed draws other samples (and would train another ceiling student)
+    # another seed draws other samples and trains another ceiling student (here on each sample and a shifted copy)
     other = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}",
-                                     "--samples", "40", "--seed", "1", "--out", str(tmp_path / "other")])
+                                     "--samples", "40", "--seed", "1", "--out", str(tmp_path / "other"),
+                                     "--ceiling", "--ceiling-copies", "2", "--ceiling-epochs", "0.5"])
     assert other.exit_code == 0, other.output
     reseeded = json.loads((tmp_path / "other" / "quality.json").read_text())
+    assert reseeded["ceiling_training"] == {"model": "paper-cnn", "epochs": 0.5, "labels": "hard", "copies": 2}
+    assert 0 <= reseeded["ceiling"] <= 1 and "ceiling" not in report
     assert (report["seed"], reseeded["seed"]) == (0, 1) and reseeded["class_counts"] != report["class_counts"]
     assert report["samples"] == 40 and sum(report["class_counts"]) == 40 and 0 <= report["class_balance"] <= 1
     # the plurality of the two sources is the label of their mean softmax on most samples, never on none

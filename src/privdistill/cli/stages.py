@@ -101,6 +101,8 @@ def generator_quality(
     ceiling_copies: Annotated[int, typer.Option(
         "--ceiling-copies", min=1, help="the ceiling student also learns K - 1 copies of each sample shifted by up "
                                         "to 2 px, each labelled by the source (SRR's srr.label_copies)")] = 1,
+    ceiling_epochs: Annotated[float, typer.Option(
+        "--ceiling-epochs", min=0.01, help="the ceiling student's epochs over its samples (and copies)")] = 3.0,
     out: Annotated[Optional[Path], typer.Option("--out", help="where quality.json and samples.png go")] = None,
     data_root: o.DataRoot = None,
     seed: Annotated[int, typer.Option(
@@ -119,7 +121,7 @@ def generator_quality(
         readers[name] = path
     report = measure(stage, dataset=dataset, source=str(source) if source else None, readers=readers,
                      samples=samples, ceiling=ceiling, ceiling_labels=ceiling_labels, ceiling_copies=ceiling_copies,
-                     out=str(out) if out else None,
+                     ceiling_epochs=ceiling_epochs, out=str(out) if out else None,
                      data_root=str(data_root) if data_root else None, seed=seed)
     table = Table(title=f"generator stage {report['stage']} on {dataset} (evaluation only, no epsilon)")
     table.add_column("measure")

@@ -155,7 +155,7 @@ def load_reader(path: str, env: Env) -> Any:
 
 def generator_quality(stage: str, *, dataset: str, source: str | None = None, readers: dict[str, str] | None = None,
                       samples: int = 2000, ceiling: bool = False, ceiling_labels: str = "hard",
-                      ceiling_copies: int = 1, out: str | None = None,
+                      ceiling_copies: int = 1, ceiling_epochs: float = 3.0, out: str | None = None,
                       data_root: str | None = None, seed: int = 0) -> dict[str, Any]:
     """The quality of any generator stage (a cache key such as generator-1a2b…, or its directory): class balance
     under the model it was fitted to, agreement of other readers with that model's labels, optionally the
@@ -183,7 +183,7 @@ def generator_quality(stage: str, *, dataset: str, source: str | None = None, re
     quality = synthesis_quality(images, fitted_to, env, num_classes=data.num_classes,
                                 readers={name: load_reader(p, env) for name, p in (readers or {}).items()},
                                 ceiling_test=data.test if ceiling else None, ceiling_labels=ceiling_labels,
-                                ceiling_copies=ceiling_copies)
+                                ceiling_copies=ceiling_copies, ceiling_epochs=ceiling_epochs)
     target = Path(out or f"generator-quality-{directory.name}")
     grid = save_grid(images, predict_logits(fitted_to, images, env).argmax(1), target / "samples.png",
                      num_classes=data.num_classes)
