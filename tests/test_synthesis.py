@@ -295,6 +295,9 @@ def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path,
     reseeded = json.loads((tmp_path / "other" / "quality.json").read_text())
     assert reseeded["ceiling_training"] == {"model": "paper-cnn", "epochs": 0.5, "labels": "hard", "copies": 2}
     assert 0 <= reseeded["ceiling"] <= 1 and "ceiling" not in report
+    alone = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}",
+                                     "--ceiling-copies", "2"])
+    assert alone.exit_code != 0 and "add --ceiling" in str(alone.exception)
     assert (report["seed"], reseeded["seed"]) == (0, 1) and reseeded["class_counts"] != report["class_counts"]
     assert report["samples"] == 40 and sum(report["class_counts"]) == 40 and 0 <= report["class_balance"] <= 1
     # the plurality of the two sources is the label of their mean softmax on most samples, never on none

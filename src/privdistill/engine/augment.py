@@ -49,8 +49,11 @@ def random_affine(x: torch.Tensor, generator: torch.Generator, degrees: float = 
 
 def with_augmented_copies(images: torch.Tensor, copies: int, kind: str, generator: torch.Generator) -> torch.Tensor:
     """The images followed by `copies` - 1 augmented copies of them ([n] + [n] + ...; copy k of image j at
-    k * n + j), in the images' dtype (uint8 in, uint8 out: a copy is quantised like a real image)."""
-    moved = [augment_batch(to_float(images), kind, generator) for _ in range(copies - 1)]
+    k * n + j), in the images' dtype (uint8 in, uint8 out: a copy is quantised like a real image). Each copy is
+    a new sample of its own (SRR labels every one); DP-SGD's copies of one record are grouped per record
+    instead, [n, copies, ...], as they are clipped together (engine/stages.py, features)."""
+    x = to_float(images)
+    moved = [augment_batch(x, kind, generator) for _ in range(copies - 1)]
     moved = [to_uint8(x) if images.dtype == torch.uint8 else x for x in moved]
     return torch.cat([images, *moved])
 

@@ -238,9 +238,10 @@ def synthesis_quality(images: torch.Tensor, source: nn.Module, env: Env, *, num_
         out[f"agreement_with_{name}"] = round(float((read_labels(reader, images, env) == labels).float().mean()), 4)
     if ceiling_test is not None:
         taught, taught_answers = images, answers
-        if ceiling_copies > 1:
+        if ceiling_copies > 1:  # (SYNTHESIS_CEILING, 1): the copies' shifts; the bare stream seeds the student
             taught = with_augmented_copies(images, ceiling_copies, "shift", env.generator(streams.SYNTHESIS_CEILING, 1))
-            taught_answers = predict_logits(source, taught, env).float()
+            copies = taught[len(images):]
+            taught_answers = torch.cat([answers, predict_logits(source, copies, env).float()])
         soft = taught_answers.softmax(1) if ceiling_labels == "soft" else None
         out["ceiling"] = round(ceiling_accuracy(taught, taught_answers.argmax(1), ceiling_test, env, num_classes,
                                                 ceiling_epochs, ceiling_model, soft_targets=soft), 4)

@@ -28,7 +28,7 @@ from privdistill.engine.stages import Stages, file_digest
 from privdistill.engine.synthesis import SourceEnsemble, synthesis_quality
 from privdistill.engine.synthetic import save_grid, teacher_view
 from privdistill.engine.trainer import predict_logits
-from privdistill.errors import RunError
+from privdistill.errors import ConfigError, RunError
 from privdistill.models import create_model
 
 
@@ -160,6 +160,8 @@ def generator_quality(stage: str, *, dataset: str, source: str | None = None, re
     """The quality of any generator stage (a cache key such as generator-1a2b…, or its directory): class balance
     under the model it was fitted to, agreement of other readers with that model's labels, optionally the
     ceiling, and a sample grid. Evaluation only: non-private models read the samples, no ε is spent."""
+    if not ceiling and (ceiling_copies != 1 or ceiling_epochs != 3.0):
+        raise ConfigError("--ceiling-copies and --ceiling-epochs shape the ceiling student: add --ceiling")
     cache = StageCache()
     directory = Path(stage) if Path(stage).is_dir() else cache.root / stage
     if not directory.is_dir() and (cache.root / f"generator-{stage}").is_dir():  # the bare key a summary shows

@@ -164,6 +164,8 @@ class SRRConfig:
              "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
             (self.label_copies >= 1 and (self.label_copies == 1 or self.copy_augment != "none"),
              "label_copies must be >= 1, and copies need a copy_augment other than none"),
+            (self.label_copies > 1 or self.copy_augment == "shift",
+             "copy_augment applies to the copies of label_copies > 1; with one label a sample leave it unset"),
             (self.label_copies == 1 or self.setting == "data-free",
              "label_copies is for the data-free setting: in label-dp, copies of a private record would release its "
              "label more than once, which the parallel (once per record) pricing does not cover"),
@@ -181,9 +183,11 @@ class SRRConfig:
 
     @property
     def default_variant(self) -> str | None:
-        """The result name's suffix when none is given: label-dp and the mechanism when it is not SRR."""
+        """The result name's suffix when none is given: label-dp, the mechanism when it is not SRR, and the labels
+        a sample (never recorded under the one-label cell's name)."""
         return "-".join(([self.setting] if self.setting == "label-dp" else [])
-                        + ([self.mechanism] if self.mechanism != "srr" else [])) or None
+                        + ([self.mechanism] if self.mechanism != "srr" else [])
+                        + ([f"copies{self.label_copies}"] if self.label_copies > 1 else [])) or None
 
 
 def label_event(cfg: SRRConfig, count: int, num_classes: int, epsilon: float):
@@ -229,6 +233,11 @@ class SRRMethod(Method):
                  "each"] * capped + ([] if ctx.budget.accounting == "paper" else [
             f"epsilon per label {epsilon:.6g}: the largest whose strict epsilon for all {total} labels fits the "
             f"target {ctx.budget.epsilon:g}"])
+        if cfg.label_copies > 1:
+            notes.append(f"label_copies {cfg.label_copies}: the {total} labels fall on about "
+                         f"{total // cfg.label_copies} synthetic samples and their {cfg.copy_augment} copies, each "
+                         "labelled through the mechanism; the strict epsilon composes over all of them, the paper's "
+                         "is per label")
         threshold = cfg.threshold if cfg.threshold is not None else 1.0 / (2 * num_classes)
         return Plan(remaining=[event for i, event in enumerate(events) if stage_key(i) not in recorded], notes=notes,
                     details={"epsilon_per_label": epsilon, "num_labels": total, "threshold": threshold,

@@ -146,7 +146,8 @@ class SRRTraining:
     # ------------------------------------------------------------------------------------ stage data
     def inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Stage i's (0-based) uint8 inputs D̃(i), the label the mechanism protects when it needs no teacher
-        (label-dp: the true label) and the true label when known (evaluation only)."""
+        (label-dp: the true label) and the true label when known (evaluation only). With `label_copies` K the
+        inputs are the stage's base_count(i) samples, then their copies in blocks, cut to the stage's size."""
         if self.label_dp:
             start = sum(self.schedule.sizes[:i])
             idx = self.order[start:start + self.schedule.sizes[i]]
@@ -163,8 +164,8 @@ class SRRTraining:
         return images, None, None
 
     def base_count(self, i: int) -> int:
-        """Stage i's synthetic samples: its labels, or with `label_copies` K the ceil(1/K) of them whose copies
-        take the other labels."""
+        """Stage i's synthetic samples: one per label, or with `label_copies` K ceil(n/K) of them for its n labels
+        (their copies take the others)."""
         return math.ceil(self.schedule.sizes[i] / self.cfg.label_copies)
 
     def latents(self, i: int) -> torch.Tensor:
