@@ -160,6 +160,7 @@ def generator_quality(stage: str, *, dataset: str, source: str | None = None, re
     """The quality of any generator stage (a cache key such as generator-1a2b…, or its directory): class balance
     under the model it was fitted to, agreement of other readers with that model's labels, optionally the
     ceiling, and a sample grid. Evaluation only: non-private models read the samples, no ε is spent."""
+    started = time.perf_counter()
     if not ceiling and (ceiling_copies != 1 or ceiling_epochs != 3.0):
         raise ConfigError("--ceiling-copies and --ceiling-epochs shape the ceiling student: add --ceiling")
     cache = StageCache()
@@ -190,6 +191,7 @@ def generator_quality(stage: str, *, dataset: str, source: str | None = None, re
     grid = save_grid(images, predict_logits(fitted_to, images, env).argmax(1), target / "samples.png",
                      num_classes=data.num_classes)
     report = {"stage": directory.name, "fitted_to": source or recorded, "dataset": dataset, "seed": seed,
+              "device": env.describe(), "wall_seconds": round(time.perf_counter() - started, 1),
               "recorded_quality": run_info(directory).get("quality"), **quality, "grid": str(grid),
               "note": "evaluation only: non-private models read the samples (and the real test set for the "
                       "ceiling); not covered by any epsilon"}
