@@ -101,8 +101,9 @@ def generator_quality(
     ceiling_copies: Annotated[int, typer.Option(
         "--ceiling-copies", min=1, help="the ceiling student also learns K - 1 copies of each sample shifted by up "
                                         "to 2 px, each labelled by the source (SRR's srr.label_copies)")] = 1,
-    ceiling_epochs: Annotated[float, typer.Option(
-        "--ceiling-epochs", min=0.01, help="the ceiling student's epochs over its samples (and copies)")] = 3.0,
+    ceiling_epochs: Annotated[Optional[float], typer.Option(
+        "--ceiling-epochs", min=0.01,
+        help="the ceiling student's epochs over its samples (and copies); default 3")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="where quality.json and samples.png go")] = None,
     data_root: o.DataRoot = None,
     seed: Annotated[int, typer.Option(

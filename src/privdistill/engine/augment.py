@@ -54,7 +54,8 @@ def with_augmented_copies(images: torch.Tensor, copies: int, kind: str, generato
     instead, [n, copies, ...], as they are clipped together (engine/stages.py, features)."""
     x = to_float(images)
     moved = [augment_batch(x, kind, generator) for _ in range(copies - 1)]
-    moved = [to_uint8(x) if images.dtype == torch.uint8 else x for x in moved]
+    if images.dtype == torch.uint8:
+        moved = [to_uint8(copy) for copy in moved]
     return torch.cat([images, *moved])
 
 

@@ -49,6 +49,8 @@ from privdistill.engine.augment import with_augmented_copies
 from privdistill.engine.context import Env
 from privdistill.errors import ConfigError
 
+CEILING_EPOCHS = 3.0  # the ceiling student's epochs unless asked otherwise (`generator quality --ceiling-epochs`)
+
 
 class SourceEnsemble(nn.Module):
     """k frozen classifiers read as one: forward(x) = log of their mean softmax (a valid logit vector:
@@ -214,7 +216,7 @@ def label_balance(labels: torch.Tensor, num_classes: int) -> float:
 
 def synthesis_quality(images: torch.Tensor, source: nn.Module, env: Env, *, num_classes: int,
                       readers: dict[str, Any] | None = None, ceiling_test: ImageDataset | None = None,
-                      ceiling_epochs: float = 3.0, ceiling_model: str = "paper-cnn",
+                      ceiling_epochs: float = CEILING_EPOCHS, ceiling_model: str = "paper-cnn",
                       ceiling_labels: str = "hard", ceiling_copies: int = 1) -> dict[str, Any]:
     """What a synthetic set is worth (evaluation only: it reads non-private models, no ε is spent).
 
@@ -285,7 +287,7 @@ def read_labels(reader: Any, images: torch.Tensor, env: Env) -> torch.Tensor:
 
 
 def ceiling_accuracy(images: torch.Tensor, labels: torch.Tensor, test: ImageDataset, env: Env, num_classes: int,
-                     epochs: float = 3.0, model_name: str = "paper-cnn",
+                     epochs: float = CEILING_EPOCHS, model_name: str = "paper-cnn",
                      soft_targets: torch.Tensor | None = None) -> float:
     """The test accuracy of a fresh `model_name` trained `epochs` only on `images` with `labels` (Adam 1e-3,
     batch 128): what a synthetic set labelled by its source teaches about the real data. With `soft_targets`
