@@ -122,6 +122,17 @@ class TestDPDFDGolden:
         multi = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=64, steps=10, num_teachers=100, algorithm=2)
         assert eps([multi]) == pytest.approx(eps([single]))
 
+    def test_paper_calibration_lets_a_smaller_C_buy_less_noise(self):
+        # Theorem 3 prices C^2 B T / sigma^2 while the noise std is sigma*C: at a fixed paper epsilon the
+        # calibrated sigma scales with C, so the release's signal-to-noise ratio (1/sigma) grows as C shrinks.
+        # These are the sigmas of docs/results.md's Fashion-MNIST eps 10 cells (2,000 steps of B = 256).
+        sigmas = {C: calibrate_noise(DPDFDSteps(clip_norm=C, sigma=1.0, batch_size=256, steps=2000),
+                                     target_epsilon=10, delta=DELTA, accounting="paper") for C in (5e-3, 1e-4)}
+        assert sigmas[5e-3] == pytest.approx(3.7895, rel=1e-4)
+        assert sigmas[5e-3] / sigmas[1e-4] == pytest.approx(50, rel=1e-5)
+        strict = {C: eps([DPDFDSteps(clip_norm=C, sigma=s, batch_size=256, steps=2000)]) for C, s in sigmas.items()}
+        assert strict[1e-4] > 1000 * strict[5e-3]  # the strict accounting sees the 50x less noise
+
     @pytest.mark.parametrize("C,target,paper_T", [(1e-3, 1, 596808), (1e-3, 10, 34818273),
                                                    (5e-3, 1, 23872), (5e-3, 10, 1392730)])
     def test_standard_settings_max_steps(self, C, target, paper_T):
