@@ -1,7 +1,8 @@
 #!/bin/bash
 # Second lent-GPU call of 2026-11-26: DPDFD on Fashion-MNIST through the teacher-fitted generator
-# (`--config teacher-generator`, quick preset, paper accounting) at the clip norm C = 1e-4 of the paper's Fig. 2
-# against the preset's C, over three whole-pipeline seeds at ε = 10 and at ε = 1. Installs what
+# (`--config teacher-generator`, quick preset, paper accounting) at the norm bound C = 1e-4 (the paper's ImageNet
+# value): whole-pipeline seeds 1 and 2 at ε = 10 (seed 0 ran in the first call), seed 0 at ε = 1, and the preset's
+# C on seed 0's stages at both ε. Installs what
 # device_session.sh installs, then packs each finished run into $OUT/probe2.tgz as it goes.
 # usage: bash scripts/device_probe_dpdfd.sh DEADLINE_SECONDS
 T0=$(date +%s); DEADLINE=${1:-200}
