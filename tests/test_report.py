@@ -51,3 +51,21 @@ def test_guarantee_says_in_words_whether_the_model_is_dp_as_a_whole():
                           "not_covered": ["used directly as training inputs"], "relation": "label-DP: one label"})
     assert not dp and "label-DP only" in text and "images" in text
     assert guarantee({"epsilon_strict": None, "epsilon_paper": None})[0] is False
+
+
+def test_console_calls_the_strict_epsilon_a_guarantee_only_when_it_covers_the_whole_model(capsys):
+    from privdistill.cli.display import show_summary
+
+    whole = {"method": "dpsgd", "dataset": "mnist", "test_accuracy": 0.98, "epsilon_strict": 0.996,
+             "epsilon_paper": 0.58, "delta": 1e-5, "not_covered": [], "relation": "replace-one"}
+    part = {**whole, "method": "dpdfd", "epsilon_strict": 1.8e8, "epsilon_paper": 10.0,
+            "not_covered": ["non-private teacher -> warm-started generator"]}
+    labels = {**whole, "method": "srr", "epsilon_strict": 1.0, "epsilon_paper": 1.0,
+              "not_covered": ["used directly as training inputs"], "relation": "label-DP: one label"}
+    shown = {}
+    for name, summary in (("whole", whole), ("part", part), ("labels", labels)):
+        show_summary(summary)
+        shown[name] = capsys.readouterr().out
+    assert "epsilon_strict (guarantee)" in shown["whole"]
+    assert "(guarantee)" not in shown["part"] and "epsilon_strict (part only" in shown["part"]
+    assert "(guarantee)" not in shown["labels"] and "epsilon_strict (labels only)" in shown["labels"]

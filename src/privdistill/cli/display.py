@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from privdistill.privacy.report import guarantee
+from privdistill.privacy.report import guarantee, is_label_dp
 
 console = Console()
 
@@ -22,8 +22,16 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-# ε under the strict accounting is the guarantee; the paper's figure is shown second, and says what it is
-_LABELS = {"epsilon_strict": "epsilon_strict (guarantee)", "epsilon_paper": "epsilon_paper (paper's formula)"}
+# ε under the strict accounting comes first; the paper's figure is shown second, and says what it is
+_LABELS = {"epsilon_paper": "epsilon_paper (paper's formula)"}
+
+
+def strict_label(summary: dict[str, Any], is_dp: bool) -> str:
+    """The strict ε's row label: "guarantee" only where it covers the whole released model; a correct bound for
+    part of the pathways (or for the labels alone) must not read as one."""
+    if is_dp:
+        return "epsilon_strict (guarantee)"
+    return "epsilon_strict (labels only)" if is_label_dp(summary) else "epsilon_strict (part only: see Privacy)"
 
 
 def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
@@ -35,7 +43,8 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
             "wall_seconds", "device", "run_dir", "recorded_as"]
     for key in rows:
         if key in summary and summary[key] is not None:
-            table.add_row(_LABELS.get(key, key), _fmt(summary[key]))
+            label = strict_label(summary, is_dp) if key == "epsilon_strict" else _LABELS.get(key, key)
+            table.add_row(label, _fmt(summary[key]))
     console.print(table)
     style = "green" if is_dp else ("red" if summary.get("epsilon_strict") is not None else "yellow")
     console.print(f"[{style}]Privacy:[/] {sentence}", highlight=False)
