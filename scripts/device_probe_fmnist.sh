@@ -5,24 +5,15 @@
 # misses a factor C², so a smaller C buys less noise at the same paper ε) and SRR's number of labels (ε per label,
 # no composition). Every probe's summary keeps both ε. Packs the probes' run directories into $OUT/probe.tgz.
 # usage: bash scripts/device_probe_fmnist.sh DEADLINE_SECONDS
-T0=$(date +%s); DEADLINE=${1:-560}
+T0=$(date +%s); DEADLINE=${1:-560}; PROBE_MIN_LEFT=40
+source scripts/device_lib.sh
 bash scripts/device_session.sh 200 baseline-fashion-mnist dpsgd-fashion-mnist-eps1 2>&1
-export PYTHONPATH=/tmp/site PRIVDISTILL_SOURCES=$PWD/.gpu/data PYTHONUNBUFFERED=1
-export PRIVDISTILL_GIT_COMMIT=$(cat .gpu/commit 2>/dev/null) PRIVDISTILL_CACHE=$PWD/runs/stage-cache
-mkdir -p runs/probe
-probe() {  # probe NAME ARGS...: one privdistill run on CUDA within what is left of the deadline
-  local name=$1 left; shift; left=$(( DEADLINE - ($(date +%s) - T0) ))
-  if [ $left -lt 40 ]; then echo "=== no time left for $name"; return; fi
-  echo "=== $name (left ${left}s) $(date +%T)"
-  timeout -k 5 $left privdistill "$@" --device cuda --no-progress --run-dir "runs/probe/$name" > "runs/probe/$name.log" 2>&1
-  echo "rc $? after $(( $(date +%s) - T0 ))s"; tail -4 "runs/probe/$name.log"
-}
+device_env
 SRR=(srr -d fashion-mnist --epsilon 1 --accounting paper --preset quick --config staged-prior --set srr.stages=4
      --set srr.first_stage_fraction=0.25 --set srr.student_ema=0.995)
 DPDFD=(dpdfd -d fashion-mnist --epsilon 10 --accounting paper --preset quick --config teacher-generator)
-probe dpdfd-eps10-c1e-4 "${DPDFD[@]}" --max-steps 2000 --set dpdfd.clip_norm=0.0001
-probe srr-eps1-n600k "${SRR[@]}" --set srr.num_samples=600000
-probe dpdfd-eps10-c1e-4-6000 "${DPDFD[@]}" --max-steps 6000 --set dpdfd.clip_norm=0.0001
-probe dpdfd-eps10 "${DPDFD[@]}" --max-steps 2000
-tar czf "$OUT/probe.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.npy' runs/probe
+device_probe runs/probe dpdfd-eps10-c1e-4 "${DPDFD[@]}" --max-steps 2000 --set dpdfd.clip_norm=0.0001
+device_probe runs/probe srr-eps1-n600k "${SRR[@]}" --set srr.num_samples=600000
+device_probe runs/probe dpdfd-eps10-c1e-4-6000 "${DPDFD[@]}" --max-steps 6000 --set dpdfd.clip_norm=0.0001
+device_probe runs/probe dpdfd-eps10 "${DPDFD[@]}" --max-steps 2000
 exit 0

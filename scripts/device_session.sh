@@ -10,13 +10,8 @@
 # usage: bash scripts/device_session.sh BUDGET_SECONDS CELL... (a cell named `probe` times the teacher trainers)
 T0=$(date +%s); BUDGET=$1; shift
 nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PRIVDISTILL_SOURCES=$PWD/.gpu/data PYTHONUNBUFFERED=1
-export PRIVDISTILL_GIT_COMMIT=$(cat .gpu/commit 2>/dev/null)
-# The stage cache lives in the checkout's ignored runs/, which a warm machine keeps between calls (a DGD paper
-# cell's teachers resume there from their last finished chunk); .gpu/ would be replaced by the next carry.
-export PRIVDISTILL_CACHE=${PRIVDISTILL_CACHE:-$PWD/runs/stage-cache}
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile . || exit 1
+source scripts/device_lib.sh
+device_setup || exit 1
 STAGES=$(python3 -c "from privdistill.engine.cache import default_cache_root as r; print(r())") || exit 1
 if [ -d .gpu/stages ]; then mkdir -p "$STAGES" && cp -r .gpu/stages/* "$STAGES/"; fi
 python3 -m pytest -q -p no:cacheprovider tests/test_privacy_mechanisms.py tests/test_dpsgd.py -k cuda 2>&1 | tail -2
