@@ -347,13 +347,67 @@ def test_fit_takes_arrays_and_torch_datasets(tiny_npz, tmp_path, cache):
         SRR(run_dir=str(tmp_path / "c"), **options).fit(x)
 
 
-def test_label_dp_and_data_free_srr_refuse_end_to_end_before_training(tiny_npz, tmp_path, cache):
+E2E = ["budget.privacy=end-to-end", "budget.epsilon=4", "dp_source.model=scatter-linear", "dp_source.epochs=2",
+       "dp_source.batch_size=64", "dp_source.statistics_share=0.25"]
+
+
+def test_srr_refuses_what_end_to_end_cannot_cover_before_training(tiny_npz, tmp_path, cache):
     with pytest.raises(ConfigError, match="protects labels only"):
         run_srr(request(tiny_npz, tmp_path / "a", "srr.setting=label-dp", "budget.privacy=end-to-end",
                         "budget.epsilon=2"))
-    with pytest.raises(ConfigError, match="no end-to-end mode yet"):
-        run_srr(request(tiny_npz, tmp_path / "b", "budget.privacy=end-to-end", "budget.epsilon=2"))
+    with pytest.raises(ConfigError, match="statistics_share"):  # a DP teacher has no BN statistics to match
+        run_srr(request(tiny_npz, tmp_path / "b", "budget.privacy=end-to-end", "budget.epsilon=2",
+                        "dp_source.statistics_share=0"))
+    with pytest.raises(ConfigError, match="srr.loss=ce"):
+        run_srr(request(tiny_npz, tmp_path / "c", *E2E, "srr.loss=likelihood"))
     assert not list(cache.glob("baseline-*")), "refused before anything trained"
+
+
+@pytest.mark.slow
+def test_data_free_srr_end_to_end_covers_everything_within_the_target(tiny_npz, tmp_path, cache):
+    """The teacher is a DP-SGD model trained in the run and the generator matches DP feature statistics: the two
+    events are the ledger's only ones, their composition is the run's ε (within the target), nothing is left
+    uncovered, and the labels are the DP teacher's own (no mechanism); a resumed run spends nothing more."""
+    from privdistill.privacy import both
+    from privdistill.privacy.ledger import PrivacyLedger
+
+    run_dir = tmp_path / "e2e"
+    s = run_srr(request(tiny_npz, run_dir, *E2E, "srr.stages=2")).summary
+    assert s["not_covered"] == [] and s["privacy_scope"] == "end-to-end"
+    privacy = json.loads((run_dir / "privacy.json").read_text())
+    assert all(p["covered"] for art in privacy["artifacts"].values() for p in art), "generator covered too"
+    ledger = PrivacyLedger(run_dir)
+    assert sorted(ledger.keys()) == ["dp-source", "dp-source/statistics"]
+    events = ledger.events()
+    total = both(events, delta=1e-5)["strict"].value
+    assert s["epsilon_strict"] == pytest.approx(total, rel=1e-6) and total <= 4 + 1e-9, "one ε, within the target"
+    statistics = [e for e in events if e.sample_rate == 1.0]
+    assert len(statistics) == 1 and statistics[0].delta == pytest.approx(0.25e-5)
+    source = json.loads((run_dir / "dp-source" / "summary.json").read_text())
+    assert source["epsilon_strict"] <= 3 + 1e-6, "the teacher gets the rest: 3 of 4"
+    assert s["label_accuracy_vs_teacher"] == 1.0 and s["mechanism"].startswith("none"), "the DP teacher's labels"
+    again = run_srr(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + E2E + ["srr.stages=2"],
+                               run_dir=str(run_dir), resume=True)).summary
+    assert again["epsilon_strict"] == pytest.approx(s["epsilon_strict"]) and len(PrivacyLedger(run_dir).keys()) == 2
+
+
+def test_feature_statistics_are_the_data_s_up_to_the_noise():
+    """gaussian_feature_statistics: without noise (a tiny multiplier) the mean and variance of GroupNorm-like
+    features (norm sqrt(d)) come back; with noise they move by about z * sqrt(2 d) / n on the mean."""
+    from privdistill.privacy.mechanisms import gaussian_feature_statistics
+
+    g = torch.Generator().manual_seed(0)
+    n, d = 4000, 50
+    x = torch.randn(n, d, generator=g) * torch.linspace(0.5, 1.5, d) + torch.linspace(-1, 1, d)
+    x = (x - x.mean(1, keepdim=True)) / x.std(1, unbiased=False, keepdim=True)  # per-example norm sqrt(d)
+    mean, var = gaussian_feature_statistics(x, noise_multiplier=1e-6, generator=torch.Generator().manual_seed(1),
+                                            square_clip=1.0)
+    assert torch.allclose(mean, x.mean(0), atol=1e-4) and torch.allclose(var, x.var(0, unbiased=False), atol=1e-3)
+    noisy, _ = gaussian_feature_statistics(x, noise_multiplier=20.0, generator=torch.Generator().manual_seed(1))
+    error = (noisy - x.mean(0)).abs().mean()
+    assert 0.2 * 20 * (2 * d) ** 0.5 / n < error < 3 * 20 * (2 * d) ** 0.5 / n
+    with pytest.raises(PrivacyError):
+        gaussian_feature_statistics(x[0], noise_multiplier=1.0, generator=g)
 
 
 def test_student_average_is_the_prior_and_the_release_at_the_same_epsilon(tiny_npz, tmp_path, cache, monkeypatch):

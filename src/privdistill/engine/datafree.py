@@ -189,6 +189,49 @@ class BatchNormStatistics:
             h.remove()
 
 
+class RecordedStatistics(nn.modules.batchnorm._BatchNorm):
+    """A BatchNorm layer that only carries statistics: identity in the forward pass, its running mean and variance
+    given (e.g. released under DP, methods/end_to_end.py), so BatchNormStatistics matches a generator's batches
+    against them like DeepInversion matches a BN network's. For a classifier without BatchNorm (a DP-SGD model)."""
+
+    def __init__(self, mean: torch.Tensor, var: torch.Tensor):
+        super().__init__(len(mean), affine=False, track_running_stats=True)
+        self.running_mean.copy_(mean)
+        self.running_var.copy_(var)
+
+    def _check_input_dim(self, x):  # any [B, d] or [B, d, ...] input
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class WithFeatureStatistics(nn.Module):
+    """A ScatterNet classifier (models/scatternet.py) whose flattened scattering features pass a RecordedStatistics
+    layer: the same logits, and a BN-statistics target for the generator's `srr` loss."""
+
+    def __init__(self, model: nn.Module, mean: torch.Tensor, var: torch.Tensor):
+        super().__init__()
+        if not hasattr(model, "scatter"):
+            raise ModelError("feature statistics are recorded on a ScatterNet model's scattering features "
+                             f"(scatter-linear, scatter-cnn), not on {type(model).__name__}")
+        self.model, self.statistics = model, RecordedStatistics(mean, var)
+
+    def _features_in(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.model.scatter(x)
+        return self.statistics(f.flatten(1)).view_as(f)
+
+    @property
+    def classifier(self) -> nn.Module:
+        return self.model.classifier
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.head[:-1](self._features_in(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.head(self._features_in(x))
+
+
 def datafree_loss(classifier: nn.Module, x: torch.Tensor, kind: str, alpha: float, beta: float,
                   bn: BatchNormStatistics | None = None, targets: torch.Tensor | None = None,
                   outputs: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:

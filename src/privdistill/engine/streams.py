@@ -46,6 +46,7 @@ DPSGD_INIT = 61  # (never in a run with DPDFD)
 DPSGD_SAMPLE = 62
 DPSGD_NOISE = 63
 DPSGD_AUGMENT = 64
+DP_STATISTICS = 66  # end to end: the noise of the DP source's feature statistics (methods/end_to_end.py)
 
 SRR_INIT = 71
 SRR_LATENT = 72  # latent codes of each stage's synthetic inputs
@@ -76,7 +77,7 @@ METHODS = {
               "DPSGD_AUGMENT": DPSGD_AUGMENT},
     "srr": {"SRR_INIT": SRR_INIT, "SRR_LATENT": SRR_LATENT, "SRR_EPOCH": SRR_EPOCH, "SRR_AUGMENT": SRR_AUGMENT,
             "SRR_FINETUNE": SRR_FINETUNE, "SRR_NOISE": SRR_NOISE, "SRR_ORDER": SRR_ORDER,
-            "SRR_COPIES": SRR_COPIES},
+            "SRR_COPIES": SRR_COPIES, "DP_STATISTICS": DP_STATISTICS},
     # PATE shares DGD's held-out split on purpose (one teacher ensemble serves both, DGD Fig. 7)
     "pate": {"DGD_SPLIT": DGD_SPLIT, "PATE_QUERIES": PATE_QUERIES, "PATE_LABELLED": PATE_LABELLED,
              "PATE_UNLABELLED": PATE_UNLABELLED, "PATE_VAT": PATE_VAT, "PATE_INIT": PATE_INIT},

@@ -17,14 +17,17 @@ method's own channel (DGD's noisy votes) is then priced as before, and the two c
 
 DPDFD needs no DP source: only noised output gradients ever leave its teacher, so with the strict accounting,
 Alg. 1 or 2 and a generator not warm-started against the teacher, it is end to end as it stands; the mode
-enforces exactly that. SRR's label-DP setting uses the private images directly and cannot be end to end.
+enforces exactly that. Data-free SRR's teacher is the DP source itself (it gets the whole target but for
+`dp_source.statistics_share`, which pays for the per-coordinate mean and variance of its scattering features, the
+BN-statistics target of SRR's generator): the teacher's labels are then post-processing and no label mechanism
+runs. SRR's label-DP setting uses the private images directly and cannot be end to end.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Optional
 
 from torch import nn
 
@@ -35,6 +38,10 @@ from privdistill.privacy.ledger import PrivacyLedger
 
 END_TO_END = "end-to-end"
 SOURCE_KEY = "dp-source"
+STATISTICS_KEY = "dp-source/statistics"
+#: SRR's default share of the target for the feature statistics (docs/results.md, "Strict end to end": a fifth of
+#: ε = 1 leaves their noise well below the features' spread, and the teacher most of the budget)
+STATISTICS_SHARE = 0.2
 
 
 @dataclass
@@ -50,11 +57,24 @@ class DPSourceConfig:
     lr: float = 4.0
     momentum: float = 0.9
     max_grad_norm: float = 0.1
+    # the share of the target ε (and of δ) spent on the per-coordinate mean and variance of the source's scattering
+    # features (one Gaussian sum, privacy.mechanisms.gaussian_feature_statistics): the BN-statistics target of a
+    # DeepInversion-style generator (SRR's loss) fitted to a source that has no BatchNorm. None: the method's
+    # default (SRR: STATISTICS_SHARE, its generator needs them; DGD: 0, none)
+    statistics_share: Optional[float] = None
+
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("statistics_share",)
 
     def validate(self) -> None:
         if not (0 < self.share < 1 and 0 < self.delta_share < 1):
             raise ConfigError("dp_source.share and dp_source.delta_share must lie in (0, 1): the rest of the budget "
                               "is the method's own channel")
+        if self.statistics_share is not None and not 0 <= self.statistics_share < 1:
+            raise ConfigError("dp_source.statistics_share must lie in [0, 1)")
+
+    def statistics(self, default: float) -> float:
+        """The statistics' share of ε and δ: as set, else the method's `default`."""
+        return default if self.statistics_share is None else self.statistics_share
         if min(self.epochs, self.batch_size) < 1 or min(self.lr, self.max_grad_norm) <= 0:
             raise ConfigError("dp_source: epochs and batch_size must be >= 1, lr and max_grad_norm > 0")
         check_model_name(self.model, "dp_source.model")
@@ -65,9 +85,6 @@ def why_not_end_to_end(method: str, ctx) -> str:
     if method == "srr" and ctx.section("srr").setting == "label-dp":
         return ("SRR's label-DP setting trains on the private images themselves: it protects labels only and "
                 "cannot be end to end (drop --privacy end-to-end, or use dpsgd)")
-    if method == "srr":
-        return ("data-free SRR has no end-to-end mode yet: its teacher would have to be a DP model, and the labels "
-                "it gives would then be post-processing; use dgd or dpdfd with --privacy end-to-end")
     if method == "pate":
         return ("PATE's public slice is held out of the private data and used without noise: not end to end; "
                 "dgd --privacy end-to-end replaces it with a generator fitted to a DP model")
@@ -78,12 +95,13 @@ def is_end_to_end(ctx) -> bool:
     return ctx.budget.privacy == END_TO_END
 
 
-def check_generator_end_to_end(ctx, inputs: str = "generator") -> None:
-    """A method whose student reads generator samples (DGD, data-free SRR) is end to end only if the generator is
-    fitted to the DP source alone (no non-private source models) and its samples are the student's only inputs."""
-    if inputs != "generator" or getattr(ctx.section("generator"), "source_models", 0):
+def check_generator_end_to_end(ctx, inputs: str = "generator", section: str = "generator") -> None:
+    """A method whose student reads generator samples (DGD, data-free SRR) is end to end only if the generator
+    (config `section`) is fitted to the DP source alone (no non-private source models) and its samples are the
+    student's only inputs."""
+    if inputs != "generator" or getattr(ctx.section(section), "source_models", 0):
         raise ConfigError("--privacy end-to-end needs the generator's samples as the only inputs (dgd.inputs="
-                          "generator) and no non-private source models (generator.source_models=0)")
+                          f"generator) and no non-private source models ({section}.source_models=0)")
 
 
 def check_source_labels(ctx, source_labels: bool) -> None:
@@ -114,37 +132,43 @@ def add_source_label_pathway(pathways: dict, source_labels: bool) -> None:
                                            "the student's supervised set", True, "post-processing of the DP source"))
 
 
-def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, secure: bool) -> tuple[nn.Module, str]:
+def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, secure: bool,
+                     share: float | None = None) -> tuple[nn.Module, str]:
     """The model a generator is fitted to, and a key naming its weights: the DP source (end-to-end mode, its event
     under SOURCE_KEY in `events`), else the cached non-private baseline. Its stage reference goes into `refs`."""
     from privdistill.engine.stages import file_digest
 
     if SOURCE_KEY in events:
-        model, key, refs["dp_source"] = train_source(ctx, ledger, events[SOURCE_KEY], secure=secure)
+        model, key, refs["dp_source"] = train_source(ctx, ledger, events[SOURCE_KEY], secure=secure, share=share)
         return model, key
     baseline, stage = ctx.stages.baseline(ctx.section("baseline"))
     refs["baseline"] = stage.ref()
     return baseline, file_digest(stage.path / "model.safetensors")
 
 
-def source_event(ctx) -> DPSGDTraining:
-    """The DP source's privacy event, computed before anything trains (the nested run calibrates the same σ)."""
+def source_event(ctx, share: float | None = None, delta_share: float | None = None) -> DPSGDTraining:
+    """The DP source's privacy event, computed before anything trains (the nested run calibrates the same σ);
+    `share`, `delta_share`: of the target ε and δ (default the config's)."""
     from privdistill.methods.dpsgd import steps_per_epoch, strict_noise_multiplier
 
     cfg: DPSourceConfig = ctx.section("dp_source")
     if ctx.budget.epsilon is None:
         raise ConfigError("--privacy end-to-end needs a target --epsilon: the DP source gets a share of it")
+    share = cfg.share if share is None else share
     per_epoch = steps_per_epoch(len(ctx.data.train), cfg.batch_size)
-    steps, delta = per_epoch * cfg.epochs, ctx.budget.delta * cfg.delta_share
-    sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * cfg.share, delta=delta,
+    steps = per_epoch * cfg.epochs
+    delta = ctx.budget.delta * (cfg.delta_share if delta_share is None else delta_share)
+    sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta,
                                     sample_rate=1 / per_epoch, steps=steps)
     return DPSGDTraining(noise_multiplier=sigma, sample_rate=1 / per_epoch, steps=steps, delta=delta,
                          what=f"DP source ({cfg.model}, DP-SGD)")
 
 
-def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bool) -> tuple[nn.Module, str, dict]:
+def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bool,
+                 share: float | None = None) -> tuple[nn.Module, str, dict]:
     """Spend the source's event, then train it as a nested DP-SGD run (resumed if it was interrupted); returns
-    (model, a key naming its weights, a reference for the summary)."""
+    (model, a key naming its weights, a reference for the summary). `share`: of the target ε, as source_event
+    was given it (default the config's)."""
     from privdistill.engine.stages import file_digest
     from privdistill.methods.common import RunRequest
     from privdistill.methods.dpsgd import run_dpsgd
@@ -155,7 +179,8 @@ def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bo
     overrides = {f"dpsgd.{k}": getattr(cfg, k) for k in ("model", "epochs", "batch_size", "lr", "momentum",
                                                          "max_grad_norm")}
     overrides.update({"dpsgd.optimizer": "sgd", "dpsgd.lr_schedule": "constant", "dpsgd.secure_mode": secure,
-                      "budget.epsilon": ctx.budget.epsilon * cfg.share, "budget.delta": event.delta,
+                      "budget.epsilon": ctx.budget.epsilon * (cfg.share if share is None else share),
+                      "budget.delta": event.delta,
                       "budget.accounting": "strict", "run.seed": options.seed, "run.device": options.device,
                       "run.threads": options.threads, "run.progress": options.progress})
 
@@ -177,3 +202,50 @@ def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bo
     ref: dict[str, Any] = {"run_dir": str(run_dir), "weights": str(digest), "epsilon_strict": summary["epsilon_strict"],
                            "delta": event.delta, "test_accuracy": summary["test_accuracy"]}
     return model, str(digest), ref
+
+
+def statistics_event(ctx, share: float) -> DPSGDTraining:
+    """The event of the DP feature statistics (`share` of the target ε and of δ): one Gaussian sum of vectors of
+    norm <= 1, i.e. a DP-SGD step at q = 1 (privacy.mechanisms.gaussian_feature_statistics)."""
+    from privdistill.methods.dpsgd import strict_noise_multiplier
+
+    if ctx.budget.epsilon is None:
+        raise ConfigError("--privacy end-to-end needs a target --epsilon: the feature statistics get a share of it")
+    delta = ctx.budget.delta * share
+    sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta, sample_rate=1.0, steps=1)
+    return DPSGDTraining(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=delta,
+                         what="DP feature statistics of the source (mean and variance, one Gaussian sum)")
+
+
+def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDTraining, *,
+                    secure: bool) -> tuple[nn.Module, str]:
+    """Release the per-coordinate mean and variance of the DP source's scattering features over the private
+    training set (recorded in the ledger before use: a resumed run reads them back, never a second draw), and
+    return the source wrapped so that a generator's BN-statistics loss matches them, with a key naming both."""
+    import hashlib
+
+    import torch
+
+    from privdistill.data.dataset import to_float
+    from privdistill.engine import streams
+    from privdistill.engine.datafree import WithFeatureStatistics
+    from privdistill.privacy.ledger import LedgerAnswer
+    from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
+
+    if not hasattr(source, "scatter"):
+        raise ConfigError("dp_source.statistics_share needs a ScatterNet source (dp_source.model scatter-linear or "
+                          "scatter-cnn): the statistics are those of its scattering features")
+    env, train = ctx.env, ctx.data.train
+
+    def release() -> LedgerAnswer:
+        with torch.no_grad():
+            feats = torch.cat([source.scatter(to_float(train.images[i:i + 1000])).flatten(1).cpu()
+                               for i in range(0, len(train), 1000)])
+        noise = noise_source(None if secure else int(env.generator(streams.DP_STATISTICS).initial_seed()),
+                             secure=secure)
+        mean, var = gaussian_feature_statistics(feats, noise_multiplier=event.noise_multiplier, generator=noise)
+        return LedgerAnswer(answers=torch.stack([mean, var]), stats={"features": int(feats.shape[1])})
+
+    stats = torch.as_tensor(ledger.spend(STATISTICS_KEY, event, release)).float()
+    key = hashlib.sha256(stats.numpy().tobytes()).hexdigest()[:16]
+    return WithFeatureStatistics(source, stats[0], stats[1]).eval(), key

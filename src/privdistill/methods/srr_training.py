@@ -90,15 +90,17 @@ class SRRTraining:
         self.schedule: StageSchedule = plan.details["schedule"]
         self.events = plan.details["events"]  # stage i's label event
         self.label_dp = self.cfg.setting == "label-dp"
+        self.end_to_end = "end_to_end" in plan.details  # a DP teacher: its labels are used as they are
         self.label_field = "label_accuracy_vs_truth" if self.label_dp else "label_accuracy_vs_teacher"
-        self._build_models(ctx)
+        self._build_models(ctx, plan.details.get("end_to_end"))
         # label-dp: the order in which the private records are labelled (chunk i at stage i)
         self.order = (torch.randperm(len(self.data.train), generator=self.env.generator(streams.SRR_ORDER))
                       [:sum(self.schedule.sizes)] if self.label_dp else None)
         self.synthetic_dir = self.run.path / "synthetic"
         self.loop = TrainingLoop(
             steps=self.cfg.stages, env=self.env, run=self.run, checkpoint=CHECKPOINT, log_stage="srr",
-            title=f"srr {self.cfg.setting} ({self.cfg.mechanism}, ε={self.epsilon:g} per label)",
+            title=("srr end to end (labels of a DP teacher)" if self.end_to_end else
+                   f"srr {self.cfg.setting} ({self.cfg.mechanism}, ε={self.epsilon:g} per label)"),
             modules={"student": self.student, "generator": self.generator, "average": self.average},
             optimizers={"student": self.optimizer, "generator": self.generator_optimizer},
             schedules={"student": self.lr_schedule}, checkpoint_every=1, round_parts=5,
@@ -106,13 +108,29 @@ class SRRTraining:
             evaluate=lambda: {"test_accuracy": round(evaluate(self.released, self.data.test, self.env), 4)},
             extra={"labels": []})  # each stage's label statistics (SRRMethod.train), resumed with the loop
 
-    def _build_models(self, ctx: Context) -> None:
+    def _build_models(self, ctx: Context, end_to_end: dict | None) -> None:
         cfg, env, data = self.cfg, self.env, self.data
         generator_cfg: GeneratorTraining = ctx.section("srr_generator")
         teacher_cfg: ClassifierTraining = ctx.section("srr_teacher")
         self.teacher = self.teacher_accuracy = self.generator = teacher_stage = generator_stage = None
         self.teacher_model = None if self.label_dp else teacher_cfg.model
-        if not self.label_dp:  # label-dp: the true labels go through the mechanism; no teacher, no generator
+        self.dp_source = None
+        if end_to_end:  # the teacher: a DP-SGD model trained here, with DP feature statistics for the generator
+            from privdistill.methods import end_to_end as e2e
+
+            refs: dict = {}
+            rest = 1.0 - ctx.section("dp_source").statistics(e2e.STATISTICS_SHARE)  # the teacher's (SRRMethod.plan)
+            source, key = e2e.generator_source(ctx, self.ledger, end_to_end, refs, secure=cfg.secure_noise, share=rest)
+            self.teacher, statistics_key = e2e.with_statistics(ctx, self.ledger, source, end_to_end[e2e.STATISTICS_KEY],
+                                                               secure=cfg.secure_noise)
+            self.teacher = env.place(self.teacher)
+            self.teacher_model, self.dp_source = ctx.section("dp_source").model, refs["dp_source"]
+            self.teacher_accuracy = float(refs["dp_source"]["test_accuracy"])
+            self.generator, generator_stage = ctx.stages.generator(self.teacher, f"{key}+{statistics_key}",
+                                                                   generator_cfg)
+            self.generator = env.place(self.generator)
+            self.teacher.requires_grad_(False)
+        elif not self.label_dp:  # label-dp: the true labels go through the mechanism; no teacher, no generator
             self.teacher, teacher_stage = ctx.stages.baseline(teacher_cfg)
             self.teacher_accuracy = float(teacher_stage.info().get("test_accuracy")
                                           or evaluate(self.teacher, data.test, env))
@@ -314,7 +332,8 @@ class SRRTraining:
 
         return dict(epsilon_per_label=self.epsilon,
                     variant=cfg.variant if cfg.variant is not None else cfg.default_variant,
-                    setting=cfg.setting, mechanism=cfg.mechanism, stages=cfg.stages,
+                    setting=cfg.setting, mechanism="none (DP teacher)" if self.end_to_end else cfg.mechanism,
+                    stages=cfg.stages, **({"dp_source": self.dp_source} if self.dp_source else {}),
                     num_labels=sum(self.schedule.sizes), threshold=self.threshold,
                     student_model=cfg.student_for_setting, teacher_model=self.teacher_model,
                     **{self.label_field: round(mean("correct"), 4)},

@@ -528,3 +528,36 @@ def laplace_latent_perturbation(codes: torch.Tensor, *, clip: float = 1.0, epsil
     scale = 2.0 * clip * c / epsilon1
     return _noisy(codes.clamp(-clip, clip), distribution="laplace", scale=scale, generator=generator,
                   dtype=codes.dtype)
+
+
+# ---------------------------------------------------------------------------------- feature statistics
+#: ||u * u|| of a feature vector u of norm 1 is small (about 0.03 on GroupNorm'd scattering features): the squares
+#: are scaled by 1 / SQUARE_CLIP before clipping, so that the noise does not swamp them. A fixed constant, not read
+#: from the data.
+SQUARE_CLIP = 0.05
+
+
+def gaussian_feature_statistics(features: torch.Tensor, *, noise_multiplier: float, generator: NoiseSource,
+                                square_clip: float = SQUARE_CLIP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-coordinate mean and variance of private `features` [n, d], released by ONE Gaussian sum.
+
+    Each example contributes w = [u, clip(u * u / square_clip, 1)] / sqrt(2), with u its feature vector scaled to
+    norm 1 (the variance is read on that scale, times d: for GroupNorm'd features, whose norm is sqrt(d), the
+    features' own), so ||w|| <= 1 and replacing one example moves the sum by at most 2. Noise N(0, z^2) on every
+    coordinate of the sum is then exactly DP-SGD's Gaussian step with q = 1 (privacy.events.DPSGDTraining with
+    sample_rate 1 and one step: dp-accounting's replace-one PLD prices sensitivity 2). n is public (the size of
+    the training set). Returns (mean, variance), the variance floored at 1e-2."""
+    check_positive("noise multiplier", noise_multiplier)
+    if features.ndim != 2 or len(features) < 1:
+        raise PrivacyError(f"feature statistics need features [n, d], got shape {tuple(features.shape)}")
+    n, d = features.shape
+    u = features.double() / features.double().norm(dim=1, keepdim=True).clamp_min(1e-12)
+    squares = u * u / square_clip
+    squares = squares / squares.norm(dim=1, keepdim=True).clamp_min(1.0)
+    total = torch.cat([u, squares], 1).sum(0) / math.sqrt(2)
+    _check_generator(generator, total, "feature statistics")
+    total = _noisy(total, distribution="gaussian", scale=noise_multiplier, generator=generator, dtype=torch.float64)
+    sum_u, sum_squares = total[:d] * math.sqrt(2), total[d:] * math.sqrt(2)
+    mean = sum_u / n * math.sqrt(d)
+    var = (sum_squares / n * square_clip * d - mean ** 2).clamp_min(1e-2)
+    return mean.float(), var.float()

@@ -139,6 +139,22 @@ def srr_pathways(*, setting: str = "data-free", fitted_to: str = "non-private te
     }
 
 
+def srr_end_to_end_pathways() -> dict[str, list[Pathway]]:
+    """Data-free SRR end to end (methods/end_to_end.py): the teacher is a DP-SGD model and the statistics its
+    generator matches are released by a Gaussian sum, both in the run's ledger; everything else is post-processing."""
+    why = "post-processing of the DP teacher and the DP statistics, both in the ledger"
+    return {
+        "student": [
+            Pathway(PRIVATE, "DP-SGD teacher -> its labels of the synthetic inputs (no further noise needed)",
+                    "the student's labels", True, why),
+            Pathway(PRIVATE, "DP-SGD teacher + DP feature statistics -> generator (BN-statistics loss) -> synthetic "
+                    "inputs", "the student's inputs", True, why),
+        ],
+        "generator": [Pathway(PRIVATE, "DP-SGD teacher + DP feature statistics used as fixed discriminator",
+                              "generator weights", True, why)],
+    }
+
+
 def srr_notes(*, setting: str, mechanism: str, labels: int, epsilon: float) -> dict[str, str]:
     """SRR's summary notes: what its ε covers, and that comparing its labels with the protected ones is not
     covered (`epsilon`: per label)."""
