@@ -360,6 +360,8 @@ def test_srr_refuses_what_end_to_end_cannot_cover_before_training(tiny_npz, tmp_
                         "dp_source.statistics_share=0"))
     with pytest.raises(ConfigError, match="srr.loss=ce"):
         run_srr(request(tiny_npz, tmp_path / "c", *E2E, "srr.loss=likelihood"))
+    with pytest.raises(ConfigError, match="augment_copies"):  # copies of what? refused before the source trains
+        run_srr(request(tiny_npz, tmp_path / "d", *E2E, "dp_source.augment_copies=4"))
     assert not list(cache.glob("baseline-*")), "refused before anything trained"
 
 
