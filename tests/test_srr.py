@@ -388,8 +388,18 @@ def test_data_free_srr_end_to_end_covers_everything_within_the_target(tiny_npz, 
     source = json.loads((run_dir / "dp-source" / "summary.json").read_text())
     assert source["epsilon_strict"] <= 3 + 1e-6, "the teacher gets the rest: 3 of 4"
     assert s["label_accuracy_vs_teacher"] == 1.0 and s["mechanism"].startswith("none"), "the DP teacher's labels"
-    again = run_srr(RunRequest(dataset=f"npz:{tiny_npz}", overrides=TINY + E2E + ["srr.stages=2"],
-                               run_dir=str(run_dir), resume=True)).summary
+    # resumed through the CLI: nothing more is spent, and the console says what the ε covers
+    from typer.testing import CliRunner
+
+    from privdistill.cli import get_app
+
+    args = ["srr", "-d", f"npz:{tiny_npz}", "--run-dir", str(run_dir), "--resume"]
+    for item in TINY + E2E + ["srr.stages=2"]:
+        args += ["--set", item]
+    result = CliRunner().invoke(get_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "from the DP teacher" in result.output and "DP feature statistics" in " ".join(result.output.split())
+    again = json.loads((run_dir / "summary.json").read_text())
     assert again["epsilon_strict"] == pytest.approx(s["epsilon_strict"]) and len(PrivacyLedger(run_dir).keys()) == 2
 
 

@@ -50,6 +50,13 @@ def srr_command(
     request = run.request(extra)
     summary = run_srr(request, cache=not run.no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
+    if summary.get("dp_source"):  # end to end: the labels are a DP teacher's own, no mechanism ran
+        console.print(f"{summary['num_labels']} labels in {summary['stages']} stages from the DP teacher "
+                      f"({summary['dp_source']['test_accuracy']:.4f} on the test set; post-processing, no label "
+                      f"noise). Strict epsilon {summary['epsilon_strict']} at delta {summary['delta']:g} covers "
+                      f"{summary['epsilon_covers']}. Report: privdistill privacy report {summary['run_dir']}",
+                      highlight=False)
+        return
     field = "label_accuracy_vs_truth" if summary["setting"] == "label-dp" else "label_accuracy_vs_teacher"
     console.print(f"{summary['num_labels']} labels in {summary['stages']} stages, {summary[field]:.4f} of them "
                   f"{'true' if summary['setting'] == 'label-dp' else 'equal to the teacher'}'s label "
