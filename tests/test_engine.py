@@ -98,6 +98,18 @@ def test_a_run_that_stopped_before_doing_anything_does_not_block_a_corrected_ret
     PrivacyLedger(tmp_path / "r")  # the budget was checked (header written), nothing spent
     run = RunDir.open(tmp_path / "r", config={"teacher": "fixed"})
     assert run.config() == {"teacher": "fixed"}
+    # the bench retries a failed cell with --resume: an abandoned attempt (or what is left of one, its lock file)
+    # starts afresh there too, while a directory holding anything else is still refused
+    RunDir.open(tmp_path / "s", config={"teacher": "typo"})
+    PrivacyLedger(tmp_path / "s")
+    assert RunDir.open(tmp_path / "s", config={"teacher": "fixed"}, resume=True).config() == {"teacher": "fixed"}
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / ".lock").write_text("1")
+    assert RunDir.open(tmp_path / "t", config={"a": 1}, resume=True).config() == {"a": 1}
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "notes.txt").write_text("mine")
+    with pytest.raises(RunError, match="not a run directory"):
+        RunDir.open(tmp_path / "u", config={"a": 1}, resume=True)
     # but a directory whose ledger records spending is never taken over
     PrivacyLedger(tmp_path / "r").spend("q", LNMaxQueries(40, 1), lambda: [0])
     with pytest.raises(RunError, match="already holds a run"):

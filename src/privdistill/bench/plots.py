@@ -237,7 +237,8 @@ def srr_stage_traces(results: list[dict], dataset: str, path: str | Path, max_ep
     labels' correctness and the student evolve (x: share of the labels drawn so far, so that runs with
     different T line up)."""
     rows = [r for r in results if r.get("method") == "srr" and r.get("dataset") == dataset and r.get("stage_trace")
-            and r.get("target_epsilon") is not None and float(r["target_epsilon"]) <= max_epsilon]
+            and r.get("target_epsilon") is not None and float(r["target_epsilon"]) <= max_epsilon
+            and not r.get("dp_source")]  # end to end: no label mechanism, nothing to trace
     if not rows:
         return None
     plt = _plt()

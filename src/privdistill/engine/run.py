@@ -124,9 +124,11 @@ class RunDir:
         """
         run = cls(path)
         cfg_path = run.path / "config.yaml"
-        if cfg_path.exists() and _abandoned_before_doing_anything(run.path):
+        abandoned = cfg_path.exists() and _abandoned_before_doing_anything(run.path)
+        if abandoned:
             # An earlier attempt stopped at a check before doing anything: nothing to protect or resume, so
-            # a corrected command may start here afresh.
+            # a corrected command (or the same one with --resume, as the bench retries a failed cell) starts
+            # here afresh.
             for leftover in ("config.yaml", "ledger.jsonl"):
                 (run.path / leftover).unlink(missing_ok=True)
         if cfg_path.exists():
@@ -139,7 +141,7 @@ class RunDir:
             if diff:
                 raise RunError(f"cannot resume {run.path}: its configuration differs in {', '.join(diff)}")
         else:
-            if resume and run.path.exists() and any(run.path.iterdir()):
+            if resume and not abandoned and run.path.exists() and {p.name for p in run.path.iterdir()} - {LOCK_NAME}:
                 raise RunError(f"--resume given but {run.path} has no config.yaml: not a run directory")
             make_run_dir(run.path)
             doc = {"command": command or command_line(), "created": datetime.now(timezone.utc).isoformat(),
