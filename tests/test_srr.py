@@ -224,7 +224,7 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
 
     full = run_srr(request(tiny_npz, tmp_path / "full", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")).summary
     draws = []
-    real_release, real_stats = srr_mod.release_labels, srr_mod._label_stats
+    real_release, real_stats = srr_mod.release_labels, srr_mod.label_stats
 
     def counting_release(*args, **kwargs):
         draws.append(1)
@@ -236,11 +236,11 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
         return real_stats(i, *args, **kwargs)
 
     monkeypatch.setattr(srr_mod, "release_labels", counting_release)
-    monkeypatch.setattr(srr_mod, "_label_stats", failing_stats)
+    monkeypatch.setattr(srr_mod, "label_stats", failing_stats)
     with pytest.raises(_Interrupt):
         run_srr(request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu"))
     assert len(draws) == 2 and PrivacyLedger(tmp_path / "cut", accounting="paper").keys() == ["stage-1", "stage-2"]
-    monkeypatch.setattr(srr_mod, "_label_stats", real_stats)
+    monkeypatch.setattr(srr_mod, "label_stats", real_stats)
     req = request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")
     req.resume = True
     resumed = run_srr(req).summary

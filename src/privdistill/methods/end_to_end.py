@@ -260,3 +260,62 @@ def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDT
     stats = torch.as_tensor(ledger.spend(STATISTICS_KEY, event, release)).float()
     key = hashlib.sha256(stats.numpy().tobytes()).hexdigest()[:16]
     return WithFeatureStatistics(source, stats[0], stats[1]).eval(), key
+
+
+# ------------------------------------------------------------------------------------ data-free SRR
+def check_srr(ctx) -> None:
+    """Data-free SRR end to end: the teacher is a DP-SGD model trained in the run, and its generator matches
+    feature statistics released under DP (a DP model has no BatchNorm statistics to match); the teacher's labels
+    are then post-processing, so no label mechanism runs (randomising a DP model's answers protects nothing more).
+    The target is split between the teacher and the statistics (srr_plan)."""
+    check_generator_end_to_end(ctx, section="srr_generator")
+    if not ctx.section("dp_source").statistics(STATISTICS_SHARE):
+        raise ConfigError("SRR end to end needs dp_source.statistics_share > 0 (default 0.2): its generator "
+                          "matches BatchNorm statistics, and a DP-SGD teacher has none; the share pays for "
+                          "DP feature statistics instead")
+    if ctx.section("srr").loss != "ce":
+        raise ConfigError("SRR end to end trains on the DP teacher's labels with cross-entropy (srr.loss=ce): "
+                          "no mechanism runs, so there is no release likelihood to fit")
+
+
+def srr_plan(ctx, recorded, total: int, schedule):
+    """SRR's plan end to end: the DP teacher's and the statistics' events (the teacher gets what the statistics
+    leave of ε and δ: there is no label channel to pay for), and no label events."""
+    from privdistill.methods.runner import Plan
+
+    statistics = ctx.section("dp_source").statistics(STATISTICS_SHARE)
+    rest = 1.0 - statistics
+    events = {SOURCE_KEY: source_event(ctx, share=rest, delta_share=rest),
+              STATISTICS_KEY: statistics_event(ctx, statistics)}
+    notes = [f"end to end: the DP teacher gets {rest:g} of epsilon {ctx.budget.epsilon:g} (and of delta), the "
+             f"feature statistics {statistics:g}; its labels of the synthetic samples are post-processing"]
+    return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
+                details={"epsilon_per_label": None, "num_labels": total, "threshold": None, "schedule": schedule,
+                         "events": [], "end_to_end": events})
+
+
+def srr_teacher(ctx, ledger: PrivacyLedger, events: dict, *, secure: bool) -> tuple[nn.Module, dict, str]:
+    """SRR's teacher end to end: the DP source (trained here on its share, srr_plan) wrapped with the DP feature
+    statistics its generator matches, fixed; with the source's reference and a key naming both for the generator
+    stage."""
+    refs: dict = {}
+    rest = 1.0 - ctx.section("dp_source").statistics(STATISTICS_SHARE)
+    source, key = generator_source(ctx, ledger, events, refs, secure=secure, share=rest)
+    teacher, statistics_key = with_statistics(ctx, ledger, source, events[STATISTICS_KEY], secure=secure)
+    teacher = ctx.env.place(teacher).requires_grad_(False)
+    return teacher, refs["dp_source"], f"{key}+{statistics_key}"
+
+
+def srr_report(ctx, total: int, ledger: PrivacyLedger):
+    from privdistill.methods.runner import Report
+    from privdistill.privacy.report import srr_end_to_end_pathways
+
+    cfg = ctx.section("srr")
+    return Report(pathways=srr_end_to_end_pathways(), secure_noise=cfg.secure_noise, noise_option="srr.secure_noise",
+                  extra={"setting": cfg.setting, "mechanism": "none (labels of a DP teacher)",
+                         "delta": ctx.budget.delta, "labels": total},
+                  fields={"relation": ledger.epsilon_both()["strict"].relation,
+                          "epsilon_covers": "the whole student and generator: DP teacher + DP feature statistics "
+                                            "(strict)",
+                          "privacy": f"end to end: {total} labels from a DP-SGD teacher (post-processing), inputs "
+                                     "from a generator fitted to it and to DP feature statistics"})

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 import torch
 
@@ -77,12 +77,12 @@ from privdistill.errors import ConfigError
 from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
-from privdistill.methods.srr_training import SRRTraining, StageSchedule, stage_key
+from privdistill.methods.srr_training import SRRTraining, StageSchedule, label_stats, stage_key
 from privdistill.privacy.calibration import calibrate_noise
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.mechanisms import LABEL_MECHANISMS, candidate_sets, noise_source, release_labels
-from privdistill.privacy.report import srr_end_to_end_pathways, srr_notes, srr_pathways
+from privdistill.privacy.report import srr_notes, srr_pathways
 
 SETTINGS = ("data-free", "label-dp")
 MECHANISMS = LABEL_MECHANISMS
@@ -218,33 +218,21 @@ class SRRMethod(Method):
     sections = {"srr_teacher": ClassifierTraining, "srr_generator": GeneratorTraining, "srr": SRRConfig,
                 "dp_source": e2e.DPSourceConfig}
 
-    def check_end_to_end(self, ctx: Context) -> None:
-        """Data-free SRR end to end: the teacher is a DP-SGD model trained in the run, and its generator matches
-        feature statistics released under DP (a DP model has no BatchNorm statistics to match); the teacher's
-        labels are then post-processing, so no label mechanism runs (randomising a DP model's answers protects
-        nothing more). The target ε is split between the teacher and the statistics (methods/end_to_end.py)."""
-        cfg: SRRConfig = ctx.section("srr")
-        if cfg.setting != "data-free":
+    def check_end_to_end(self, ctx: Context) -> None:  # a DP teacher and DP feature statistics (end_to_end.py)
+        if ctx.section("srr").setting != "data-free":
             super().check_end_to_end(ctx)  # label-dp reads the private images: refused with its reason
-        e2e.check_generator_end_to_end(ctx, section="srr_generator")
-        if not ctx.section("dp_source").statistics(e2e.STATISTICS_SHARE):
-            raise ConfigError("SRR end to end needs dp_source.statistics_share > 0 (default 0.2): its generator "
-                              "matches BatchNorm statistics, and a DP-SGD teacher has none; the share pays for "
-                              "DP feature statistics instead")
-        if cfg.loss != "ce":
-            raise ConfigError("SRR end to end trains on the DP teacher's labels with cross-entropy (srr.loss=ce): "
-                              "no mechanism runs, so there is no release likelihood to fit")
+        e2e.check_srr(ctx)
 
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
-        """The label events of the stages not yet in the ledger, at the per-label ε the budget allows (end to
-        end: the DP teacher's and the feature statistics' events instead)."""
+        """The label events of the stages not yet in the ledger, at the per-label ε the budget allows."""
         cfg: SRRConfig = ctx.section("srr")
         generator_loss = ctx.section("srr_generator").loss
         if generator_loss != "srr":
             raise ConfigError("srr_generator.loss must be 'srr' (the paper's BN-statistics loss), "
                               f"got {generator_loss!r}")
         if e2e.is_end_to_end(ctx):
-            return self._plan_end_to_end(ctx, recorded)
+            total = cfg.num_samples or len(ctx.data.train)
+            return e2e.srr_plan(ctx, recorded, total, StageSchedule.of(cfg, total))
         total, num_classes, records = cfg.num_samples or len(ctx.data.train), ctx.data.num_classes, len(ctx.data.train)
         capped = cfg.setting == "label-dp" and total > records  # e.g. the preset's 60,000 (all of MNIST) on less data
         total = records if capped else total
@@ -265,19 +253,6 @@ class SRRMethod(Method):
                     details={"epsilon_per_label": epsilon, "num_labels": total, "threshold": threshold,
                              "schedule": schedule, "events": events})
 
-    def _plan_end_to_end(self, ctx: Context, recorded: LedgerView) -> Plan:
-        cfg: SRRConfig = ctx.section("srr")
-        statistics = ctx.section("dp_source").statistics(e2e.STATISTICS_SHARE)
-        rest = 1.0 - statistics  # of ε and of δ: there is no label channel to pay for
-        events = {e2e.SOURCE_KEY: e2e.source_event(ctx, share=rest, delta_share=rest),
-                  e2e.STATISTICS_KEY: e2e.statistics_event(ctx, statistics)}
-        total = cfg.num_samples or len(ctx.data.train)
-        notes = [f"end to end: the DP teacher gets {rest:g} of epsilon {ctx.budget.epsilon:g} (and of delta), the "
-                 f"feature statistics {statistics:g}; its labels of the synthetic samples are post-processing"]
-        return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
-                    details={"epsilon_per_label": None, "num_labels": total, "threshold": None,
-                             "schedule": StageSchedule.of(cfg, total), "events": [], "end_to_end": events})
-
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
         """Alg. 1's stage loop. One loop step is one stage, checkpointed after it: a resumed run continues after
         the last finished stage, and a stage whose labels were drawn before the interruption reads them back."""
@@ -288,12 +263,8 @@ class SRRMethod(Method):
                 prior = stage_prior(srr, i, images)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
                 if protected is None:  # data-free: the teacher's label y_t = argmax φt(D̃(i))
                     protected = predict_logits(srr.teacher, images, srr.env).argmax(1)
-                if srr.end_to_end:  # the DP teacher's label is post-processing: nothing left to randomise
-                    labels, in_set = protected, torch.nn.functional.one_hot(protected, prior.shape[1]).bool()
-                else:
-                    labels = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), in the ledger
-                    in_set = candidate_sets(srr.cfg.mechanism, prior, epsilon=srr.epsilon, threshold=srr.threshold)
-                stats = _label_stats(i, prior, protected, labels, truth, in_set)
+                labels, in_set = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), and I_i
+                stats = label_stats(i, prior, protected, labels, truth, in_set)
                 srr.loop.extra["labels"].append(stats)
                 sets = srr.stage_sets(i, in_set)  # I_i, kept for the likelihood loss (never read a label)
                 parts = {"train_loss": srr.train_student(i, *srr.student_data(i, images, labels, sets)),  # φs on L_i
@@ -316,15 +287,7 @@ class SRRMethod(Method):
         cfg: SRRConfig = ctx.section("srr")
         total, epsilon = plan.details["num_labels"], plan.details["epsilon_per_label"]
         if e2e.is_end_to_end(ctx):
-            return Report(pathways=srr_end_to_end_pathways(), secure_noise=cfg.secure_noise,
-                          noise_option="srr.secure_noise",
-                          extra={"setting": cfg.setting, "mechanism": "none (labels of a DP teacher)",
-                                 "delta": ctx.budget.delta, "labels": total},
-                          fields={"relation": ledger.epsilon_both()["strict"].relation,
-                                  "epsilon_covers": "the whole student and generator: DP teacher + DP feature "
-                                                    "statistics (strict)",
-                                  "privacy": f"end to end: {total} labels from a DP-SGD teacher (post-processing), "
-                                             "inputs from a generator fitted to it and to DP feature statistics"})
+            return e2e.srr_report(ctx, total, ledger)
         notes = srr_notes(setting=cfg.setting, mechanism=cfg.mechanism, labels=total, epsilon=epsilon)
         # label-dp: no generator is trained or released, so the pathways name the student only
         fitted_to = ctx.section("srr_generator").describe_source("non-private teacher")
@@ -335,10 +298,14 @@ class SRRMethod(Method):
                       fields={"relation": ledger.epsilon_both()["strict"].relation, **notes})
 
 
-def release_stage_labels(srr: SRRTraining, i: int, prior: torch.Tensor, protected: torch.Tensor) -> torch.Tensor:
+def release_stage_labels(srr: SRRTraining, i: int, prior: torch.Tensor,
+                         protected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """L_i = R(y_s, y_t, t) at the per-label ε, drawn with stage i's noise stream (or OS entropy) and recorded in
-    the ledger before it is returned; a resumed run gets the recorded labels back, never a second draw."""
+    the ledger before it is returned (a resumed run gets the recorded labels back, never a second draw), and the
+    candidate sets I_i. End to end the teacher is DP: its label is post-processing, nothing left to randomise."""
     cfg = srr.cfg
+    if srr.end_to_end:
+        return protected, torch.nn.functional.one_hot(protected, prior.shape[1]).bool()
 
     def draw() -> LedgerAnswer:
         noise = noise_source(None if cfg.secure_noise else int(srr.env.generator(streams.SRR_NOISE, i).initial_seed()),
@@ -348,7 +315,8 @@ def release_stage_labels(srr: SRRTraining, i: int, prior: torch.Tensor, protecte
         compact = torch.int16 if prior.shape[1] < 32768 else torch.int64
         return LedgerAnswer(answers=labels.to(compact), stats={"mechanism": cfg.mechanism, "setting": cfg.setting})
 
-    return torch.as_tensor(srr.ledger.spend(stage_key(i), srr.events[i], draw)).long()
+    released = torch.as_tensor(srr.ledger.spend(stage_key(i), srr.events[i], draw)).long()
+    return released, candidate_sets(cfg.mechanism, prior, epsilon=srr.epsilon, threshold=srr.threshold)
 
 
 def stage_prior(srr: SRRTraining, i: int, images: torch.Tensor) -> torch.Tensor:
@@ -357,18 +325,6 @@ def stage_prior(srr: SRRTraining, i: int, images: torch.Tensor) -> torch.Tensor:
     if i == 0:
         return torch.full((len(images), srr.data.num_classes), 1.0 / srr.data.num_classes, dtype=torch.float64)
     return torch.softmax(predict_logits(srr.released, images, srr.env).double(), dim=1)
-
-
-def _label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: torch.Tensor,
-                 truth: torch.Tensor | None, in_set: torch.Tensor) -> dict[str, Any]:
-    """Evaluation-only statistics of stage i's labels (they read the protected labels; `in_set`: the
-    mechanism's candidate sets I)."""
-    target = truth if truth is not None else protected
-    return {"stage": i + 1, "count": int(len(labels)),
-            "correct": round(float((labels == target).float().mean()), 5),
-            "mean_set_size": round(float(in_set.sum(1).float().mean()), 4),
-            "label_in_set": round(float(in_set.gather(1, protected.long()[:, None]).float().mean()), 5),
-            "prior_top1_agrees": round(float((prior.argmax(1) == protected).float().mean()), 5)}
 
 
 # ======================================================================================== Python API

@@ -62,6 +62,18 @@ def stage_sizes(total: int, stages: int, first_fraction: float = 0.0) -> list[in
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
+def label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: torch.Tensor,
+                 truth: torch.Tensor | None, in_set: torch.Tensor) -> dict[str, Any]:
+    """Evaluation-only statistics of stage i's labels (they read the protected labels; `in_set`: the
+    mechanism's candidate sets I)."""
+    target = truth if truth is not None else protected
+    return {"stage": i + 1, "count": int(len(labels)),
+            "correct": round(float((labels == target).float().mean()), 5),
+            "mean_set_size": round(float(in_set.sum(1).float().mean()), 4),
+            "label_in_set": round(float(in_set.gather(1, protected.long()[:, None]).float().mean()), 5),
+            "prior_top1_agrees": round(float((prior.argmax(1) == protected).float().mean()), 5)}
+
+
 @dataclass
 class StageSchedule:
     """How the N labels and the student's steps spread over the T stages."""
@@ -116,20 +128,12 @@ class SRRTraining:
         self.teacher_model = None if self.label_dp else teacher_cfg.model
         self.dp_source = None
         if end_to_end:  # the teacher: a DP-SGD model trained here, with DP feature statistics for the generator
-            from privdistill.methods import end_to_end as e2e
+            from privdistill.methods.end_to_end import srr_teacher
 
-            refs: dict = {}
-            rest = 1.0 - ctx.section("dp_source").statistics(e2e.STATISTICS_SHARE)  # the teacher's (SRRMethod.plan)
-            source, key = e2e.generator_source(ctx, self.ledger, end_to_end, refs, secure=cfg.secure_noise, share=rest)
-            self.teacher, statistics_key = e2e.with_statistics(ctx, self.ledger, source, end_to_end[e2e.STATISTICS_KEY],
-                                                               secure=cfg.secure_noise)
-            self.teacher = env.place(self.teacher)
-            self.teacher_model, self.dp_source = ctx.section("dp_source").model, refs["dp_source"]
-            self.teacher_accuracy = float(refs["dp_source"]["test_accuracy"])
-            self.generator, generator_stage = ctx.stages.generator(self.teacher, f"{key}+{statistics_key}",
-                                                                   generator_cfg)
+            self.teacher, self.dp_source, key = srr_teacher(ctx, self.ledger, end_to_end, secure=cfg.secure_noise)
+            self.teacher_model, self.teacher_accuracy = ctx.section("dp_source").model, self.dp_source["test_accuracy"]
+            self.generator, generator_stage = ctx.stages.generator(self.teacher, key, generator_cfg)
             self.generator = env.place(self.generator)
-            self.teacher.requires_grad_(False)
         elif not self.label_dp:  # label-dp: the true labels go through the mechanism; no teacher, no generator
             self.teacher, teacher_stage = ctx.stages.baseline(teacher_cfg)
             self.teacher_accuracy = float(teacher_stage.info().get("test_accuracy")
