@@ -219,6 +219,9 @@ def test_end_to_end_mode_covers_every_pathway_within_the_target(tiny_npz, tmp_pa
     with pytest.raises(Exception, match="end-to-end"):  # a held-out private slice cannot be covered
         run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"),
                            overrides=TINY + E2E + ["budget.epsilon=20", "dgd.inputs=private-holdout"]))
+    with pytest.raises(ConfigError, match="statistics_share"):  # SRR's; DGD's generator would not read them
+        run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused-statistics"),
+                           overrides=TINY + E2E + ["budget.epsilon=20", "dp_source.statistics_share=0.2"]))
 
 
 @pytest.mark.slow

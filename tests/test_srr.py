@@ -362,6 +362,12 @@ def test_srr_refuses_what_end_to_end_cannot_cover_before_training(tiny_npz, tmp_
         run_srr(request(tiny_npz, tmp_path / "c", *E2E, "srr.loss=likelihood"))
     with pytest.raises(ConfigError, match="augment_copies"):  # copies of what? refused before the source trains
         run_srr(request(tiny_npz, tmp_path / "d", *E2E, "dp_source.augment_copies=4"))
+    with pytest.raises(ConfigError, match="student_data=stage"):  # earlier stages' labels are not kept
+        run_srr(request(tiny_npz, tmp_path / "e", *E2E, "srr.student_data=cumulative"))
+    with pytest.raises(ConfigError, match="ScatterNet DP teacher"):  # its statistics are of scattering features
+        run_srr(request(tiny_npz, tmp_path / "f", *E2E, "dp_source.model=small-cnn"))
+    with pytest.raises(ConfigError, match="epochs and batch_size"):
+        run_srr(request(tiny_npz, tmp_path / "g", *E2E, "dp_source.epochs=0"))
     assert not list(cache.glob("baseline-*")), "refused before anything trained"
 
 
@@ -420,6 +426,16 @@ def test_feature_statistics_are_the_data_s_up_to_the_noise():
     assert 0.2 * 20 * (2 * d) ** 0.5 / n < error < 3 * 20 * (2 * d) ** 0.5 / n
     with pytest.raises(PrivacyError):
         gaussian_feature_statistics(x[0], noise_multiplier=1.0, generator=g)
+
+
+def test_the_delta_split_never_rounds_above_delta():
+    from privdistill.methods.end_to_end import split_delta
+
+    for delta in (1e-5, 3e-6, 7e-7, 1e-6):
+        for share in (0.8, 0.2, 0.75, 0.5, 0.9, 0.1, 0.999):
+            a, b = split_delta(delta, share)
+            assert a + b <= delta and a == pytest.approx(delta * share) and b > 0
+    assert 1e-5 * 0.8 + 1e-5 * 0.2 > 1e-5, "what the naive split does"
 
 
 def test_student_average_is_the_prior_and_the_release_at_the_same_epsilon(tiny_npz, tmp_path, cache, monkeypatch):

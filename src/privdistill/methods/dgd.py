@@ -125,6 +125,9 @@ class DGDMethod(Method):
 
     def check_end_to_end(self, ctx: Context) -> None:  # the generator fitted to a DP source, its samples the inputs
         e2e.check_generator_end_to_end(ctx, ctx.section("dgd").inputs)
+        if ctx.section("dp_source").statistics(0.0):
+            raise ConfigError("dp_source.statistics_share is SRR's (its generator matches DP feature statistics); "
+                              "DGD's end-to-end generator does not read them: leave it unset")
 
     def summary_name(self, ctx: Context) -> str:
         return "dgd" if ctx.section("dgd").aggregation == "laplace" else "dgd+"

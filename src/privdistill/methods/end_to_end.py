@@ -60,7 +60,8 @@ class DPSourceConfig:
     # the share of the target ε (and of δ) spent on the per-coordinate mean and variance of the source's scattering
     # features (one Gaussian sum, privacy.mechanisms.gaussian_feature_statistics): the BN-statistics target of a
     # DeepInversion-style generator (SRR's loss) fitted to a source that has no BatchNorm. None: the method's
-    # default (SRR: STATISTICS_SHARE, its generator needs them; DGD: 0, none)
+    # default. SRR: STATISTICS_SHARE (its generator needs them), and its teacher takes the rest of ε and δ, so
+    # `share` and `delta_share` do not apply; DGD: no statistics (a share > 0 is refused), `share` as above
     statistics_share: Optional[float] = None
     # augmentation multiplicity of the source's DP-SGD (as dpsgd.augment / dpsgd.augment_copies): 4 affine copies
     # are worth +0.5 points at strict ε = 1 on MNIST, and lower Fashion-MNIST (docs/results.md)
@@ -80,13 +81,13 @@ class DPSourceConfig:
                                                                     or self.augment == "none")):
             raise ConfigError("dp_source.augment_copies must be >= 1; copies need dp_source.model=scatter-linear and "
                               "an augment other than none (as dpsgd.augment_copies)")
+        if min(self.epochs, self.batch_size) < 1 or min(self.lr, self.max_grad_norm) <= 0:
+            raise ConfigError("dp_source: epochs and batch_size must be >= 1, lr and max_grad_norm > 0")
+        check_model_name(self.model, "dp_source.model")
 
     def statistics(self, default: float) -> float:
         """The statistics' share of ε and δ: as set, else the method's `default`."""
         return default if self.statistics_share is None else self.statistics_share
-        if min(self.epochs, self.batch_size) < 1 or min(self.lr, self.max_grad_norm) <= 0:
-            raise ConfigError("dp_source: epochs and batch_size must be >= 1, lr and max_grad_norm > 0")
-        check_model_name(self.model, "dp_source.model")
 
 
 def why_not_end_to_end(method: str, ctx) -> str:
@@ -155,9 +156,9 @@ def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, se
     return baseline, file_digest(stage.path / "model.safetensors")
 
 
-def source_event(ctx, share: float | None = None, delta_share: float | None = None) -> DPSGDTraining:
+def source_event(ctx, share: float | None = None, delta: float | None = None) -> DPSGDTraining:
     """The DP source's privacy event, computed before anything trains (the nested run calibrates the same σ);
-    `share`, `delta_share`: of the target ε and δ (default the config's)."""
+    `share`: of the target ε, `delta`: its δ (defaults: the config's shares)."""
     from privdistill.methods.dpsgd import steps_per_epoch, strict_noise_multiplier
 
     cfg: DPSourceConfig = ctx.section("dp_source")
@@ -166,7 +167,7 @@ def source_event(ctx, share: float | None = None, delta_share: float | None = No
     share = cfg.share if share is None else share
     per_epoch = steps_per_epoch(len(ctx.data.train), cfg.batch_size)
     steps = per_epoch * cfg.epochs
-    delta = ctx.budget.delta * (cfg.delta_share if delta_share is None else delta_share)
+    delta = ctx.budget.delta * cfg.delta_share if delta is None else delta
     sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta,
                                     sample_rate=1 / per_epoch, steps=steps)
     return DPSGDTraining(noise_multiplier=sigma, sample_rate=1 / per_epoch, steps=steps, delta=delta,
@@ -215,14 +216,21 @@ def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bo
     return model, str(digest), ref
 
 
-def statistics_event(ctx, share: float) -> DPSGDTraining:
-    """The event of the DP feature statistics (`share` of the target ε and of δ): one Gaussian sum of vectors of
-    norm <= 1, i.e. a DP-SGD step at q = 1 (privacy.mechanisms.gaussian_feature_statistics)."""
+def split_delta(delta: float, share: float) -> tuple[float, float]:
+    """(share of δ, the rest), adding up to δ exactly in floating point: the larger part is a product, the smaller
+    the difference, which is exact because the larger part lies in [δ/2, δ] (Sterbenz); a plain δ·s + δ·(1 − s)
+    can round one unit above δ."""
+    big = delta * max(share, 1.0 - share)
+    return (big, delta - big) if share >= 0.5 else (delta - big, big)
+
+
+def statistics_event(ctx, share: float, delta: float) -> DPSGDTraining:
+    """The event of the DP feature statistics (`share` of the target ε, at `delta`): one Gaussian sum of vectors
+    of norm <= 1, i.e. a DP-SGD step at q = 1 (privacy.mechanisms.gaussian_feature_statistics)."""
     from privdistill.methods.dpsgd import strict_noise_multiplier
 
     if ctx.budget.epsilon is None:
         raise ConfigError("--privacy end-to-end needs a target --epsilon: the feature statistics get a share of it")
-    delta = ctx.budget.delta * share
     sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta, sample_rate=1.0, steps=1)
     return DPSGDTraining(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=delta,
                          what="DP feature statistics of the source (mean and variance, one Gaussian sum)")
@@ -273,9 +281,16 @@ def check_srr(ctx) -> None:
         raise ConfigError("SRR end to end needs dp_source.statistics_share > 0 (default 0.2): its generator "
                           "matches BatchNorm statistics, and a DP-SGD teacher has none; the share pays for "
                           "DP feature statistics instead")
-    if ctx.section("srr").loss != "ce":
+    cfg = ctx.section("srr")
+    if cfg.loss != "ce":
         raise ConfigError("SRR end to end trains on the DP teacher's labels with cross-entropy (srr.loss=ce): "
                           "no mechanism runs, so there is no release likelihood to fit")
+    if cfg.student_data != "stage" or cfg.final_epochs:
+        raise ConfigError("SRR end to end trains each stage on its own samples (srr.student_data=stage, no "
+                          "srr.final_epochs): earlier stages' labels are not kept in a ledger to train on again")
+    if not ctx.section("dp_source").model.startswith("scatter-"):
+        raise ConfigError("SRR end to end needs a ScatterNet DP teacher (dp_source.model scatter-linear or "
+                          "scatter-cnn): the DP statistics its generator matches are of the scattering features")
 
 
 def srr_plan(ctx, recorded, total: int, schedule):
@@ -285,8 +300,9 @@ def srr_plan(ctx, recorded, total: int, schedule):
 
     statistics = ctx.section("dp_source").statistics(STATISTICS_SHARE)
     rest = 1.0 - statistics
-    events = {SOURCE_KEY: source_event(ctx, share=rest, delta_share=rest),
-              STATISTICS_KEY: statistics_event(ctx, statistics)}
+    teacher_delta, statistics_delta = split_delta(ctx.budget.delta, rest)
+    events = {SOURCE_KEY: source_event(ctx, share=rest, delta=teacher_delta),
+              STATISTICS_KEY: statistics_event(ctx, statistics, statistics_delta)}
     notes = [f"end to end: the DP teacher gets {rest:g} of epsilon {ctx.budget.epsilon:g} (and of delta), the "
              f"feature statistics {statistics:g}; its labels of the synthetic samples are post-processing"]
     return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,

@@ -484,8 +484,8 @@ class StrictAccountant(Accountant):
         fixed = [t.fixed for t in terms if t.fixed is not None]
         terms = [t for t in terms if t.fixed is None]
         fixed_eps, fixed_delta = sum(f[0] for f in fixed), sum(f[1] for f in fixed)
-        if fixed and not terms:  # shares of delta that add up to it (up to rounding) fit it
-            return (fixed_eps if fixed_delta <= delta * (1 + 1e-9) else math.inf), None
+        if fixed and not terms:
+            return (fixed_eps if fixed_delta <= delta else math.inf), None
         delta -= fixed_delta  # what is left of delta for the RDP-composed rest
         if delta <= 0:
             return math.inf, None
@@ -613,7 +613,7 @@ class PaperAccountant(Accountant):
         delta -= fixed_delta
         # delta is shared among the families whose bound consumes it (one family in every paper)
         n_delta = len(lnmax) + int(has_pate) + int(has_dpdfd)
-        if delta <= -1e-9 * (delta + fixed_delta) or (delta <= 0 and n_delta):
+        if delta < 0 or (delta == 0 and n_delta):  # no delta left for a family whose bound needs one
             return math.inf, None, notes + ["the DP-SGD source's delta share leaves no delta"], details
         d = delta / n_delta if n_delta else delta
         if n_delta > 1:
