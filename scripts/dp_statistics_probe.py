@@ -28,9 +28,9 @@ import torch
 
 from privdistill.config import RunOptions, resolve_sections
 from privdistill.data import load_data
-from privdistill.data.dataset import to_float
 from privdistill.engine import Env, RunDir
 from privdistill.engine.datafree import GeneratorTraining, WithFeatureStatistics, generate, train_generator
+from privdistill.engine.stages import fixed_features
 from privdistill.engine.synthesis import synthesis_quality
 from privdistill.engine.trainer import evaluate
 from privdistill.privacy.accounting import pld_poisson_gaussian_replace_one
@@ -58,9 +58,7 @@ def main() -> None:
     row = {"dataset": args.dataset, "source": str(args.source), "noise_multiplier": args.noise,
            "source_test_accuracy": round(evaluate(source, data.test, env), 4)}
     t0 = time.perf_counter()
-    with torch.no_grad():
-        feats = torch.cat([source.scatter(to_float(data.train.images[i:i + 1000])).flatten(1)
-                           for i in range(0, len(data.train), 1000)])
+    feats = fixed_features(source, data.train.images, env).flatten(1)
     if args.noise > 0:
         mean, var = gaussian_feature_statistics(feats, noise_multiplier=args.noise, square_clip=args.square_clip,
                                                 generator=torch.Generator().manual_seed(1))

@@ -42,6 +42,8 @@ STATISTICS_KEY = "dp-source/statistics"
 #: SRR's default share of the target for the feature statistics (docs/results.md, "Strict end to end": a fifth of
 #: ε = 1 leaves their noise well below the features' spread, and the teacher most of the budget)
 STATISTICS_SHARE = 0.2
+#: SRR end to end runs no label mechanism: its labels are the DP teacher's own (summary and report say so)
+NO_MECHANISM = "none (DP teacher)"
 
 
 @dataclass
@@ -245,21 +247,17 @@ def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDT
 
     import torch
 
-    from privdistill.data.dataset import to_float
     from privdistill.engine import streams
     from privdistill.engine.datafree import WithFeatureStatistics
     from privdistill.privacy.ledger import LedgerAnswer
     from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
 
-    if not hasattr(source, "scatter"):
-        raise ConfigError("dp_source.statistics_share needs a ScatterNet source (dp_source.model scatter-linear or "
-                          "scatter-cnn): the statistics are those of its scattering features")
-    env, train = ctx.env, ctx.data.train
+    env = ctx.env
 
     def release() -> LedgerAnswer:
-        with torch.no_grad():
-            feats = torch.cat([source.scatter(to_float(train.images[i:i + 1000])).flatten(1).cpu()
-                               for i in range(0, len(train), 1000)])
+        # the scattering features of the training set: the cached stage the DP source was trained on (check_srr
+        # makes the source a ScatterNet)
+        feats = ctx.stages.features(source)[0].flatten(1)
         noise = noise_source(None if secure else int(env.generator(streams.DP_STATISTICS).initial_seed()),
                              secure=secure)
         mean, var = gaussian_feature_statistics(feats, noise_multiplier=event.noise_multiplier, generator=noise)
@@ -293,13 +291,18 @@ def check_srr(ctx) -> None:
                           "scatter-cnn): the DP statistics its generator matches are of the scattering features")
 
 
+def srr_teacher_share(ctx) -> float:
+    """The DP teacher's share of ε and δ in SRR end to end: what the statistics leave (no label channel to pay)."""
+    return 1.0 - ctx.section("dp_source").statistics(STATISTICS_SHARE)
+
+
 def srr_plan(ctx, recorded, total: int, schedule):
-    """SRR's plan end to end: the DP teacher's and the statistics' events (the teacher gets what the statistics
-    leave of ε and δ: there is no label channel to pay for), and no label events."""
+    """SRR's plan end to end: the DP teacher's and the statistics' events (srr_teacher_share), and no label
+    events."""
     from privdistill.methods.runner import Plan
 
-    statistics = ctx.section("dp_source").statistics(STATISTICS_SHARE)
-    rest = 1.0 - statistics
+    rest = srr_teacher_share(ctx)
+    statistics = 1.0 - rest
     teacher_delta, statistics_delta = split_delta(ctx.budget.delta, rest)
     events = {SOURCE_KEY: source_event(ctx, share=rest, delta=teacher_delta),
               STATISTICS_KEY: statistics_event(ctx, statistics, statistics_delta)}
@@ -315,8 +318,7 @@ def srr_teacher(ctx, ledger: PrivacyLedger, events: dict, *, secure: bool) -> tu
     statistics its generator matches, fixed; with the source's reference and a key naming both for the generator
     stage."""
     refs: dict = {}
-    rest = 1.0 - ctx.section("dp_source").statistics(STATISTICS_SHARE)
-    source, key = generator_source(ctx, ledger, events, refs, secure=secure, share=rest)
+    source, key = generator_source(ctx, ledger, events, refs, secure=secure, share=srr_teacher_share(ctx))
     teacher, statistics_key = with_statistics(ctx, ledger, source, events[STATISTICS_KEY], secure=secure)
     teacher = ctx.env.place(teacher).requires_grad_(False)
     return teacher, refs["dp_source"], f"{key}+{statistics_key}"
@@ -328,7 +330,7 @@ def srr_report(ctx, total: int, ledger: PrivacyLedger):
 
     cfg = ctx.section("srr")
     return Report(pathways=srr_end_to_end_pathways(), secure_noise=cfg.secure_noise, noise_option="srr.secure_noise",
-                  extra={"setting": cfg.setting, "mechanism": "none (labels of a DP teacher)",
+                  extra={"setting": cfg.setting, "mechanism": NO_MECHANISM,
                          "delta": ctx.budget.delta, "labels": total},
                   fields={"relation": ledger.epsilon_both()["strict"].relation,
                           "epsilon_covers": "the whole student and generator: DP teacher + DP feature statistics "

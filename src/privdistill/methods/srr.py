@@ -230,10 +230,10 @@ class SRRMethod(Method):
         if generator_loss != "srr":
             raise ConfigError("srr_generator.loss must be 'srr' (the paper's BN-statistics loss), "
                               f"got {generator_loss!r}")
+        total = cfg.num_samples or len(ctx.data.train)
         if e2e.is_end_to_end(ctx):
-            total = cfg.num_samples or len(ctx.data.train)
             return e2e.srr_plan(ctx, recorded, total, StageSchedule.of(cfg, total))
-        total, num_classes, records = cfg.num_samples or len(ctx.data.train), ctx.data.num_classes, len(ctx.data.train)
+        num_classes, records = ctx.data.num_classes, len(ctx.data.train)
         capped = cfg.setting == "label-dp" and total > records  # e.g. the preset's 60,000 (all of MNIST) on less data
         total = records if capped else total
         epsilon = epsilon_per_label(cfg, ctx.budget, total, num_classes)

@@ -33,6 +33,7 @@ from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule, weight_average
 from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.errors import ConfigError
+from privdistill.methods.end_to_end import NO_MECHANISM, srr_teacher
 from privdistill.methods.runner import Context, Plan
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
@@ -128,8 +129,6 @@ class SRRTraining:
         self.teacher_model = None if self.label_dp else teacher_cfg.model
         self.dp_source = None
         if end_to_end:  # the teacher: a DP-SGD model trained here, with DP feature statistics for the generator
-            from privdistill.methods.end_to_end import srr_teacher
-
             self.teacher, self.dp_source, key = srr_teacher(ctx, self.ledger, end_to_end, secure=cfg.secure_noise)
             self.teacher_model, self.teacher_accuracy = ctx.section("dp_source").model, self.dp_source["test_accuracy"]
             self.generator, generator_stage = ctx.stages.generator(self.teacher, key, generator_cfg)
@@ -336,7 +335,7 @@ class SRRTraining:
 
         return dict(epsilon_per_label=self.epsilon,
                     variant=cfg.variant if cfg.variant is not None else cfg.default_variant,
-                    setting=cfg.setting, mechanism="none (DP teacher)" if self.end_to_end else cfg.mechanism,
+                    setting=cfg.setting, mechanism=NO_MECHANISM if self.end_to_end else cfg.mechanism,
                     stages=cfg.stages, **({"dp_source": self.dp_source} if self.dp_source else {}),
                     num_labels=sum(self.schedule.sizes), threshold=self.threshold,
                     student_model=cfg.student_for_setting, teacher_model=self.teacher_model,
