@@ -62,7 +62,7 @@ def main() -> None:
         source, _ = stages.synthesis_source(baseline, key, gcfg)
         n = max(args.samples, 10000 if args.ceiling else 0)
         pool, pool_stage = stages.synthetic(generator, gen_stage, n, source=source, verify=gcfg.verify,
-                                            balance=gcfg.balance)
+                                            balance=gcfg.balance, keep=gcfg.verify_keep)
     sample = pool[:args.samples]
     teachers_cfg = replace(sections["teachers"], trainer="loop")
     parts = make_partitions(data.train, teachers_cfg)[:args.readers]

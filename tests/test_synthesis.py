@@ -21,6 +21,7 @@ from privdistill.engine.synthesis import (
     SourceEnsemble,
     image_prior,
     label_balance,
+    ranked_samples,
     synthesis_quality,
     verified_samples,
 )
@@ -177,6 +178,59 @@ def test_verified_samples_are_balanced_and_agreed_on():
     assert 0 < stats["acceptance"] < 1
     with pytest.raises(ConfigError, match="verify"):
         verified_samples(ConstantGenerator(), Fixed(), 10, env, num_classes=4, verify=0.5)
+
+
+class OffsetGenerator(nn.Module):
+    """A class-conditional 'generator' for Fixed readers: a sample made for class c has the mean of c's bin plus
+    an offset (the first latent coordinate times 0.3); class 3's samples always sit between bins 2 and 3."""
+
+    latent_dim, num_classes = 1, 4
+
+    def sample_latent(self, n, generator=None, labels=None):
+        return torch.cat([torch.randn(n, 1, generator=generator), labels[:, None].float()], 1)
+
+    def forward(self, z):
+        centre = torch.linspace(-0.75, 0.75, 4)[z[:, 1].long()]
+        mean = torch.where(z[:, 1] == 3, torch.full_like(centre, 0.5), centre + 0.3 * z[:, 0])
+        return mean[:, None, None, None].expand(-1, 1, 4, 4)
+
+
+def test_ranked_samples_keep_each_class_s_best_candidates_and_fill_every_class():
+    """generator.verify_keep: per class, the quota the sources read most alike as that class, out of quota / keep
+    candidates; near a bin's centre every member agrees, far from it they do not. A class they never agree on is
+    still filled (a threshold would refuse it), and the stats say how few members agreed there."""
+    env = Env.cpu(seed=0)
+    sources = SourceEnsemble([Fixed(), Fixed(shift=0.1), Fixed(shift=-0.1)])
+    images, stats = ranked_samples(OffsetGenerator(), sources, 40, env, num_classes=4, keep=0.25)
+    assert images.shape == (40, 1, 4, 4) and stats["candidates"] == 160 and stats["class_counts"] == [10] * 4
+    x = images.float() / 127.5 - 1
+    members = torch.stack([m(x).argmax(1) for m in sources.members])  # [3, 40]
+    made_for = torch.arange(4).repeat_interleave(10)
+    for c in range(3):  # the best quarter of 40 candidates: all three members read them as their class
+        assert bool((members[:, made_for == c] == c).all()) and stats["kept_members_agreeing"][c] == 1.0
+    offsets = (x.flatten(1).mean(1) - torch.linspace(-0.75, 0.75, 4)[made_for]).abs()
+    inner = (made_for == 1) | (made_for == 2)  # (the outer bins' candidates are clamped to [-1, 1])
+    assert float(offsets[inner].max()) < 0.15, "the kept candidates are those nearest their class's centre"
+    assert stats["kept_members_agreeing"][3] < 1.0, "class 3 is filled with its least bad candidates"
+    with pytest.raises(ConfigError, match="class-conditional"):
+        ranked_samples(ConstantGenerator(), sources, 40, env, num_classes=4, keep=0.25)
+
+
+def test_sources_that_only_verify_leave_the_generator_fitted_to_the_classifier():
+    from privdistill.config import keyed_config
+
+    plain = GeneratorTraining(loss="srr", class_targets=True)
+    verifying = GeneratorTraining(loss="srr", class_targets=True, sources_role="verify", source_models=6,
+                                  source_parts=250, source_with_classifier=True, verify_keep=0.1, balance=True)
+    verifying.validate()
+    assert keyed_config(verifying.fitting()) == keyed_config(plain), "the same generator stage as without sources"
+    assert plain.fitting() is plain
+    assert verifying.describe_source("baseline").startswith("the baseline, its samples verified by 6 source models")
+    for bad in ({"sources_role": "verify", "source_models": 6}, {"verify_keep": 0.1, "source_models": 6},
+                {"verify_keep": 0.1, "verify": 0.5, "source_models": 6, "class_targets": True, "balance": True},
+                {"sources_role": "other"}):
+        with pytest.raises(ConfigError, match="sources_role|verify_keep"):
+            GeneratorTraining(**bad).validate()
 
 
 def test_generator_training_against_a_source_ensemble_lowers_its_loss(tiny_npz, tmp_path, monkeypatch):

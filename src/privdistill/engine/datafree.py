@@ -21,6 +21,7 @@ Ambiguities and the readings chosen:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -48,7 +49,8 @@ class GeneratorTraining:
     """Config section `generator`."""
 
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("class_targets", "diversity_weight", "diversity_temperature",
-                                                 "adversarial_weight", "adversarial_student", "adversarial_lr")
+                                                 "adversarial_weight", "adversarial_student", "adversarial_lr",
+                                                 "sources_role", "verify_keep")
 
     loss: str = "dgd"  # dgd | dpdfd | srr
     alpha: Optional[float] = None  # None: the paper's value for the chosen loss
@@ -73,7 +75,11 @@ class GeneratorTraining:
     source_lr: float = 2e-3
     tv_weight: float = 0.0  # image priors (DeepInversion): total variation ...
     l2_weight: float = 0.0  # ... and L2 of the images
+    # what the source models do: "fit" (the generator is fitted to them, and they verify its samples) or "verify"
+    # (the generator is fitted to the classifier alone, as the papers', and the sources only verify its samples)
+    sources_role: str = "fit"
     verify: float = 0.0  # synthetic set: keep samples on which at least this share of the source models agree
+    verify_keep: float = 0.0  # instead of a threshold: per class, the share of candidates the sources read most alike
     balance: bool = False  # synthetic set: as many samples of each source label
     class_targets: bool = False  # a class-conditional generator: each sample is made for a class it is told
     diversity_weight: float = 0.0  # contrastive diversity (CMI's instance discrimination on the batch)
@@ -104,8 +110,20 @@ class GeneratorTraining:
                               "diversity_temperature and adversarial_lr > 0")
         if not 0 <= self.verify <= 1:
             raise ConfigError("generator.verify must lie in [0, 1]")
-        if self.verify and self.source_models < 2:
-            raise ConfigError("generator.verify needs generator.source_models >= 2 (models that can agree)")
+        if (self.verify or self.verify_keep) and self.source_models < 2:
+            raise ConfigError("generator.verify and verify_keep need generator.source_models >= 2 "
+                              "(models that can agree)")
+        if self.sources_role not in ("fit", "verify"):
+            raise ConfigError(f"generator.sources_role must be fit or verify, got {self.sources_role!r}")
+        if self.sources_role == "verify" and not (self.verify or self.verify_keep):
+            raise ConfigError("generator.sources_role=verify: the sources only verify; set generator.verify or "
+                              "generator.verify_keep")
+        if not 0 <= self.verify_keep < 1 or (self.verify_keep and self.verify):
+            raise ConfigError("generator.verify_keep must lie in [0, 1) and replaces generator.verify (a threshold): "
+                              "set one of them")
+        if self.verify_keep and not (self.class_targets and self.balance):
+            raise ConfigError("generator.verify_keep ranks each class's candidates: it needs generator.class_targets "
+                              "and generator.balance")
 
     def source_training(self):
         """The teachers-stage configuration of the source models (None: the papers' one classifier)."""
@@ -116,6 +134,16 @@ class GeneratorTraining:
         return TeacherTraining(num_teachers=self.source_models, model=self.source_model, steps=self.source_steps,
                                batch_size=self.source_batch_size, lr=self.source_lr)
 
+    def fitting(self) -> "GeneratorTraining":
+        """The configuration the generator itself is trained with: this one, or, where the sources only verify,
+        this one without the source and verification fields, so that the generator (and its cache key) is the
+        one fitted to the classifier alone."""
+        if self.sources_role != "verify":
+            return self
+        plain = {f.name: f.default for f in dataclasses.fields(self)
+                 if f.name.startswith("source") or f.name in ("verify", "verify_keep", "balance")}
+        return dataclasses.replace(self, **plain)
+
     def describe_source(self, classifier: str) -> str:
         """What the generator is fitted to, for the privacy report: `classifier` (the papers), or the source
         models. Under every accounting here these sit on the same uncovered pathway as the baseline: they read
@@ -125,7 +153,8 @@ class GeneratorTraining:
         share = f"its own 1/{self.source_parts} of D" if self.source_parts > self.source_models else \
             f"its own 1/{self.source_models} of D"
         joined = f" and the {classifier}" if self.source_with_classifier else ""
-        return f"{self.source_models} source models, each trained without noise on {share}{joined}"
+        sources = f"{self.source_models} source models, each trained without noise on {share}{joined}"
+        return f"the {classifier}, its samples verified by {sources}" if self.sources_role == "verify" else sources
 
     @property
     def weights(self) -> tuple[float, float]:

@@ -25,7 +25,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, class_balance, generate, train_generator, warn_if_collapsed
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
 from privdistill.engine.run import RunDir
-from privdistill.engine.synthesis import SourceEnsemble, synthesis_quality, verified_samples
+from privdistill.engine.synthesis import SourceEnsemble, ranked_samples, synthesis_quality, verified_samples
 from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.engine.vae import VAETraining, train_vae
 from privdistill.models import create_model
@@ -123,7 +123,10 @@ class Stages:
 
     def generator(self, classifier: nn.Module, classifier_key: str, cfg: GeneratorTraining) -> tuple[nn.Module, Stage]:
         """A data-free generator trained against the fixed `classifier` (identified by `classifier_key`), or, with
-        `generator.source_models`, against an ensemble of source models (engine/synthesis.py)."""
+        `generator.source_models`, against an ensemble of source models (engine/synthesis.py). Where the sources
+        only verify (`generator.sources_role=verify`) this is the generator fitted to the classifier alone."""
+        if cfg.fitting() is not cfg:
+            return self.generator(classifier, classifier_key, cfg.fitting())
         channels, size = self.data.channels, self.data.image_size[0]
         source, source_key = self.synthesis_source(classifier, classifier_key, cfg)
 
@@ -170,7 +173,7 @@ class Stages:
         return SourceEnsemble(members), f"sources:{stage.key}"
 
     def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int, *, source: nn.Module | None = None,
-                  verify: float = 0.0, balance: bool = False) -> tuple[torch.Tensor, Stage]:
+                  verify: float = 0.0, balance: bool = False, keep: float = 0.0) -> tuple[torch.Tensor, Stage]:
         """n synthetic images (uint8) from the generator; with `verify` / `balance` (and the `source` the generator
         was fitted to), only samples the source models agree on, as many per label. No labels are stored with
         them: labels must come from a privacy mechanism (votes, randomized response, noisy gradients), never
@@ -178,7 +181,10 @@ class Stages:
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 
-            if verify or balance:
+            if keep:
+                images, stats = ranked_samples(generator, source, n, self.env, num_classes=self.data.num_classes,
+                                               keep=keep)
+            elif verify or balance:
                 images, stats = verified_samples(generator, source, n, self.env, num_classes=self.data.num_classes,
                                                  verify=verify, balance=balance)
             else:
@@ -189,6 +195,8 @@ class Stages:
         material = {"generator": generator_stage.key, "n": n, "seed": self.env.seed}
         if verify or balance:  # only then: the keys of the papers' synthetic sets stay as they were
             material.update(verify=verify, balance=balance)
+        if keep:
+            material.update(keep=keep)
         stage = self._get("synthetic", material, build)
         from safetensors.torch import load_file
 

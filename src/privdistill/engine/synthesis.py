@@ -202,6 +202,42 @@ def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, 
                                "class_counts": counts.tolist(), "verify": verify, "balance": balance}
 
 
+def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *, num_classes: int, keep: float,
+                   batch_size: int = 500) -> tuple[torch.Tensor, dict[str, Any]]:
+    """n uint8 samples of a class-conditional `generator`, n / K per class: for each class, quota / `keep`
+    candidates made for it, of which the quota the source ensemble reads most alike as that class is kept
+    (ranked by the share of members whose label is the class, then by the ensemble's probability of it).
+    Unlike a threshold (`verified_samples`) it always fills every class at a known cost, also for a class that
+    the members seldom agree on, whose samples are then the least bad ones (the stats say how many members
+    agreed on the kept samples of each class). Candidates are drawn from stream SYNTHETIC (class, batch)."""
+    from privdistill.engine.datafree import generate
+
+    if not isinstance(source, SourceEnsemble) or not getattr(generator, "num_classes", 0):
+        raise ConfigError("generator.verify_keep needs source models (generator.source_models >= 2) and a "
+                          "class-conditional generator (generator.class_targets)")
+    kept, agreed = [], []
+    for label, quota in enumerate(_quotas(n, num_classes)):
+        count = math.ceil(quota / keep)
+        rng = env.generator(streams.SYNTHETIC, 2000 + label)
+        targets = torch.full((count,), label, dtype=torch.long)
+        images = generate(generator, count, env, batch_size=batch_size,
+                          latents=generator.sample_latent(count, generator=rng, labels=targets))
+        shares, probs = [], []
+        with torch.no_grad():
+            for start in range(0, count, batch_size):
+                logits = source.member_logits(env.place_batch(to_float(images[start:start + batch_size])))
+                shares.append((logits.argmax(2) == label).float().mean(0).cpu())
+                probs.append(_log_mean_softmax(logits)[:, label].exp().cpu())
+        share, prob = torch.cat(shares), torch.cat(probs)
+        # the probability breaks ties only: it is scaled below one member's step of the share
+        best = (share + prob / (len(source.members) + 1)).topk(quota).indices
+        kept.append(images[best])
+        agreed.append(float(share[best].mean()))
+    return torch.cat(kept), {"candidates": sum(math.ceil(q / keep) for q in _quotas(n, num_classes)),
+                             "verify_keep": keep, "class_counts": _quotas(n, num_classes),
+                             "kept_members_agreeing": [round(float(a), 4) for a in agreed]}
+
+
 def _quotas(n: int, num_classes: int) -> list[int]:
     base, extra = divmod(n, num_classes)
     return [base + (1 if k < extra else 0) for k in range(num_classes)]

@@ -75,7 +75,7 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     generator, gen_stage = stages.generator(teacher, teacher_key, cfg)
     source, _ = stages.synthesis_source(teacher, teacher_key, cfg)  # the teacher, or the source ensemble
     images, syn_stage = stages.synthetic(generator, gen_stage, n, source=source, verify=cfg.verify,
-                                         balance=cfg.balance)
+                                         balance=cfg.balance, keep=cfg.verify_keep)
 
     view = teacher_view(source, images, env, data.num_classes)
     teacher_labels = predict_logits(source, images, env).argmax(1)  # the labels the samples were made for

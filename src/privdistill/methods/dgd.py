@@ -164,9 +164,10 @@ class DGDMethod(Method):
             baseline, baseline_key = e2e.generator_source(ctx, ledger, plan.details["events"], refs,
                                                       secure=cfg.secure_noise)
             generator, gen_stage = stages.generator(baseline, baseline_key, gcfg)
-            source, _ = stages.synthesis_source(baseline, baseline_key, gcfg)  # what the generator was fitted to
+            source, _ = stages.synthesis_source(baseline, baseline_key, gcfg)  # what fitted or verifies the samples
             pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train),
-                                                source=source, verify=gcfg.verify, balance=gcfg.balance)
+                                                source=source, verify=gcfg.verify, balance=gcfg.balance,
+                                                keep=gcfg.verify_keep)
             teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
             baseline_accuracy = evaluate(baseline, data.test, env)
             diagnostics["synthesis_quality"] = synthesis_agreement(pool[:2000], source, baseline, teachers, env,
