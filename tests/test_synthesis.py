@@ -182,7 +182,7 @@ def test_verified_samples_are_balanced_and_agreed_on():
 
 class OffsetGenerator(nn.Module):
     """A class-conditional 'generator' for Fixed readers: a sample made for class c has the mean of c's bin plus
-    an offset (the first latent coordinate times 0.3); class 3's samples always sit between bins 2 and 3."""
+    an offset (the first latent coordinate times 0.3); class 3's samples always sit at 0.45, in bin 2."""
 
     latent_dim, num_classes = 1, 4
 
@@ -191,7 +191,7 @@ class OffsetGenerator(nn.Module):
 
     def forward(self, z):
         centre = torch.linspace(-0.75, 0.75, 4)[z[:, 1].long()]
-        mean = torch.where(z[:, 1] == 3, torch.full_like(centre, 0.5), centre + 0.3 * z[:, 0])
+        mean = torch.where(z[:, 1] == 3, torch.full_like(centre, 0.45), centre + 0.3 * z[:, 0])
         return mean[:, None, None, None].expand(-1, 1, 4, 4)
 
 
@@ -205,7 +205,10 @@ def test_ranked_samples_keep_each_class_s_best_candidates_and_fill_every_class()
     assert images.shape == (40, 1, 4, 4) and stats["candidates"] == 160 and stats["class_counts"] == [10] * 4
     x = images.float() / 127.5 - 1
     members = torch.stack([m(x).argmax(1) for m in sources.members])  # [3, 40]
-    made_for = torch.arange(4).repeat_interleave(10)
+    made_for = (x.flatten(1).mean(1)[:, None] - torch.linspace(-0.75, 0.75, 4)).abs().argmin(1)  # the nearest bin
+    made_for[(x.flatten(1).mean(1) - 0.45).abs() < 0.01] = 3  # (class 3's samples, all at 0.45)
+    assert torch.bincount(made_for, minlength=4).tolist() == [10] * 4
+    assert made_for[:10].unique().numel() > 1, "the set is shuffled, not class by class"
     for c in range(3):  # the best quarter of 40 candidates: all three members read them as their class
         assert bool((members[:, made_for == c] == c).all()) and stats["kept_members_agreeing"][c] == 1.0
     offsets = (x.flatten(1).mean(1) - torch.linspace(-0.75, 0.75, 4)[made_for]).abs()

@@ -196,7 +196,7 @@ class Stages:
         if verify or balance:  # only then: the keys of the papers' synthetic sets stay as they were
             material.update(verify=verify, balance=balance)
         if keep:
-            material.update(keep=keep)
+            material.update(keep=keep, order="shuffled")  # (a first build kept the classes in order)
         stage = self._get("synthetic", material, build)
         from safetensors.torch import load_file
 

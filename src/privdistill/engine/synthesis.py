@@ -233,7 +233,9 @@ def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *,
         best = (share + prob / (len(source.members) + 1)).topk(quota).indices
         kept.append(images[best])
         agreed.append(float(share[best].mean()))
-    return torch.cat(kept), {"candidates": sum(math.ceil(q / keep) for q in _quotas(n, num_classes)),
+    # shuffled: the set is read in order by its users (a first slice for the quality measures, a first split)
+    order = torch.randperm(n, generator=env.generator(streams.SYNTHETIC, 3000))
+    return torch.cat(kept)[order], {"candidates": sum(math.ceil(q / keep) for q in _quotas(n, num_classes)),
                              "verify_keep": keep, "class_counts": _quotas(n, num_classes),
                              "kept_members_agreeing": [round(float(a), 4) for a in agreed]}
 
