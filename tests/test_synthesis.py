@@ -228,7 +228,7 @@ def test_sources_that_only_verify_leave_the_generator_fitted_to_the_classifier()
     verifying.validate()
     assert keyed_config(verifying.fitting()) == keyed_config(plain), "the same generator stage as without sources"
     assert plain.fitting() is plain
-    assert verifying.describe_source("baseline").startswith("the baseline, its samples verified by 6 source models")
+    assert verifying.describe_source("baseline").startswith("the baseline, its samples verified by it and 6 source")
     for bad in ({"sources_role": "verify", "source_models": 6}, {"verify_keep": 0.1, "source_models": 6},
                 {"verify_keep": 0.1, "verify": 0.5, "source_models": 6, "class_targets": True, "balance": True},
                 {"sources_role": "other"}):

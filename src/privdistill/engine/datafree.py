@@ -152,9 +152,11 @@ class GeneratorTraining:
             return classifier
         share = f"its own 1/{self.source_parts} of D" if self.source_parts > self.source_models else \
             f"its own 1/{self.source_models} of D"
-        joined = f" and the {classifier}" if self.source_with_classifier else ""
-        sources = f"{self.source_models} source models, each trained without noise on {share}{joined}"
-        return f"the {classifier}, its samples verified by {sources}" if self.sources_role == "verify" else sources
+        sources = f"{self.source_models} source models, each trained without noise on {share}"
+        if self.sources_role == "verify":
+            also = "it and " if self.source_with_classifier else ""
+            return f"the {classifier}, its samples verified by {also}{sources}"
+        return sources + (f" and the {classifier}" if self.source_with_classifier else "")
 
     @property
     def weights(self) -> tuple[float, float]:
