@@ -174,8 +174,9 @@ class Stages:
 
     def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int, *, source: nn.Module | None = None,
                   verify: float = 0.0, balance: bool = False, keep: float = 0.0) -> tuple[torch.Tensor, Stage]:
-        """n synthetic images (uint8) from the generator; with `verify` / `balance` (and the `source` the generator
-        was fitted to), only samples the source models agree on, as many per label. No labels are stored with
+        """n synthetic images (uint8) from the generator; with `verify` / `balance` (and the `source` models that fitted
+        or verify it), only samples the source models agree on, as many per label; with `keep`, per class the best
+        share of candidates by their agreement (`ranked_samples`). No labels are stored with
         them: labels must come from a privacy mechanism (votes, randomized response, noisy gradients), never
         from this stage."""
         def build(run: RunDir) -> dict:
