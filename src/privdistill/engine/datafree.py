@@ -134,6 +134,15 @@ class GeneratorTraining:
         return TeacherTraining(num_teachers=self.source_models, model=self.source_model, steps=self.source_steps,
                                batch_size=self.source_batch_size, lr=self.source_lr)
 
+    def refuse_sample_filters(self, section: str, why: str) -> None:
+        """For a method that draws its own samples by latent code (SRR's stages, DPDFD's steps) instead of a
+        synthetic set: the set's filters would be silently ignored there, so they are refused."""
+        chosen = [name for name, unset in (("verify", 0.0), ("verify_keep", 0.0), ("balance", False),
+                                           ("sources_role", "fit")) if getattr(self, name) != unset]
+        if chosen:
+            raise ConfigError(f"{', '.join(f'{section}.{name}' for name in chosen)}: {why}, not from a verified "
+                              "synthetic set; these options shape DGD's pool and `generator train`'s set only")
+
     def fitting(self) -> "GeneratorTraining":
         """The configuration the generator itself is trained with: this one, or, where the sources only verify,
         this one without the source and verification fields, so that the generator (and its cache key) is the

@@ -230,6 +230,7 @@ class SRRMethod(Method):
         if generator_loss != "srr":
             raise ConfigError("srr_generator.loss must be 'srr' (the paper's BN-statistics loss), "
                               f"got {generator_loss!r}")
+        ctx.section("srr_generator").refuse_sample_filters("srr_generator", "SRR draws each stage's samples by code")
         total = cfg.num_samples or len(ctx.data.train)
         if e2e.is_end_to_end(ctx):
             return e2e.srr_plan(ctx, recorded, total, StageSchedule.of(cfg, total))
