@@ -190,7 +190,7 @@ class OffsetGenerator(nn.Module):
         return torch.cat([torch.randn(n, 1, generator=generator), labels[:, None].float()], 1)
 
     def forward(self, z):
-        centre = torch.linspace(-0.75, 0.75, 4)[z[:, 1].long()]
+        centre = torch.linspace(-0.75, 0.75, 4)[z[:, 1].long() % 4]  # (% 4: data with more classes reuse the bins)
         mean = torch.where(z[:, 1] == 3, torch.full_like(centre, 0.45), centre + 0.3 * z[:, 0])
         return mean[:, None, None, None].expand(-1, 1, 4, 4)
 
@@ -217,6 +217,21 @@ def test_ranked_samples_keep_each_class_s_best_candidates_and_fill_every_class()
     assert stats["kept_members_agreeing"][3] < 1.0, "class 3 is filled with its least bad candidates"
     with pytest.raises(ConfigError, match="class-conditional"):
         ranked_samples(ConstantGenerator(), sources, 40, env, num_classes=4, keep=0.25)
+
+
+def test_a_ranked_set_is_keyed_by_the_sources_that_ranked_it(tiny_npz, tmp_path):
+    """Where the sources only verify, the generator's key does not name them: the set's own key must."""
+    from types import SimpleNamespace
+
+    data = load_data(f"npz:{tiny_npz}")
+    stages = Stages(StageCache(tmp_path / "cache"), Env.cpu(seed=0), data, RunDir.open(tmp_path / "run", config={}))
+    sources = SourceEnsemble([Fixed(k=data.num_classes), Fixed(k=data.num_classes, shift=0.1)])
+    generator, stage = OffsetGenerator(), SimpleNamespace(key="g")
+    n = 2 * data.num_classes
+    first = stages.synthetic(generator, stage, n, source=sources, keep=0.5, balance=True, source_key="a")[1]
+    again = stages.synthetic(generator, stage, n, source=sources, keep=0.5, balance=True, source_key="a")[1]
+    other = stages.synthetic(generator, stage, n, source=sources, keep=0.5, balance=True, source_key="b")[1]
+    assert again.key == first.key and other.key != first.key
 
 
 def test_sources_that_only_verify_leave_the_generator_fitted_to_the_classifier():

@@ -173,12 +173,13 @@ class Stages:
         return SourceEnsemble(members), f"sources:{stage.key}"
 
     def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int, *, source: nn.Module | None = None,
-                  verify: float = 0.0, balance: bool = False, keep: float = 0.0) -> tuple[torch.Tensor, Stage]:
+                  verify: float = 0.0, balance: bool = False, keep: float = 0.0,
+                  source_key: str | None = None) -> tuple[torch.Tensor, Stage]:
         """n synthetic images (uint8) from the generator; with `verify` / `balance` (and the `source` models that fitted
         or verify it), only samples the source models agree on, as many per label; with `keep`, per class the best
-        share of candidates by their agreement (`ranked_samples`). No labels are stored with
-        them: labels must come from a privacy mechanism (votes, randomized response, noisy gradients), never
-        from this stage."""
+        share of candidates by their agreement (`ranked_samples`; `source_key` names the sources). No labels are
+        stored with them: labels must come from a privacy mechanism (votes, randomized response, noisy gradients),
+        never from this stage."""
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 
@@ -196,8 +197,8 @@ class Stages:
         material = {"generator": generator_stage.key, "n": n, "seed": self.env.seed}
         if verify or balance:  # only then: the keys of the papers' synthetic sets stay as they were
             material.update(verify=verify, balance=balance)
-        if keep:
-            material.update(keep=keep, order="shuffled")  # (a first build kept the classes in order)
+        if keep:  # the sources that rank need not be those the generator was fitted to: their key counts
+            material.update(keep=keep, order="shuffled", sources=source_key)
         stage = self._get("synthetic", material, build)
         from safetensors.torch import load_file
 

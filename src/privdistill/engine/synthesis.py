@@ -209,7 +209,8 @@ def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *,
     (ranked by the share of members whose label is the class, then by the ensemble's probability of it).
     Unlike a threshold (`verified_samples`) it always fills every class at a known cost, also for a class that
     the members seldom agree on, whose samples are then the least bad ones (the stats say how many members
-    agreed on the kept samples of each class). Candidates are drawn from stream SYNTHETIC (class, batch)."""
+    agreed on the kept samples of each class). Each class's candidates are drawn from stream SYNTHETIC
+    (2000 + class), the shuffle from (3000)."""
     from privdistill.engine.datafree import generate
 
     if not isinstance(source, SourceEnsemble) or not getattr(generator, "num_classes", 0):
@@ -217,6 +218,8 @@ def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *,
                           "class-conditional generator (generator.class_targets)")
     kept, agreed = [], []
     for label, quota in enumerate(_quotas(n, num_classes)):
+        if not quota:  # (fewer samples than classes)
+            continue
         count = math.ceil(quota / keep)
         rng = env.generator(streams.SYNTHETIC, 2000 + label)
         targets = torch.full((count,), label, dtype=torch.long)

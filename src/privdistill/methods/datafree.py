@@ -73,12 +73,12 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     teacher_key = file_digest(teacher_run.path / "model.safetensors")
     teacher_accuracy = evaluate(teacher, data.test, env)
     generator, gen_stage = stages.generator(teacher, teacher_key, cfg)
-    source, _ = stages.synthesis_source(teacher, teacher_key, cfg)  # the teacher, or the source ensemble
+    source, source_key = stages.synthesis_source(teacher, teacher_key, cfg)  # the teacher, or the source ensemble
     images, syn_stage = stages.synthetic(generator, gen_stage, n, source=source, verify=cfg.verify,
-                                         balance=cfg.balance, keep=cfg.verify_keep)
+                                         balance=cfg.balance, keep=cfg.verify_keep, source_key=source_key)
 
     view = teacher_view(source, images, env, data.num_classes)
-    teacher_labels = predict_logits(source, images, env).argmax(1)  # the labels the samples were made for
+    teacher_labels = predict_logits(source, images, env).argmax(1)  # the source's (or verifying sources') labels
     readers = {"teacher": teacher} if source is not teacher else {}  # an independently trained reader
     quality = synthesis_quality(images[:2000], source, env, num_classes=data.num_classes, readers=readers)
     save_grid(images, teacher_labels, run.path / "samples.png", num_classes=data.num_classes)
@@ -106,7 +106,7 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
         wall_seconds=round(wall, 1), device=env.describe(), loss=cfg.loss, num_samples=n,
         generator_stage=gen_stage.ref(), synthetic_stage=syn_stage.ref(), generator_stats=gen_stage.info(),
         synthetic_quality=view, synthesis_quality={**quality, "ceiling": round(student_accuracy, 4)},
-        source="teacher" if source is teacher else f"{cfg.source_models} source models (disjoint parts of the data)",
+        source="teacher" if source is teacher else cfg.describe_source("teacher"),
         **({"variant": req.variant} if req.variant else {}))
     if req.record:
         summary["recorded_as"] = str(record_result(summary, results_dir=req.results_dir))
