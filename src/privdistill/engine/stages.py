@@ -125,8 +125,9 @@ class Stages:
         """A data-free generator trained against the fixed `classifier` (identified by `classifier_key`), or, with
         `generator.source_models`, against an ensemble of source models (engine/synthesis.py). Where the sources
         only verify (`generator.sources_role=verify`) this is the generator fitted to the classifier alone."""
-        if cfg.fitting() is not cfg:
-            return self.generator(classifier, classifier_key, cfg.fitting())
+        fitting = cfg.fitting()
+        if fitting is not cfg:
+            return self.generator(classifier, classifier_key, fitting)
         channels, size = self.data.channels, self.data.image_size[0]
         source, source_key = self.synthesis_source(classifier, classifier_key, cfg)
 

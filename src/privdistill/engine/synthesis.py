@@ -216,9 +216,10 @@ def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *,
     if not isinstance(source, SourceEnsemble) or not getattr(generator, "num_classes", 0):
         raise ConfigError("generator.verify_keep needs source models (generator.source_models >= 2) and a "
                           "class-conditional generator (generator.class_targets)")
-    kept, agreed = [], []
-    for label, quota in enumerate(_quotas(n, num_classes)):
-        if not quota:  # (fewer samples than classes)
+    kept, agreed, quotas = [], [], _quotas(n, num_classes)
+    for label, quota in enumerate(quotas):
+        if not quota:  # (fewer samples than classes; None keeps the stats' list indexed by class)
+            agreed.append(None)
             continue
         count = math.ceil(quota / keep)
         rng = env.generator(streams.SYNTHETIC, 2000 + label)
@@ -238,9 +239,9 @@ def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *,
         agreed.append(float(share[best].mean()))
     # shuffled: the set is read in order by its users (a first slice for the quality measures, a first split)
     order = torch.randperm(n, generator=env.generator(streams.SYNTHETIC, 3000))
-    return torch.cat(kept)[order], {"candidates": sum(math.ceil(q / keep) for q in _quotas(n, num_classes)),
-                             "verify_keep": keep, "class_counts": _quotas(n, num_classes),
-                             "kept_members_agreeing": [round(float(a), 4) for a in agreed]}
+    return torch.cat(kept)[order], {"candidates": sum(math.ceil(q / keep) for q in quotas),
+                             "verify_keep": keep, "class_counts": quotas,
+                             "kept_members_agreeing": [None if a is None else round(a, 4) for a in agreed]}
 
 
 def _quotas(n: int, num_classes: int) -> list[int]:
