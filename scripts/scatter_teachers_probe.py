@@ -11,8 +11,14 @@ together, vectorised (one batched matmul for all 250), full batch.
 Reports the plurality's accuracy on the real test set and, for each synthetic stage given, its agreement with
 the baseline's labels (the labels the samples were made for). Evaluation only: nothing is released, no ε spent.
 
-    flock /tmp/privdistill-cpu.lock python scripts/scatter_teachers_probe.py --baseline STAGE_DIR \
-        --synthetic STAGE_DIR [STAGE_DIR ...] --out docs/diagnostics/scatter-teachers-mnist.json
+    flock /tmp/privdistill-cpu.lock python scripts/scatter_teachers_probe.py --baseline STAGE_DIR --wd 1e-2 \
+        [--synthetic STAGE_DIR ...] [--generator STAGE_DIR ... --cnn-teachers STAGE_DIR] \
+        --out docs/diagnostics/scatter-teachers-mnist.json
+
+With --generator, it also draws --queries samples from each generator and trains a paper-CNN student on each of
+their labellings alone (the baseline's; the scattering heads' plurality, clean and with Laplace noise on the counts;
+the paper-CNN teachers' likewise): what each label channel teaches, measured on the real test set. The students
+read the heads of the last --wd value.
 """
 
 from __future__ import annotations
