@@ -59,10 +59,8 @@ def main() -> None:
         t0 = time.perf_counter()
         generator, gen_stage = stages.generator(baseline, key, gcfg)
         generator_seconds = time.perf_counter() - t0
-        source, source_key = stages.synthesis_source(baseline, key, gcfg)
         n = max(args.samples, 10000 if args.ceiling else 0)
-        pool, pool_stage = stages.synthetic(generator, gen_stage, n, source=source, verify=gcfg.verify,
-                                            balance=gcfg.balance, keep=gcfg.verify_keep, source_key=source_key)
+        pool, pool_stage, source = stages.synthetic_set(generator, gen_stage, n, baseline, key, gcfg)
     sample = pool[:args.samples]
     teachers_cfg = replace(sections["teachers"], trainer="loop")
     parts = make_partitions(data.train, teachers_cfg)[:args.readers]

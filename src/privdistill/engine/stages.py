@@ -205,6 +205,16 @@ class Stages:
 
         return load_file(str(stage.path / "synthetic.safetensors"))["images"], stage
 
+    def synthetic_set(self, generator: nn.Module, generator_stage: Stage, n: int, classifier: nn.Module,
+                      classifier_key: str, cfg: GeneratorTraining) -> tuple[torch.Tensor, Stage, nn.Module]:
+        """The synthetic set a method draws from `generator` under `cfg`: n images, verified, balanced or ranked by
+        the sources `cfg` names (those the generator was fitted to, or that only verify it), and those sources
+        (the classifier itself where `cfg` names none), which read the set for the quality measures."""
+        source, source_key = self.synthesis_source(classifier, classifier_key, cfg)
+        images, stage = self.synthetic(generator, generator_stage, n, source=source, verify=cfg.verify,
+                                       balance=cfg.balance, keep=cfg.verify_keep, source_key=source_key)
+        return images, stage, source
+
     def teachers_on(self, train, cfg: TeacherTraining) -> tuple[TeacherEnsemble, Stage]:
         """Teachers on another training set than the run's (e.g. the private part when a slice is held out)."""
         def build(run: RunDir) -> dict:

@@ -73,9 +73,8 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     teacher_key = file_digest(teacher_run.path / "model.safetensors")
     teacher_accuracy = evaluate(teacher, data.test, env)
     generator, gen_stage = stages.generator(teacher, teacher_key, cfg)
-    source, source_key = stages.synthesis_source(teacher, teacher_key, cfg)  # the teacher, or the source ensemble
-    images, syn_stage = stages.synthetic(generator, gen_stage, n, source=source, verify=cfg.verify,
-                                         balance=cfg.balance, keep=cfg.verify_keep, source_key=source_key)
+    # the set, and the teacher or the source ensemble that fitted or verifies its generator
+    images, syn_stage, source = stages.synthetic_set(generator, gen_stage, n, teacher, teacher_key, cfg)
 
     view = teacher_view(source, images, env, data.num_classes)
     teacher_labels = predict_logits(source, images, env).argmax(1)  # the source's (or verifying sources') labels

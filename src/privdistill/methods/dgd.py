@@ -164,10 +164,9 @@ class DGDMethod(Method):
             baseline, baseline_key = e2e.generator_source(ctx, ledger, plan.details["events"], refs,
                                                       secure=cfg.secure_noise)
             generator, gen_stage = stages.generator(baseline, baseline_key, gcfg)
-            source, source_key = stages.synthesis_source(baseline, baseline_key, gcfg)  # fitted or verifies it
-            pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train),
-                                                source=source, verify=gcfg.verify, balance=gcfg.balance,
-                                                keep=gcfg.verify_keep, source_key=source_key)
+            # the pool, and the models that fitted or verify its generator
+            pool, pool_stage, source = stages.synthetic_set(generator, gen_stage, cfg.num_synthetic or len(data.train),
+                                                            baseline, baseline_key, gcfg)
             teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
             baseline_accuracy = evaluate(baseline, data.test, env)
             diagnostics["synthesis_quality"] = synthesis_agreement(pool[:2000], source, baseline, teachers, env,
