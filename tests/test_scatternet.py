@@ -97,3 +97,79 @@ def test_the_scatternet_overlay_sets_the_recipe(tmp_path, monkeypatch):
     cfg = resolve_sections({"dpsgd": DPSGDConfig}, preset="quick", config_file="scatternet")["dpsgd"]
     assert (cfg.model, cfg.max_grad_norm, cfg.augment) == ("scatter-linear", 0.1, "none")
     cfg.validate()
+
+
+def test_dead_leaves_are_a_deterministic_public_process():
+    from privdistill.models.random_prior import dead_leaves
+
+    a, b = dead_leaves(40, seed=1), dead_leaves(40, seed=1)
+    assert torch.equal(a, b) and a.shape == (40, 1, 28, 28)
+    assert not torch.equal(a, dead_leaves(40, seed=2))
+    assert a.min() >= -1 and a.max() <= 1
+    background = (a == -1).float().mean()
+    assert 0.05 < background < 0.95, "shapes cover part of the dark background, not all of it"
+    assert len(a.unique()) > 40, "each shape has its own intensity"
+    rgb = dead_leaves(5, channels=3, size=(32, 32), batch=2)  # batches of 2: the same process across batches
+    assert rgb.shape == (5, 3, 32, 32) and not torch.equal(rgb[:, 0], rgb[:, 1])
+
+
+def test_whitening_projection_whitens_the_leading_directions():
+    from privdistill.models.random_prior import whitening_projection
+
+    g = torch.Generator().manual_seed(0)
+    d, dims = 24, 6
+    mixing = torch.randn(d, d, generator=g) * torch.logspace(0, -2, d)[None, :]  # strongly unequal variances
+    features = torch.randn(6000, d, generator=g) @ mixing.T
+    projection = whitening_projection(features, dims)
+    assert projection.shape == (d, dims)
+    u = features / features.norm(dim=1, keepdim=True)
+    z = u @ projection
+    moment = z.T @ z / len(z)
+    scale = moment.diagonal().mean()
+    assert torch.allclose(moment / scale, torch.eye(dims), atol=1e-3), "unit, uncorrelated variances on the fit data"
+    assert z.norm(dim=1).median() == pytest.approx(d ** 0.5, rel=1e-3), "scaled to a GroupNorm'd vector's norm"
+    with pytest.raises(ValueError, match="dims"):
+        whitening_projection(features, d + 1)
+
+
+def test_scatter_prior_projection_is_fitted_without_data_and_saved_with_the_model(tmp_path):
+    from privdistill.engine.run import RunDir
+    from privdistill.errors import ModelError
+    from privdistill.models.scatternet import ScatterNet
+
+    model = ScatterNet(1, 10, 28, prior="dead-leaves", prior_dims=32, prior_images=300)
+    x = torch.rand(4, 1, 28, 28) * 2 - 1
+    with pytest.raises(ModelError, match="not fitted"):
+        model(x)
+    model.fit_prior()
+    assert model.scatter(x).shape == (4, 32, 1, 1) and model(x).shape == (4, 10)
+    again = ScatterNet(1, 10, 28, prior="dead-leaves", prior_dims=32, prior_images=300)
+    again.fit_prior()
+    assert torch.equal(again.prior_projection, model.prior_projection), "a public seed: the same projection"
+    assert model.transform_id != ScatterNet(1, 10, 28).transform_id, "its features are cached apart"
+    run = RunDir(tmp_path / "run")
+    run.save_weights("model", model)
+    reloaded = run.load_weights("model", ScatterNet(1, 10, 28, prior="dead-leaves", prior_dims=32, prior_images=300))
+    assert torch.equal(reloaded(x), model(x)), "the released weights carry the projection"
+    with pytest.raises(ModelError, match="linear head"):
+        ScatterNet(1, 10, 28, head="cnn", prior="dead-leaves")
+
+
+def test_scatter_prior_dpsgd_release(tiny_npz, tmp_path, monkeypatch):
+    from privdistill.models import scatternet
+
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(scatternet, "PRIOR_DIMS", 48)
+    monkeypatch.setattr(scatternet, "PRIOR_IMAGES", 400)
+    s = _run(tiny_npz, tmp_path, "prior", ["dpsgd.model=scatter-prior-linear", "dpsgd.lr=1"])
+    assert s["not_covered"] == [] and s["epsilon_strict"] <= 8 and s["model"] == "scatter-prior-linear"
+    assert s["test_accuracy"] > 0.5
+    from privdistill.data import load_data
+    from privdistill.engine.context import Env
+    from privdistill.engine.run import RunDir
+    from privdistill.engine.trainer import evaluate
+
+    model = RunDir(tmp_path / "prior").load_weights("model")  # rebuilt through the registry, projection included
+    assert evaluate(model, load_data(f"npz:{tiny_npz}").test, Env.cpu()) == pytest.approx(s["test_accuracy"],
+                                                                                         abs=1e-4)
+    assert len(list((tmp_path / "cache").glob("scatter-prior-*"))) == 1, "the projection is a cached stage"

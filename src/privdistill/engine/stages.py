@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,8 @@ from privdistill.models import create_model
 TEACHER_EVAL_LAPLACE_SCALE = 40.0
 
 # Bump a stage's version when what it computes changes: old cache entries are then never reused.
-VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1", "features": "1"}
+VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1", "features": "1",
+            "scatter-prior": "1"}
 
 
 def file_digest(path: str | Path) -> str:
@@ -254,6 +256,25 @@ class Stages:
 
         saved = load_file(str(stage.path / "features.safetensors"))
         return saved["train"], saved["test"]
+
+    def scatter_prior(self, model: nn.Module) -> None:
+        """Fill a ScatterNet's prior projection (models/random_prior.py), cached by its transform: it reads no data
+        (dead-leaves images from a public seed), so one stage serves every dataset of the same image shape."""
+        def build(run: RunDir) -> dict:
+            from safetensors.torch import save_file
+
+            started = time.perf_counter()
+            model.fit_prior()
+            save_file({"projection": model.prior_projection.detach().cpu().contiguous()},
+                      str(run.path / "projection.safetensors"))
+            return {"transform": model.transform_id, "build_seconds": round(time.perf_counter() - started, 1)}
+
+        stage = self._get("scatter-prior", {"transform": model.transform_id}, build)
+        from safetensors.torch import load_file
+
+        with torch.no_grad():
+            model.prior_projection.copy_(load_file(str(stage.path / "projection.safetensors"))["projection"])
+            model.prior_fitted.fill_(True)
 
     def vae(self, images: torch.Tensor, images_key: str, cfg: VAETraining) -> tuple[nn.Module, Stage]:
         """A VAE fitted to `images` (synthetic samples, identified by their stage key)."""

@@ -64,7 +64,8 @@ class DPSGDConfig:
 
     accountant: str = "rdp"  # Opacus accountant: calibrates σ under budget.accounting=paper (the headline)
     model: str = "paper-cnn"  # no BatchNorm: per-sample gradients need per-sample independent layers;
-    # scatter-linear / scatter-cnn: Tramèr & Boneh's ScatterNet, whose fixed features are computed once
+    # scatter-linear / scatter-cnn: Tramèr & Boneh's ScatterNet, whose fixed features are computed once;
+    # scatter-prior-linear: the same linear head on features whitened on random-process images (no privacy cost)
     epochs: int = 5
     batch_size: int = 256  # expected batch size (Poisson sampling)
     max_grad_norm: float = 1.0  # C
@@ -93,9 +94,10 @@ class DPSGDConfig:
             raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
         check_augment(self.augment, "dpsgd.augment")
         copies = self.augment_copies > 1
-        if (copies and (self.model != "scatter-linear" or self.augment == "none")) or self.augment_copies < 1 or (
+        linear_scatternet = self.model in ("scatter-linear", "scatter-prior-linear")
+        if (copies and (not linear_scatternet or self.augment == "none")) or self.augment_copies < 1 or (
                 self.model.startswith("scatter-") and self.augment != "none" and not copies):
-            raise ConfigError("dpsgd.augment_copies > 1 needs model scatter-linear and an augment; a ScatterNet's "
+            raise ConfigError("dpsgd.augment_copies > 1 needs a linear ScatterNet model and an augment; a ScatterNet's "
                               "features are computed once, so its augment applies only to those copies")
 
 
@@ -264,6 +266,8 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     trainable, train_inputs, test_inputs = model, data.train.images, data.test.images
     if isinstance(model, ScatterNet):  # the fixed transform once, then DP-SGD on the head alone
         trainable = model.head
+        if model.prior != "none":  # its data-independent projection, fitted (or read from the cache) first
+            ctx.stages.scatter_prior(model)
         train_inputs, test_inputs = ctx.stages.features(model, cfg.augment, cfg.augment_copies)
     errors = ModuleValidator.validate(trainable, strict=False)
     if errors:

@@ -3,6 +3,9 @@ data)", ICLR 2021): a fixed scattering transform, a data-independent normalisati
 
     image [C, H, W] -> scattering, J = 2, L = 8 (kymatio; no parameters)  -> [81 C, H/4, W/4]
                     -> GroupNorm without affine parameters (per example: needs no statistics of the data)
+                    -> optionally (`prior="dead-leaves"`, model scatter-prior-linear): a fixed projection onto
+                       `prior_dims` directions whitened on images of a random process, fitted from a public seed
+                       without any data (models/random_prior.py) -> [prior_dims, 1, 1]
                     -> head: "linear" (one linear layer) or "cnn" (their small CNN on ScatterNet features: 3x3
                        convolutions of 16 (stride 2) and 32 channels, a hidden layer of 32, tanh throughout)
 
@@ -24,9 +27,13 @@ import torch
 from torch import nn
 
 from privdistill.errors import ModelError
+from privdistill.models.random_prior import dead_leaves, whitening_projection
 from privdistill.models.registry import register_model
 
 SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channel at J = 2, L = 8
+#: scatter-prior-linear's projection: its whitened dimensions and the dead-leaves images it is fitted on (chosen on
+#: Fashion-MNIST at strict ε = 1: 600, 800 and 1,000 dimensions within 0.2 points; docs/results.md)
+PRIOR_DIMS, PRIOR_IMAGES = 800, 30_000
 
 
 def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> nn.Module:
@@ -40,7 +47,8 @@ def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> n
 
 class ScatterNet(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int | tuple[int, int] = 28,
-                 head: str = "linear", groups: int = 27, width: int = 32):
+                 head: str = "linear", groups: int = 27, width: int = 32, prior: str = "none",
+                 prior_dims: int = PRIOR_DIMS, prior_images: int = PRIOR_IMAGES):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
         if h % 4 or w % 4:
@@ -65,18 +73,52 @@ class ScatterNet(nn.Module):
             self.feature_dim = width
         else:
             raise ModelError(f"ScatterNet head must be 'linear' or 'cnn', got {head!r}")
+        if prior not in ("none", "dead-leaves"):
+            raise ModelError(f"ScatterNet prior must be 'none' or 'dead-leaves', got {prior!r}")
+        self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, h, w)
         self.in_channels = in_channels
         # what the fixed features depend on (the head does not): the key of their cached stage
         self.transform_id = f"scattering-J2-L8-{in_channels}x{h}x{w}-groupnorm{groups}"
+        if prior != "none":
+            if head != "linear":
+                raise ModelError("a ScatterNet prior projection feeds a linear head only")
+            # buffers, saved with the weights: a released model carries its projection. Zero until fit_prior()
+            # (or loading saved weights) fills them; scatter() refuses to run before that.
+            scattered = channels * (h // 4) * (w // 4)
+            prior_dims = min(prior_dims, scattered, prior_images)  # (small images have fewer coefficients)
+            self.register_buffer("prior_projection", torch.zeros(scattered, prior_dims))
+            self.register_buffer("prior_fitted", torch.zeros((), dtype=torch.bool))
+            self.feature_dim = prior_dims
+            self.head = nn.Sequential(nn.Flatten(start_dim=-3), nn.Linear(prior_dims, num_classes))
+            self.transform_id += f"-{prior}-{prior_images}-whitened{prior_dims}"
 
     def _apply(self, fn, recurse=True):  # .to(device) / .float() reach the (unregistered) scattering too
         self._scattering._apply(fn, recurse)
         return super()._apply(fn, recurse)
 
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
-        """The fixed features the head reads: scattering coefficients, normalised per example."""
-        s = self._scattering(x.float())  # [B, C, 81, H/4, W/4]
-        return self.norm(s.flatten(1, 2))
+        """The fixed features the head reads: scattering coefficients, normalised per example (and, with a prior,
+        projected onto its whitened directions: [B, prior_dims, 1, 1], so the head's Flatten(-3) reads both)."""
+        s = self.norm(self._scattering(x.float()).flatten(1, 2))  # [B, 81 C, H/4, W/4]
+        if self.prior == "none":
+            return s
+        if not bool(self.prior_fitted):
+            raise ModelError("this ScatterNet's prior projection is not fitted: call fit_prior() or load its weights")
+        u = s.flatten(1)
+        u = u / u.norm(dim=1, keepdim=True).clamp_min(1e-12)  # the unit-norm input whitening_projection expects
+        return (u @ self.prior_projection)[:, :, None, None]
+
+    def fit_prior(self, batch_size: int = 1000) -> None:
+        """Fit the prior projection on `prior_images` dead-leaves images (a fixed public seed; no data is read).
+        About a minute for 30,000 images of 28 x 28 on 2 CPU cores; the `scatter_prior` stage caches it."""
+        channels, h, w = self.image_shape
+        images = dead_leaves(self.prior_images, channels=channels, size=(h, w))
+        device = self.prior_projection.device
+        with torch.no_grad():
+            features = torch.cat([self.norm(self._scattering(images[i:i + batch_size].to(device)).flatten(1, 2))
+                                  .flatten(1).cpu() for i in range(0, len(images), batch_size)])
+        self.prior_projection.copy_(whitening_projection(features, self.prior_projection.shape[1]))
+        self.prior_fitted.fill_(True)
 
     # the classifier contract of every model here (models/cnn.py): forward = classifier(features)
     @property
@@ -94,6 +136,13 @@ class ScatterNet(nn.Module):
                 description="ScatterNet (kymatio, J=2, L=8) + GroupNorm + linear (Tramer & Boneh 2021), for DP-SGD")
 def scatter_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
     return ScatterNet(in_channels, num_classes, image_size, head="linear")
+
+
+@register_model("scatter-prior-linear", kind="classifier",
+                description="ScatterNet + GroupNorm + a projection whitened on dead-leaves images (no data) + linear")
+def scatter_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
+    return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves", prior_dims=PRIOR_DIMS,
+                      prior_images=PRIOR_IMAGES)
 
 
 @register_model("scatter-cnn", kind="classifier",

@@ -1,0 +1,174 @@
+"""Probe (issue 26): does a preconditioner of the ScatterNet features help DP-SGD's linear head, and can one be had
+without spending privacy? Evaluation on the cached features; one JSON line per setting.
+
+DP-SGD here is the `--config scatternet` recipe written out for a linear softmax head (its per-example gradient is
+(softmax - onehot) ⊗ [z, 1], so clipping and noise need no Opacus; about 7 s a setting instead of a minute):
+Poisson batches at rate B / n, each example's gradient clipped to C, N(0, σ²C²) added, SGD with momentum 0.9,
+zero initialisation. σ is calibrated on dp-accounting's replace-one PLD ε of everything the setting releases
+(the DP-SGD steps, and a DP second-moment matrix where one is used), as `privdistill dpsgd` does.
+
+Features z (each example's GroupNorm'd scattering vector x, scaled to unit norm u = x / ||x||):
+- "raw": x itself (the packaged recipe);
+- "pca-exact": u projected onto the top-k eigenvectors of the training set's own second moment Σ u uᵀ (optionally
+  whitened): reads the private data WITHOUT noise, so not a release; the ceiling of such a preconditioner;
+- "pca-dp": the same from Σ u uᵀ + symmetric Gaussian noise (Dwork et al. 2014, "Analyze Gauss": replace-one
+  Frobenius sensitivity √2 for unit-norm rows), noise multiplier zA, composed with the DP-SGD steps;
+- "standardize": per-feature mean and standard deviation of the training set (exact, not a release);
+- "prior": whitening fitted to images of a random process ("dead-leaves", "noise", "smooth-noise"), no data read;
+  "dead-leaves" with k = 800 is models/random_prior.py's, what `--config scatternet-prior` releases.
+Every projected z is rescaled so that its median norm on the images it was fitted to is sqrt(d), the norm of x.
+
+    python scripts/dpsgd_whitening_probe.py fashion-mnist \
+        '[{"features": "raw", "lr": 4}, {"features": "prior", "prior": "dead-leaves", "k": 800, "lr": 1}]'
+
+Keys: features (above), k, whiten (pca-*: scale each direction to unit variance), zA (pca-dp), prior, eps (strict
+target, 1), B (1024), E (5), lr, C (0.1), seed (0), nonprivate (Adam, 6 epochs, best epoch: capacity, no release).
+The settings were compared on the test set, as in the sweep of docs/results.md; that selection is priced by no ε.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+
+import dp_accounting
+import torch
+import torch.nn.functional as F
+from dp_accounting.pld import pld_privacy_accountant
+
+from privdistill.data import load_data
+from privdistill.engine.cache import StageCache
+from privdistill.engine.context import Env
+from privdistill.engine.run import RunDir
+from privdistill.engine.stages import Stages
+from privdistill.models import create_model
+from privdistill.models.random_prior import dead_leaves, whitening_projection
+
+
+def total_epsilon(sigma: float, q: float, steps: int, analyze_gauss: float = 0.0, delta: float = 1e-5) -> float:
+    acc = pld_privacy_accountant.PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    if analyze_gauss:  # one release at q = 1; dp-accounting's replace-one unit is sensitivity 2
+        acc.compose(dp_accounting.PoissonSampledDpEvent(1.0, dp_accounting.GaussianDpEvent(analyze_gauss)), 1)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return acc.get_epsilon(delta)
+
+
+def calibrate(target: float, q: float, steps: int, analyze_gauss: float) -> float:
+    lo, hi = 0.3, 100.0
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if total_epsilon(mid, q, steps, analyze_gauss) > target else (lo, mid)
+    return hi
+
+
+def prior_images(kind: str, m: int, like) -> torch.Tensor:
+    if kind == "dead-leaves":
+        return dead_leaves(m, channels=like.channels, size=like.image_size)
+    g = torch.Generator().manual_seed(5)
+    if kind == "noise":
+        return torch.rand(m, like.channels, *like.image_size, generator=g) * 2 - 1
+    smooth = F.avg_pool2d(F.pad(torch.randn(m, like.channels, *like.image_size, generator=g), (2,) * 4,
+                                mode="reflect"), 5, 1)
+    return smooth / smooth.abs().amax((1, 2, 3), keepdim=True)
+
+
+PRIOR_FEATURES: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def eigen(moment: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    values, vectors = torch.linalg.eigh(moment)
+    return values.flip(0)[:k], vectors.flip(1)[:, :k]
+
+
+def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[torch.Tensor, torch.Tensor]:
+    n, d = u.shape
+    kind, k = c["features"], c.get("k", d)
+    if kind == "prior":
+        key = (c["prior"], c.get("m", 30000))
+        if key not in PRIOR_FEATURES:  # the random-process images' features, once per process
+            with torch.no_grad():
+                images = prior_images(*key, data.train)
+                PRIOR_FEATURES[key] = torch.cat([model.scatter(images[i:i + 1000]).flatten(1)
+                                                 for i in range(0, len(images), 1000)])
+        p = whitening_projection(PRIOR_FEATURES[key], k)
+        return u @ p, ut @ p
+    if kind == "standardize":
+        mean, std = u.mean(0), u.std(0)
+        z, zt = (u - mean) / std, (ut - mean) / std
+        return z, zt  # per coordinate unit variance: norm about sqrt(d)
+    moment = u.T.double() @ u.double()
+    if kind == "pca-dp":
+        g = torch.Generator().manual_seed(c.get("seed", 0) + 99)
+        noise = torch.randn(d, d, generator=g, dtype=torch.float64) * c["zA"] * math.sqrt(2) / 2
+        moment = moment + torch.triu(noise) + torch.triu(noise, 1).T
+    values, vectors = eigen(moment, k)
+    p = vectors / (values.clamp_min(1e-12) / n).sqrt() if c.get("whiten") else vectors
+    p = p.float()
+    z = u @ p
+    p = p * (math.sqrt(d) / z.norm(dim=1).median())  # (on the private data: part of what this ceiling reads)
+    return u @ p, ut @ p
+
+
+def dpsgd(c: dict, z, zt, y, yt) -> dict:
+    n, k = z.shape
+    B, E, lr, C = c.get("B", 1024), c.get("E", 5), c["lr"], c.get("C", 0.1)
+    q = B / n
+    per_epoch = round(1 / q)
+    steps = per_epoch * E
+    sigma = calibrate(c.get("eps", 1.0), q, steps, c.get("zA", 0.0) if c["features"] == "pca-dp" else 0.0)
+    g = torch.Generator().manual_seed(c.get("seed", 0))
+    W, b = torch.zeros(10, k), torch.zeros(10)
+    mW, mb = torch.zeros_like(W), torch.zeros_like(b)
+    onehot, curve = F.one_hot(y, 10).float(), []
+    for s in range(steps):
+        idx = torch.nonzero(torch.rand(n, generator=g) < q).squeeze(1)
+        r = (z[idx] @ W.T + b).softmax(1) - onehot[idx]
+        scale = (C / (r.norm(dim=1) * (z[idx].pow(2).sum(1) + 1).sqrt())).clamp(max=1.0)
+        gW = ((r * scale[:, None]).T @ z[idx] + torch.randn(10, k, generator=g) * sigma * C) / B
+        gb = ((r * scale[:, None]).sum(0) + torch.randn(10, generator=g) * sigma * C) / B
+        mW, mb = 0.9 * mW + gW, 0.9 * mb + gb
+        W, b = W - lr * mW, b - lr * mb
+        if (s + 1) % per_epoch == 0:
+            curve.append(round(float(((zt @ W.T + b).argmax(1) == yt).float().mean()), 4))
+    eps = total_epsilon(sigma, q, steps, c.get("zA", 0.0) if c["features"] == "pca-dp" else 0.0)
+    return {"sigma": round(sigma, 4), "epsilon_strict": round(eps, 4), "accuracy": curve[-1], "curve": curve}
+
+
+def nonprivate(z, zt, y, yt, epochs: int = 6) -> dict:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(z.shape[1], 10)
+    opt, best = torch.optim.Adam(head.parameters(), 1e-3), 0.0
+    for _ in range(epochs):
+        perm = torch.randperm(len(z))
+        for i in range(0, len(z), 128):
+            batch = perm[i:i + 128]
+            opt.zero_grad()
+            F.cross_entropy(head(z[batch]), y[batch]).backward()
+            opt.step()
+        with torch.no_grad():
+            best = max(best, float((head(zt).argmax(1) == yt).float().mean()))
+    return {"accuracy": round(best, 4)}
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    dataset, settings = sys.argv[1], json.loads(sys.argv[2])
+    data = load_data(dataset)
+    model = create_model("scatter-linear", in_channels=data.channels, num_classes=data.num_classes,
+                         image_size=data.image_size[0])
+    stages = Stages(StageCache(), Env.cpu(), data, RunDir("/tmp/privdistill-whitening-probe"))
+    x, xt = (f.flatten(1).float() for f in stages.features(model))
+    u, ut = x / x.norm(dim=1, keepdim=True), xt / xt.norm(dim=1, keepdim=True)
+    for c in settings:
+        started = time.time()
+        z, zt = (x, xt) if c["features"] == "raw" else project(c, u, ut, model, data)
+        row = nonprivate(z, zt, data.train.labels, data.test.labels) if c.get("nonprivate") else \
+            dpsgd(c, z, zt, data.train.labels, data.test.labels)
+        print(json.dumps({"dataset": dataset, **c, **row, "seconds": round(time.time() - started)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
