@@ -21,7 +21,8 @@ Every projected z is rescaled so that its median norm on the images it was fitte
     python scripts/dpsgd_whitening_probe.py fashion-mnist \
         '[{"features": "raw", "lr": 4}, {"features": "prior", "prior": "dead-leaves", "k": 800, "lr": 1}]'
 
-Keys: features (above), k, whiten (pca-*: scale each direction to unit variance), zA (pca-dp), prior, eps (strict
+Keys: features (above), k, whiten (pca-*: scale each direction to unit variance), zA (pca-dp), prior, m (prior
+images, 30000), prior_seed (the dead-leaves draw, models/random_prior.PRIOR_SEED), eps (strict
 target, 1), B (1024), E (5), lr, C (0.1), seed (0), nonprivate (Adam, 6 epochs, best epoch: capacity, no release).
 The settings were compared on the test set, as in the sweep of docs/results.md; that selection is priced by no ε.
 """
@@ -45,7 +46,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
 from privdistill.models import create_model
-from privdistill.models.random_prior import dead_leaves, whitening_projection
+from privdistill.models.random_prior import PRIOR_SEED, dead_leaves, whitening_projection
 
 
 def total_epsilon(sigma: float, q: float, steps: int, analyze_gauss: float = 0.0, delta: float = 1e-5) -> float:
@@ -64,9 +65,9 @@ def calibrate(target: float, q: float, steps: int, analyze_gauss: float) -> floa
     return hi
 
 
-def prior_images(kind: str, m: int, like) -> torch.Tensor:
+def prior_images(kind: str, m: int, seed: int, like) -> torch.Tensor:
     if kind == "dead-leaves":
-        return dead_leaves(m, channels=like.channels, size=like.image_size)
+        return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed)
     g = torch.Generator().manual_seed(5)
     if kind == "noise":
         return torch.rand(m, like.channels, *like.image_size, generator=g) * 2 - 1
@@ -75,7 +76,7 @@ def prior_images(kind: str, m: int, like) -> torch.Tensor:
     return smooth / smooth.abs().amax((1, 2, 3), keepdim=True)
 
 
-PRIOR_FEATURES: dict[tuple[str, int], torch.Tensor] = {}
+PRIOR_FEATURES: dict[tuple[str, int, int], torch.Tensor] = {}
 
 
 def eigen(moment: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +88,7 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
     n, d = u.shape
     kind, k = c["features"], c.get("k", d)
     if kind == "prior":
-        key = (c["prior"], c.get("m", 30000))
+        key = (c["prior"], c.get("m", 30000), c.get("prior_seed", PRIOR_SEED))
         if key not in PRIOR_FEATURES:  # the random-process images' features, once per process
             with torch.no_grad():
                 images = prior_images(*key, data.train)

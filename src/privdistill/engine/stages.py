@@ -234,7 +234,11 @@ class Stages:
         """A fixed feature transform's output (a ScatterNet's `scatter`, named by its `transform_id`) on the train
         and test images: a public per-example function, computed once per dataset (about a minute for MNIST on 2
         cores) and shared by every model with the same transform. With `copies` > 1 the training features are
-        [N, copies, ...]: the images as they are, then `augment`ed copies (fixed public streams, one per copy)."""
+        [N, copies, ...]: the images as they are, then `augment`ed copies (fixed public streams, one per copy).
+        A ScatterNet with a prior gets its projection first (scatter_prior), so the model the caller releases
+        carries it whether the features are computed now or read from the cache."""
+        if getattr(model, "prior", "none") != "none":
+            self.scatter_prior(model)
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 

@@ -64,8 +64,7 @@ class DPSGDConfig:
 
     accountant: str = "rdp"  # Opacus accountant: calibrates σ under budget.accounting=paper (the headline)
     model: str = "paper-cnn"  # no BatchNorm: per-sample gradients need per-sample independent layers;
-    # scatter-linear / scatter-cnn: Tramèr & Boneh's ScatterNet, whose fixed features are computed once;
-    # scatter-prior-linear: the same linear head on features whitened on random-process images (no privacy cost)
+    # scatter-linear / -prior-linear / -cnn: Tramèr & Boneh's ScatterNet, fixed features computed once (scatternet.py)
     epochs: int = 5
     batch_size: int = 256  # expected batch size (Poisson sampling)
     max_grad_norm: float = 1.0  # C
@@ -266,8 +265,6 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     trainable, train_inputs, test_inputs = model, data.train.images, data.test.images
     if isinstance(model, ScatterNet):  # the fixed transform once, then DP-SGD on the head alone
         trainable = model.head
-        if model.prior != "none":  # its data-independent projection, fitted (or read from the cache) first
-            ctx.stages.scatter_prior(model)
         train_inputs, test_inputs = ctx.stages.features(model, cfg.augment, cfg.augment_copies)
     errors = ModuleValidator.validate(trainable, strict=False)
     if errors:
