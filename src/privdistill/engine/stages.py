@@ -239,6 +239,7 @@ class Stages:
         carries it whether the features are computed now or read from the cache."""
         if getattr(model, "prior", "none") != "none":
             self.scatter_prior(model)
+
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 

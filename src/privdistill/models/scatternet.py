@@ -31,9 +31,10 @@ from privdistill.models.random_prior import dead_leaves, whitening_projection
 from privdistill.models.registry import register_model
 
 SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channel at J = 2, L = 8
-#: scatter-prior-linear's projection: its whitened dimensions and the dead-leaves images it is fitted on (chosen on
-#: Fashion-MNIST at strict ε = 1: 600, 800 and 1,000 dimensions within 0.2 points; docs/results.md)
-PRIOR_DIMS, PRIOR_IMAGES = 800, 30_000
+#: scatter-prior-linear's projection: its whitened dimensions (on Fashion-MNIST at strict ε = 1, 600, 800 and 1,000
+#: within 0.2 points) and the dead-leaves images it is fitted on (with 30,000 the draw moved the cell by 0.3 points;
+#: 100,000 estimate the process's moments more closely, a one-off 2 minutes on 2 cores; docs/results.md)
+PRIOR_DIMS, PRIOR_IMAGES = 800, 100_000
 
 
 def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> nn.Module:
@@ -110,7 +111,7 @@ class ScatterNet(nn.Module):
 
     def fit_prior(self, batch_size: int = 1000) -> None:
         """Fit the prior projection on `prior_images` dead-leaves images (a fixed public seed; no data is read).
-        About a minute for 30,000 images of 28 x 28 on 2 CPU cores; the `scatter_prior` stage caches it."""
+        About 2 minutes for 100,000 images of 28 x 28 on 2 CPU cores; the `scatter_prior` stage caches it."""
         channels, h, w = self.image_shape
         images = dead_leaves(self.prior_images, channels=channels, size=(h, w))
         device = self.prior_projection.device
