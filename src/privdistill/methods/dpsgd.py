@@ -50,7 +50,7 @@ from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
-from privdistill.models.scatternet import ScatterNet
+from privdistill.models.scatternet import LINEAR_SCATTERNETS, ScatterNet
 from privdistill.privacy.ledger import LedgerView
 from privdistill.privacy.report import PRIVATE, Pathway
 from privdistill.privacy.secure import use_secure_noise
@@ -93,8 +93,7 @@ class DPSGDConfig:
             raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
         check_augment(self.augment, "dpsgd.augment")
         copies = self.augment_copies > 1
-        linear_scatternet = self.model in ("scatter-linear", "scatter-prior-linear")
-        if (copies and (not linear_scatternet or self.augment == "none")) or self.augment_copies < 1 or (
+        if (copies and (self.model not in LINEAR_SCATTERNETS or self.augment == "none")) or self.augment_copies < 1 or (
                 self.model.startswith("scatter-") and self.augment != "none" and not copies):
             raise ConfigError("dpsgd.augment_copies > 1 needs a linear ScatterNet model and an augment; a ScatterNet's "
                               "features are computed once, so its augment applies only to those copies")

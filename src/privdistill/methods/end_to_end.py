@@ -33,6 +33,7 @@ from torch import nn
 
 from privdistill.config import check_augment, check_model_name
 from privdistill.errors import ConfigError, RunError
+from privdistill.models.scatternet import LINEAR_SCATTERNETS
 from privdistill.privacy.events import DPSGDTraining
 from privdistill.privacy.ledger import PrivacyLedger
 
@@ -79,10 +80,11 @@ class DPSourceConfig:
         if self.statistics_share is not None and not 0 <= self.statistics_share < 1:
             raise ConfigError("dp_source.statistics_share must lie in [0, 1)")
         check_augment(self.augment, "dp_source.augment")
-        if self.augment_copies < 1 or (self.augment_copies > 1 and (self.model != "scatter-linear"
+        if self.augment_copies < 1 or (self.augment_copies > 1 and (self.model not in LINEAR_SCATTERNETS
                                                                     or self.augment == "none")):
-            raise ConfigError("dp_source.augment_copies must be >= 1; copies need dp_source.model=scatter-linear and "
-                              "an augment other than none (as dpsgd.augment_copies)")
+            raise ConfigError("dp_source.augment_copies must be >= 1; copies need a linear ScatterNet "
+                              f"dp_source.model ({', '.join(LINEAR_SCATTERNETS)}) and an augment other than none "
+                              "(as dpsgd.augment_copies)")
         if min(self.epochs, self.batch_size) < 1 or min(self.lr, self.max_grad_norm) <= 0:
             raise ConfigError("dp_source: epochs and batch_size must be >= 1, lr and max_grad_norm > 0")
         check_model_name(self.model, "dp_source.model")

@@ -35,6 +35,8 @@ SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channe
 #: within 0.2 points) and the dead-leaves images it is fitted on (with 30,000 the draw moved the cell by 0.3 points;
 #: 100,000 estimate the process's moments more closely, a one-off 2 minutes on 2 cores; docs/results.md)
 PRIOR_DIMS, PRIOR_IMAGES = 800, 100_000
+#: the registered ScatterNets with a linear head: the ones whose features take augmented copies (methods/dpsgd.py)
+LINEAR_SCATTERNETS = ("scatter-linear", "scatter-prior-linear")
 
 
 def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> nn.Module:
