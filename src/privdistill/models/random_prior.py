@@ -61,6 +61,13 @@ def dead_leaves(n: int, *, channels: int = 1, size: tuple[int, int] = (28, 28), 
     return torch.cat(out)
 
 
+def unit_rows(features: torch.Tensor) -> torch.Tensor:
+    """Each row of `features` [m, d] scaled to norm 1: what whitening_projection fits and what its map is applied
+    to (ScatterNet.scatter), so both sides read the same scale."""
+    features = features.float()
+    return features / features.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
 def whitening_projection(features: torch.Tensor, dims: int) -> torch.Tensor:
     """A [d, dims] map z = u @ P from unit-norm features u (features [m, d], each row scaled to norm 1 here) onto
     their `dims` leading principal directions (uncentred second moment), each scaled to unit variance on these
@@ -70,7 +77,7 @@ def whitening_projection(features: torch.Tensor, dims: int) -> torch.Tensor:
     m, d = features.shape
     if not 0 < dims <= min(m, d):
         raise ValueError(f"whitening dims must lie in [1, {min(m, d)}], got {dims}")
-    u = features.float() / features.float().norm(dim=1, keepdim=True).clamp_min(1e-12)
+    u = unit_rows(features)
     if d <= 8192:  # the moment accumulated in float64 chunks: no float64 copy of all m rows
         moment = torch.zeros(d, d, dtype=torch.float64)
         for i in range(0, m, 8192):

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from privdistill.errors import ModelError
-from privdistill.models.random_prior import dead_leaves, whitening_projection
+from privdistill.models.random_prior import dead_leaves, unit_rows, whitening_projection
 from privdistill.models.registry import register_model
 
 SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channel at J = 2, L = 8
@@ -107,9 +107,7 @@ class ScatterNet(nn.Module):
             return s
         if not bool(self.prior_fitted):
             raise ModelError("this ScatterNet's prior projection is not fitted: call fit_prior() or load its weights")
-        u = s.flatten(1)
-        u = u / u.norm(dim=1, keepdim=True).clamp_min(1e-12)  # the unit-norm input whitening_projection expects
-        return (u @ self.prior_projection)[:, :, None, None]
+        return (unit_rows(s.flatten(1)) @ self.prior_projection)[:, :, None, None]
 
     def fit_prior(self, batch_size: int = 1000) -> None:
         """Fit the prior projection on `prior_images` dead-leaves images (a fixed public seed; no data is read).
