@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--sigma1", type=float, default=150.0)
     ap.add_argument("--sigma2", type=float, default=40.0)
     ap.add_argument("--sigmas", type=float, nargs="*", default=[], help="more GNMax sigmas to compare")
-    ap.add_argument("--channels", nargs="*", default=["lnmax", "gnmax", "confident"])
+    ap.add_argument("--channels", nargs="*", default=["lnmax", "gnmax", "confident"],
+                    help="lnmax, gnmax, confident, confident-filter (with confident: the same budget under a filter)")
     ap.add_argument("--cache", type=Path, help="file keeping the pool and its votes between calls")
     ap.add_argument("--student-steps", type=int, default=500)
     ap.add_argument("--out", type=Path, required=True)
@@ -143,6 +144,16 @@ def main() -> None:
         keep = answered[:checks]
         record(f"confident-gnmax T={threshold:g} sigma1={args.sigma1:g} sigma2={args.sigma2:g} "
                f"({checks} checks)", order[:checks][keep], labels[:checks][keep], event(checks))
+        if "confident-filter" in args.channels:  # the same worst-case count as an RDP filter's budget
+            labels, answered, asked = mechanisms.filtered_confident_gnmax(
+                votes[order], threshold=threshold, sigma1=args.sigma1, sigma2=args.sigma2, filter_budget=checks,
+                generator=rng)
+            keep = answered[:asked]
+            record(f"confident-gnmax under an RDP filter T={threshold:g} sigma1={args.sigma1:g} "
+                   f"sigma2={args.sigma2:g} (budget {checks}, {asked} checks)", order[:asked][keep],
+                   labels[:asked][keep], ConfidentGNMaxQueries(threshold=threshold, sigma1=args.sigma1,
+                                                               sigma2=args.sigma2, count=asked,
+                                                               answered=int(keep.sum()), filter_budget=checks))
     out = {"dataset": args.dataset, "generator": args.generator, "teachers": args.teachers, "pool": len(pool),
            "target_strict_epsilon": args.epsilon, "delta": args.delta, "device": env.describe(),
            "student": f"paper-cnn, {args.student_steps} steps of 128, Adam 1e-3, labelled queries only",

@@ -71,6 +71,21 @@ def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path
     assert (run_dir / "student.safetensors").is_file() and (run_dir / "privacy.json").is_file()
 
 
+def test_the_filter_asks_more_queries_for_the_same_guarantee(tiny_npz, tmp_path):
+    # a check at sigma1 = 4 costs 1/8 of an answer at sigma2 = 2
+    overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10", "pate.sigma1=4", "pate.threshold=4"]
+    plain = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(tmp_path / "a"))).summary
+    s = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides + ["pate.filter=true"],
+                            run_dir=str(tmp_path / "b"))).summary
+    assert s["variant"] == "confident-gnmax-filter" and s["filter_budget"] == plain["queries"]
+    assert s["epsilon_strict"] == pytest.approx(plain["epsilon_strict"]), "the budget is the bound"
+    assert s["queries"] > plain["queries"] and s["answered"] > plain["answered"], "refused checks cost less"
+    event = PrivacyLedger(tmp_path / "b").events()[0]
+    assert (event.count, event.answered, event.filter_budget) == (s["queries"], s["answered"], plain["queries"])
+    with pytest.raises(ConfigError, match="Confident-GNMax only"):
+        PATEConfig(aggregation="gnmax", filter=True).validate()
+
+
 def test_resume_reuses_the_recorded_answers(tiny_npz, tmp_path):
     overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10"]
     run_dir = tmp_path / "run"

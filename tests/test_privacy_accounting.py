@@ -243,6 +243,23 @@ class TestGNMax:
         assert realised == pytest.approx(direct) and realised < eps([ev])
         assert eps([ev], "paper") < eps([worst], "paper")
 
+    def test_confident_under_a_filter_is_priced_at_its_budget(self):
+        """Under an RDP filter (Feldman & Zrnic 2021) the bound is the budget fixed before the run, whatever was
+        asked and answered; the event refuses realised counts the filter could not have allowed."""
+        filtered = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1800, answered=900,
+                                         filter_budget=1000)
+        worst = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1000)
+        assert eps([filtered]) == pytest.approx(eps([worst]))
+        check, answer = filtered.round_costs  # the strict accountant's own curves, divided by the order
+        assert np.allclose(acc._strict_term(worst, DELTA).rdp, 1000 * acc.ORDERS * (check + answer))
+        realised = acc._strict_term(filtered, DELTA).details["epsilon_realised_answered_only"]
+        assert realised < eps([filtered])
+        with pytest.raises(PrivacyError, match="filter's budget"):
+            ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1800, answered=1000,
+                                  filter_budget=1000)
+        with pytest.raises(PrivacyError, match="filter's budget"):  # answers unknown: all counted
+            ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1001, filter_budget=1000)
+
     def test_paper_is_pate_basic_conversion(self):
         r = eps([GNMaxQueries(sigma=40, count=1000)], "paper")
         direct = np.min(1000 * acc.ORDERS / 1600 + math.log(1 / DELTA) / (acc.ORDERS - 1))
@@ -453,3 +470,8 @@ def test_merge_confident_events_keeps_answered_counts():
     assert acc.merge_events([a, unknown])[0].answered is None  # worst case once any is unknown
     for name in ("paper", "strict"):
         assert eps(acc.merge_events([a, b]), name) == pytest.approx(eps([a, b], name))
+    fa = ConfidentGNMaxQueries(200, 150, 40, 18, answered=9, filter_budget=10)
+    fb = ConfidentGNMaxQueries(200, 150, 40, 9, answered=4, filter_budget=5)
+    merged = acc.merge_events([fa, fb, a])  # filters in sequence: their budgets add; never merged with a plain run
+    assert merged[0] == ConfidentGNMaxQueries(200, 150, 40, 27, answered=13, filter_budget=15) and merged[1] == a
+    assert eps(merged) == pytest.approx(eps([fa, fb, a]))

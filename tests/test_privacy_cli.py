@@ -93,6 +93,10 @@ def test_estimate_other_mechanisms():
     # strict prices all 1000 queries as answered (the count is chosen adaptively): GNMax's cost plus the checks
     assert cg["epsilon"]["strict"] > gn["epsilon"]["strict"]
     assert "odometer" in json.dumps(cg)
+    # the same 1000 planned as a filter's budget: 1800 checks of which 900 answered fit it, and cost the same
+    fg = run_json("estimate", "-m", "confident-gnmax", "--threshold", "200", "--sigma1", "150", "--sigma2", "40",
+                  "-q", "1800", "--answered", "900", "--filter-budget", "1000")
+    assert fg["epsilon"]["strict"] == pytest.approx(cg["epsilon"]["strict"]) and "RDP filter" in json.dumps(fg)
     mt = run_json("estimate", "-m", "dpdfd", "-C", "1e-3", "--sigma", "100", "-B", "256", "--steps", "10",
                   "-n", "100")
     assert "Alg. 2" in mt["mechanisms"][0]["description"]

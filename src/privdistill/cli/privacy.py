@@ -46,7 +46,7 @@ def _need(value: Any, flag: str, mechanism: str) -> Any:
 
 def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilon0, sigma, sigma1, sigma2,
                   threshold, answered, clip_norm, batch_size, num_teachers, granularity, algorithm,
-                  dataset_size, num_classes, epsilon_per_label, srr_setting, latent_epsilon):
+                  dataset_size, num_classes, epsilon_per_label, srr_setting, latent_epsilon, filter_budget=None):
     from privdistill.privacy.events import (
         ConfidentGNMaxQueries,
         DPDFDSteps,
@@ -82,7 +82,7 @@ def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilo
             s2 = sigma2 if sigma2 is not None else sigma
             main = ConfidentGNMaxQueries(threshold=_need(threshold, "--threshold", m),
                                          sigma1=_need(sigma1, "--sigma1", m), sigma2=_need(s2, "--sigma2", m),
-                                         count=queries, answered=answered)
+                                         count=queries, answered=answered, filter_budget=filter_budget)
         elif mechanism is Mechanism.srr:
             main = SRRLabels(epsilon=_need(epsilon_per_label, "--epsilon-per-label", m), count=queries,
                              num_classes=_need(num_classes, "--num-classes", m), setting=srr_setting.value)
@@ -144,6 +144,9 @@ def estimate(
     sigma2: Optional[float] = typer.Option(None, "--sigma2", help="Confident-GNMax answer noise"),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Confident-GNMax threshold T"),
     answered: Optional[int] = typer.Option(None, "--answered", help="Confident-GNMax: queries answered (default: all)"),
+    filter_budget: Optional[int] = typer.Option(
+        None, "--filter-budget", help="Confident-GNMax asked under an RDP filter whose budget is this many queries all "
+        "answered (pate.filter): the bound, whatever --queries and --answered were"),
     clip_norm: Optional[float] = typer.Option(None, "--clip-norm", "-C", help="DPDFD norm bound C"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "-B", help="DPDFD batch size B"),
     num_teachers: int = typer.Option(1, "--num-teachers", "-n", help="DPDFD teachers (Alg. 2 if > 1)"),
@@ -179,8 +182,13 @@ def estimate(
             sigma1=sigma1, sigma2=sigma2, threshold=threshold, answered=answered, clip_norm=clip_norm,
             batch_size=batch_size, num_teachers=num_teachers, granularity=granularity, algorithm=algorithm,
             dataset_size=dataset_size, num_classes=num_classes, epsilon_per_label=epsilon_per_label,
-            srr_setting=srr_setting, latent_epsilon=latent_epsilon)
+            srr_setting=srr_setting, latent_epsilon=latent_epsilon, filter_budget=filter_budget)
 
+    if filter_budget is not None and mechanism is not Mechanism.confident_gnmax:
+        raise PrivacyError("--filter-budget is for --mechanism confident-gnmax only")
+    if filter_budget is not None and target_epsilon is not None:
+        raise PrivacyError("--filter-budget prices a run made under a filter; calibrate its budget as plain "
+                           "confident-gnmax queries (--target-epsilon without --filter-budget)")
     if target_epsilon is not None and queries is None and steps is None:
         # no count given: the question is "how many does the target allow?"; report ε at the strict answer
         probe, probe_events = build(1, answered=None)  # a 1-query probe cannot carry --answered

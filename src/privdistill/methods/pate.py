@@ -17,7 +17,10 @@ Privacy: the number of queries is calibrated from the target ε under the data-I
 (every Confident-GNMax query priced as answered, since the answered count is unknown beforehand); the headline
 ε is the data-independent bound fixed by that plan (Confident-GNMax: every query priced as answered, because the
 answered count is chosen by the mechanism itself; counting only the answered ones, as PATE 2018 and the paper
-accounting do, is an odometer reading, shown beside it, not a guarantee). The data-dependent bound (PATE 2017 Thm 3 /
+accounting do, is an odometer reading, shown beside it, not a guarantee). With `pate.filter` the planned count is
+instead the budget of an RDP privacy filter (Feldman & Zrnic 2021): public images are asked until the realised
+cost, in which a refused query pays only its threshold check, would pass the RDP of that many answered queries;
+the guarantee is the same, and more queries are answered. The data-dependent bound (PATE 2017 Thm 3 /
 PATE 2018 Thm 6, from the recorded vote histograms) is reported beside it as `epsilon_data_dependent`: it is
 a function of the private votes and is NOT releasable without PATE 2018's smooth-sensitivity step (not
 implemented). The held-out slice's own records get no protection: the ε is for the private part.
@@ -63,6 +66,9 @@ class PATEConfig:
     threshold: float = 200.0  # Confident-GNMax T (PATE 2018, MNIST, 250 teachers)
     sigma1: float = 150.0
     sigma2: float = 40.0
+    # Confident-GNMax under an RDP privacy filter (Feldman & Zrnic 2021): the planned queries become the filter's
+    # budget and public images are asked until it is spent; a refused query costs only its threshold check
+    filter: bool = False
     holdout: float = 1 / 6  # the held-out public slice: records, or a fraction below 1 (engine.holdout; as dgd.holdout)
     noise_seed: Optional[int] = None
     secure_noise: bool = False
@@ -79,6 +85,9 @@ class PATEConfig:
             raise ConfigError("pate.holdout must be > 0 (records, or a fraction of the training set below 1)")
         if self.holdout >= 1:
             self.holdout = int(self.holdout)  # a count: recorded as before (10000, not 10000.0)
+        if self.filter and self.aggregation != "confident-gnmax":
+            raise ConfigError("pate.filter applies to Confident-GNMax only (--aggregation confident-gnmax): "
+                              f"every {self.aggregation} query is answered, so a filter would change nothing")
 
 
 @dataclass
@@ -108,13 +117,14 @@ SECTIONS = {"teachers": TeacherTraining, "pate": PATEConfig, "pate_student": PAT
 
 
 # ----------------------------------------------------------------------------------------- privacy plan
-def query_event(cfg: PATEConfig, count: int, answered: int | None = None) -> PrivacyEvent:
+def query_event(cfg: PATEConfig, count: int, answered: int | None = None,
+                filter_budget: int | None = None) -> PrivacyEvent:
     if cfg.aggregation == "lnmax":
         return LNMaxQueries(scale=cfg.laplace_scale, count=count)
     if cfg.aggregation == "gnmax":
         return GNMaxQueries(sigma=cfg.sigma, count=count)
     return ConfidentGNMaxQueries(threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2, count=count,
-                                 answered=answered)
+                                 answered=answered, filter_budget=filter_budget)
 
 
 def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, list[str]]:
@@ -173,12 +183,13 @@ class PATEMethod(Method):
         teachers, teachers_stage = ctx.stages.teachers_on(private, ctx.section("teachers"))
 
         order = torch.randperm(len(public), generator=env.generator(streams.PATE_QUERIES))
-        query_images = public.images[order[:queries]]
-        labels, answered, event = _answer(ledger, teachers, query_images, cfg, env)
-        keep = labels >= 0
+        # under the filter, `queries` is its budget and the whole slice is the pool it asks from, in this order
+        order = order if cfg.filter else order[:queries]
+        labels, answered, event = _answer(ledger, teachers, public.images[order], cfg, env, budget=queries)
+        order = order[:len(labels)]  # the queries asked
+        query_images, keep = public.images[order], labels >= 0
         labelled = ImageDataset(query_images[keep], labels[keep], data.num_classes, name="answered queries")
-        label_accuracy = (float((labels[keep] == public.labels[order[:queries]][keep]).float().mean())
-                          if keep.any() else None)
+        label_accuracy = float((labels[keep] == public.labels[order][keep]).float().mean()) if keep.any() else None
 
         st: PATEStudentConfig = ctx.section("pate_student")
         torch.manual_seed(env.generator(streams.PATE_INIT).initial_seed())
@@ -189,7 +200,8 @@ class PATEMethod(Method):
         student, train_stats = train_student(student, labelled, public.images, st, env, run=ctx.run, test=data.test)
         info = teachers_stage.info()
         return Trained(student=student, fields={
-            "aggregation": cfg.aggregation, "queries": queries, "answered": int(keep.sum()),
+            "aggregation": cfg.aggregation, "queries": len(labels), "answered": int(keep.sum()),
+            **({"filter_budget": queries} if cfg.filter else {}),
             "public_size": len(public), "private_size": len(private), "num_teachers": teachers.num_teachers,
             "label_accuracy": None if label_accuracy is None else round(label_accuracy, 4), "event": event.to_dict(),
             "variant": cfg.variant or _variant(cfg), "stages": {"teachers": teachers_stage.ref()},
@@ -235,12 +247,14 @@ def realised_answered_only(strict: EpsilonResult) -> float | None:
 
 
 def _variant(cfg: PATEConfig) -> str | None:
-    return None if cfg.aggregation == "gnmax" else cfg.aggregation
+    return None if cfg.aggregation == "gnmax" else cfg.aggregation + ("-filter" if cfg.filter else "")
 
 
 def _answer(ledger: PrivacyLedger, teachers: TeacherEnsemble, images: torch.Tensor, cfg: PATEConfig,
-            env: Env) -> tuple[torch.Tensor, torch.Tensor, PrivacyEvent]:
-    """(labels with -1 where not answered, answered mask, the recorded event), through the ledger.
+            env: Env, *, budget: int) -> tuple[torch.Tensor, torch.Tensor, PrivacyEvent]:
+    """(labels with -1 where not answered, answered mask, the recorded event), through the ledger; one label per
+    query asked (under the filter, a prefix of `images`, asked until the budget of `budget` answered queries is
+    spent; otherwise all of them).
 
     Confident-GNMax's event carries the number of answered queries, known only once the noise is drawn:
     the answers are computed first, then recorded with that event before anything uses them (a refusal
@@ -260,10 +274,15 @@ def _answer(ledger: PrivacyLedger, teachers: TeacherEnsemble, images: torch.Tens
         labels, answered = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen), None
     elif cfg.aggregation == "gnmax":
         labels, answered = mechanisms.gnmax(votes, sigma=cfg.sigma, generator=gen), None
-    else:
+    elif not cfg.filter:
         labels, answered = mechanisms.confident_gnmax(votes, threshold=cfg.threshold, sigma1=cfg.sigma1,
                                                       sigma2=cfg.sigma2, generator=gen)
-    event = query_event(cfg, len(images), None if answered is None else int(answered.sum()))
+    else:
+        labels, answered, asked = mechanisms.filtered_confident_gnmax(
+            votes, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2, filter_budget=budget, generator=gen)
+        labels, answered, votes = labels[:asked], answered[:asked], votes[:asked]  # the rest is never asked
+    event = query_event(cfg, len(labels), None if answered is None else int(answered.sum()),
+                        filter_budget=budget if cfg.filter else None)
     result = LedgerAnswer(answers=labels, votes=votes, answered=answered)
     labels = torch.as_tensor(ledger.spend(QUERY_KEY, event, lambda: result)).long()
     return labels, labels >= 0, event

@@ -170,6 +170,12 @@ class ConfidentGNMaxQueries(PrivacyEvent):
     ``max(votes) + N(0, sigma1^2) >= threshold``, of which ``answered`` went on to a GNMax answer
     with noise N(0, sigma2^2). Every check costs budget, answered or not; ``answered=None`` means
     "not known yet" and is priced as if every query were answered (worst case).
+
+    ``filter_budget``: the queries were asked under an RDP privacy filter (Feldman & Zrnic, NeurIPS 2021,
+    Thm 3.1) whose budget is the RDP curve of ``filter_budget`` queries all answered: the run kept checking
+    queries while the realised cost (every check, and the GNMax step of the answered ones) plus one more
+    worst-case query stayed within that curve, so ``count`` may exceed ``filter_budget`` when few are answered.
+    The filter makes the budget a guarantee fixed before the run, whatever the realised counts.
     """
 
     threshold: float
@@ -177,6 +183,7 @@ class ConfidentGNMaxQueries(PrivacyEvent):
     sigma2: float
     count: int
     answered: int | None = None
+    filter_budget: int | None = None
 
     type_name: ClassVar[str] = "confident-gnmax"
     count_field: ClassVar[str | None] = "count"
@@ -195,18 +202,38 @@ class ConfidentGNMaxQueries(PrivacyEvent):
             if answered > self.count:
                 raise PrivacyError(f"answered ({answered}) cannot exceed the number of queries ({self.count})")
             object.__setattr__(self, "answered", answered)
+        if self.filter_budget is not None:
+            object.__setattr__(self, "filter_budget", check_count("filter_budget", self.filter_budget, minimum=1))
+            if self.realised_cost > self.filter_budget * sum(self.round_costs) * (1 + 1e-9):
+                raise PrivacyError(f"{self.count} checks with {self.answered_or_worst_case} answered cost more than "
+                                   f"the filter's budget of {self.filter_budget} answered queries")
 
     @property
     def answered_or_worst_case(self) -> int:
         return self.count if self.answered is None else self.answered
 
+    @property
+    def round_costs(self) -> tuple[float, float]:
+        """RDP per order λ of one threshold check (max(votes) moves by at most 1: λ/(2σ1²)) and of one GNMax
+        answer (the histogram moves by √2: λ/σ2²), as multiples of λ: both are linear in λ, so one number
+        compares costs at every order at once (what makes the filter's stopping rule a scalar one)."""
+        return 1.0 / (2.0 * self.sigma1 ** 2), 1.0 / self.sigma2 ** 2
+
+    @property
+    def realised_cost(self) -> float:
+        """The run's RDP / λ: every check, and the answer step of the answered queries (all, if unknown)."""
+        check, answer = self.round_costs
+        return self.count * check + self.answered_or_worst_case * answer
+
     def with_count(self, n: int) -> "ConfidentGNMaxQueries":
-        return replace(self, count=n, answered=None)
+        return replace(self, count=n, answered=None, filter_budget=None)
 
     def describe(self) -> str:
         ans = "answers not known (all counted)" if self.answered is None else f"{self.answered} answered"
+        filtered = "" if self.filter_budget is None else \
+            f", under an RDP filter with the budget of {self.filter_budget} answered queries"
         return (f"Confident-GNMax: {self.count} queries ({ans}), threshold {self.threshold:g}, "
-                f"sigma1 {self.sigma1:g}, sigma2 {self.sigma2:g}")
+                f"sigma1 {self.sigma1:g}, sigma2 {self.sigma2:g}{filtered}")
 
 
 # --------------------------------------------------------------------------------- randomized response
