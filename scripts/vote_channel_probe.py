@@ -145,7 +145,7 @@ def main() -> None:
         record(f"confident-gnmax T={threshold:g} sigma1={args.sigma1:g} sigma2={args.sigma2:g} "
                f"({checks} checks)", order[:checks][keep], labels[:checks][keep], event(checks))
         if "confident-filter" in args.channels:  # the same worst-case count as an RDP filter's budget
-            labels, answered, asked = mechanisms.filtered_confident_gnmax(
+            labels, answered, asked, _ = mechanisms.filtered_confident_gnmax(
                 votes[order], threshold=threshold, sigma1=args.sigma1, sigma2=args.sigma2, filter_budget=checks,
                 generator=rng)
             keep = answered[:asked]

@@ -86,18 +86,22 @@ def test_filtered_confident_gnmax_asks_until_the_budget_of_answered_queries_is_s
 
     votes = torch.tensor([[1000, 0, 0], [0, 0, 0]]).repeat(2000, 1)  # even rows sure, odd rows refused (5 sigma1)
     kw = dict(threshold=500, sigma1=100, sigma2=10)  # a check costs 1/200 of an answer
-    labels, answered, asked = M.filtered_confident_gnmax(votes, **kw, filter_budget=100, generator=gen(3))
+    labels, answered, asked, spent = M.filtered_confident_gnmax(votes, **kw, filter_budget=100, generator=gen(3))
     plain, plain_answered = M.confident_gnmax(votes, **kw, generator=gen(3))
     assert torch.equal(labels[:asked], plain[:asked]) and torch.equal(answered[:asked], plain_answered[:asked])
     assert bool((labels[asked:] == -1).all()) and not bool(answered[asked:].any())
     check, answer = ConfidentGNMaxQueries(count=1, **kw).round_costs
     assert int(answered.sum()) in (99, 100)  # the budget buys 100 answers, or 99 and the refused checks
     assert asked == pytest.approx(200, abs=3) and asked > 100
-    spent = asked * check + int(answered.sum()) * answer
+    assert spent == pytest.approx(asked * check + int(answered.sum()) * answer)
     assert spent <= 100 * (check + answer) * (1 + 1e-9) < spent + check + answer  # within, and one more won't fit
     sure = votes[0::2]
-    _, all_answered, asked_all = M.filtered_confident_gnmax(sure, **kw, filter_budget=100, generator=gen(3))
+    _, all_answered, asked_all, _ = M.filtered_confident_gnmax(sure, **kw, filter_budget=100, generator=gen(3))
     assert asked_all == 100 and bool(all_answered[:100].all())
+    # chunk by chunk, carrying the cost spent: the same rows asked as in one call
+    first = M.filtered_confident_gnmax(votes[:150], **kw, filter_budget=100, generator=gen(3))
+    rest = M.filtered_confident_gnmax(votes[150:], **kw, filter_budget=100, generator=gen(4), spent=first[3])
+    assert first[2] == 150 and first[2] + rest[2] in range(asked - 3, asked + 4)
 
 
 # ------------------------------------------------------------------------------ randomized response

@@ -201,26 +201,28 @@ def confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: float, sig
 
 
 def filtered_confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: float, sigma2: float,
-                             filter_budget: int, generator: torch.Generator
-                             ) -> tuple[torch.Tensor, torch.Tensor, int]:
+                             filter_budget: int, generator: torch.Generator, spent: float = 0.0
+                             ) -> tuple[torch.Tensor, torch.Tensor, int, float]:
     """Confident-GNMax under an RDP privacy filter (Feldman & Zrnic, NeurIPS 2021, Thm 3.1): the rows are asked
     in order while the realised cost (every threshold check, and the GNMax step of the answered rows) plus one
     more worst-case row stays within the RDP of `filter_budget` rows all answered. An unanswered row costs only
     its check (λ/(2σ1²), against λ/σ2² more for an answer), so when many rows are refused the filter asks more
     of them than a plan that prices every row as answered, for the same guarantee.
 
-    Returns (labels [B] with -1 where not answered or not asked, answered [B] bool, rows asked). The noise is
-    drawn for every row, as in confident_gnmax; the rows past the stop are never released. The stopping rule
-    reads only the released outcomes (answered or not), as the filter requires."""
+    `spent`: the cost of rows asked before these (RDP / λ, as returned), so a pool can be asked chunk by chunk.
+    Returns (labels [B] with -1 where not answered or not asked, answered [B] bool, rows asked, cost spent
+    after them). The noise is drawn for every row, as in confident_gnmax; the rows past the stop are never
+    released. The stopping rule reads only the released outcomes (answered or not), as the filter requires."""
     from privdistill.privacy.events import ConfidentGNMaxQueries  # the costs the strict accountant prices
 
     labels, answered = confident_gnmax(votes, threshold=threshold, sigma1=sigma1, sigma2=sigma2, generator=generator)
     check, answer = ConfidentGNMaxQueries(threshold=threshold, sigma1=sigma1, sigma2=sigma2, count=1).round_costs
     budget = filter_budget * (check + answer) * (1 + 1e-12)
-    spent_before = torch.cumsum(check + answer * answered.double(), 0) - (check + answer * answered.double())
+    cost = check + answer * answered.double().cpu()
+    spent_before = spent + torch.cumsum(cost, 0) - cost
     asked = int((spent_before + check + answer <= budget).sum())  # spent_before increases: a prefix
     labels[asked:], answered[asked:] = -1, False
-    return labels, answered, asked
+    return labels, answered, asked, spent + float(cost[:asked].sum())
 
 
 # ---------------------------------------------------------------------------- randomized response
