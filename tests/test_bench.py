@@ -163,7 +163,8 @@ def test_packaged_matrices_name_cells_as_record_does(preset):
         if "epsilon" in v:
             expected += f"-eps{float(v['epsilon']):g}"
         if method == "pate":
-            variant = _variant(PATEConfig(aggregation=c.args[c.args.index("--aggregation") + 1]))
+            variant = _variant(PATEConfig(aggregation=c.args[c.args.index("--aggregation") + 1],
+                                          filter="pate.filter=true" in c.args))
             expected += f"-{variant}" if variant else ""
         if "--variant" in c.args:
             expected += "-" + c.args[c.args.index("--variant") + 1]
@@ -194,6 +195,10 @@ def _fake_results(root: Path, run_root: Path) -> None:
          "epsilon_data_dependent": 3.2, "delta": 1e-5, "aggregation": "confident-gnmax", "queries": 2700,
          "answered": 1900, "label_accuracy": 0.98,
          "variant": "confident-gnmax", "not_covered": ["x"]},
+        {"method": "pate", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.95, "target_epsilon": 10.0,
+         "epsilon_paper": 11.0, "epsilon_strict": 9.9, "delta": 1e-5, "aggregation": "confident-gnmax",
+         "queries": 4900, "answered": 2700, "filter_budget": 2700, "variant": "confident-gnmax-filter",
+         "not_covered": ["x"]},
         # SRR's "stages" is a stage COUNT, DGD's a dict of stage references (the sample grid lives in one)
         {"method": "srr", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.97, "target_epsilon": 1.0,
          "stages": 20, "setting": "data-free", "mechanism": "srr", "label_accuracy_vs_teacher": 0.345,
@@ -212,7 +217,7 @@ def _fake_results(root: Path, run_root: Path) -> None:
     plt.imsave(run_root / "generator-stage" / "samples.png", np.zeros((8, 8)))
     for r in rows:
         name = f"{r['method']}-{r['dataset']}" + (f"-eps{r['target_epsilon']:g}" if "target_epsilon" in r else "")
-        (q / f"{name}.json").write_text(json.dumps(r))
+        (q / f"{name}{'-' + r['variant'] if r.get('variant') else ''}.json").write_text(json.dumps(r))
 
 
 def test_tables_and_figures_from_results(tmp_path):
@@ -227,6 +232,7 @@ def test_tables_and_figures_from_results(tmp_path):
     assert {"dpsgd-quick", "pate-quick", "audits-quick", "bench-quick"} <= set(blocks)
     assert "| mnist | dpsgd | 1 | 95.00 | 92.47 | 0.999 | 1.1 | yes | 0.510 | 0.010 |" in text
     assert "| mnist | confident-gnmax | 10 | 90.00 | 2700 | 1900 | 98.00 | 10.5 | 9.9 | 7.5 | 3.2 |" in text
+    assert "| mnist | confident-gnmax, RDP filter | 10 | 95.00 | 4900 (budget 2700) | 2700 |" in text
     assert "0.600 [0.580, 0.620]" in text
     assert "| 97.62 | - | - | - | - | data-free | srr | 20 | 34.50 | 6.50 |" in text  # SRR's own columns
     files = {p.name for p in make_figures(tmp_path / "results", tmp_path / "fig")}

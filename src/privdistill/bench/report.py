@@ -256,9 +256,12 @@ def pate_table(results: list[dict]) -> str:
     """PATE: data-independent ε (headline) with the data-dependent bound beside it (not releasable)."""
     rows = sorted((r for r in results if r.get("method") == "pate"), key=_order)
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]), ("aggregator", lambda r: r.get("aggregation", "-")),
+        ("dataset", lambda r: r["dataset"]),
+        ("aggregator", lambda r: r.get("aggregation", "-") + (", RDP filter" if r.get("filter_budget") else "")),
         ("target ε", lambda r: _eps(r.get("target_epsilon"))), ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
-        ("queries", lambda r: str(r.get("queries", "-"))), ("answered", lambda r: str(r.get("answered", "-"))),
+        ("queries", lambda r: str(r.get("queries", "-")) + (f" (budget {r['filter_budget']})"
+                                                            if r.get("filter_budget") else "")),
+        ("answered", lambda r: str(r.get("answered", "-"))),
         ("label accuracy %", lambda r: _pct(r.get("label_accuracy"))),
         ("ε paper", lambda r: _eps(r.get("epsilon_paper"))), ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
         ("ε strict, answered only (odometer, not a guarantee)",
