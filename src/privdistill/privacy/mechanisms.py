@@ -26,6 +26,7 @@ import torch
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy._checks import check_epsilon, check_positive, check_real
+from privdistill.privacy.events import ConfidentGNMaxQueries
 from privdistill.privacy.secure import SecureNoise
 
 __all__ = [
@@ -213,9 +214,8 @@ def filtered_confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: f
     Returns (labels [B] with -1 where not answered or not asked, answered [B] bool, rows asked, cost spent
     after them). The noise is drawn for every row, as in confident_gnmax; the rows past the stop are never
     released. The stopping rule reads only the released outcomes (answered or not), as the filter requires."""
-    from privdistill.privacy.events import ConfidentGNMaxQueries  # the costs the strict accountant prices
-
     labels, answered = confident_gnmax(votes, threshold=threshold, sigma1=sigma1, sigma2=sigma2, generator=generator)
+    # the costs the strict accountant prices, from the event that records the run
     check, answer = ConfidentGNMaxQueries(threshold=threshold, sigma1=sigma1, sigma2=sigma2, count=1).round_costs
     budget = filter_budget * (check + answer) * (1 + 1e-12)
     cost = check + answer * answered.double().cpu()
