@@ -86,8 +86,10 @@ def test_the_filter_asks_more_queries_for_the_same_guarantee(tiny_npz, tmp_path)
         PATEConfig(aggregation="gnmax", filter=True).validate()
 
 
-def test_resume_reuses_the_recorded_answers(tiny_npz, tmp_path):
-    overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10"]
+@pytest.mark.parametrize("filtered", [False, True])
+def test_resume_reuses_the_recorded_answers(tiny_npz, tmp_path, filtered):
+    overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10"] + \
+        (["pate.filter=true", "pate.sigma1=4", "pate.threshold=4"] if filtered else [])
     run_dir = tmp_path / "run"
     first = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(run_dir))).summary
     (run_dir / "summary.json").unlink()
@@ -95,6 +97,7 @@ def test_resume_reuses_the_recorded_answers(tiny_npz, tmp_path):
                                 resume=True)).summary
     assert len(PrivacyLedger(run_dir)) == 1, "nothing spent twice"
     assert again["answered"] == first["answered"] and again["epsilon_strict"] == first["epsilon_strict"]
+    assert again["queries"] == first["queries"] and again.get("filter_budget") == first.get("filter_budget")
     assert again["test_accuracy"] == first["test_accuracy"]
 
 
