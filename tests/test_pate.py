@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from privdistill.engine.holdout import holdout_split, public_indices
+from privdistill.engine.manifold import vat_loss
 from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.pate import PATEConfig, plan_queries, run_pate, vat_loss
+from privdistill.methods.pate import PATEConfig, plan_queries, run_pate
 from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
@@ -119,7 +120,8 @@ def test_vat_loss_is_zero_without_perturbation_and_positive_with():
 def test_vat_direction_changes_the_prediction_far_more_than_a_random_one(precision):
     """The power iteration must find the adversarial direction at the default xi, under autocast too (a probe
     lost in rounding gives a direction no better than a random one, which a loss > 0 check does not catch)."""
-    from privdistill.methods.pate import PATEStudentConfig, _kl, _unit
+    from privdistill.engine.manifold import _kl, _unit
+    from privdistill.methods.pate import PATEStudentConfig
 
     torch.manual_seed(0)
     model = create_model("paper-cnn", in_channels=1, num_classes=10, image_size=28)

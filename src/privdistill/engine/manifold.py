@@ -1,4 +1,6 @@
-"""Tangent and normal perturbations of decoded samples (TNAR, Yu et al. CVPR 2019), used by DGD's student.
+"""Perturbation regularisers of the semi-supervised students: tangent and normal perturbations of decoded samples
+(TNAR, Yu et al. CVPR 2019), used by DGD's student, and virtual adversarial training (VAT, Miyato et al. 2018),
+used by PATE's.
 
 For a latent code z and its decoding x̂ = dec(z):
 - tangent: perturb the code and decode, x̂∥ = dec(z + η) ≈ x̂ + J η (J = ∂dec/∂z): a move ALONG the data
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import jacfwd, vmap
 
@@ -108,3 +111,28 @@ class ManifoldPerturber:
         if project is not None:
             grad = project(grad)
         return _unit(grad.detach())
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """Mean KL(p || q) between the softmaxes of two logit batches (p held fixed)."""
+    p = F.softmax(p_logits, dim=1)
+    return (p * (F.log_softmax(p_logits, dim=1) - F.log_softmax(q_logits, dim=1))).sum(1).mean()
+
+
+def vat_loss(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, *, eps: float, xi: float,
+             generator: torch.Generator, autocast=None) -> torch.Tensor:
+    """Virtual adversarial loss (Miyato et al. 2018): KL between the prediction at x and at x + r_adv, r_adv
+    the direction (one power iteration) that changes the prediction most, of L2 norm `eps`."""
+    autocast = autocast or contextlib.nullcontext
+    clean = logits.detach().float()
+    d = _unit(torch.randn(x.shape, generator=generator).to(x.device)).requires_grad_(True)
+    # The power iteration's finite difference is below bf16/fp16 resolution on saturated pixels: under autocast
+    # x + xi*d rounds back to x and the KL and its gradient vanish. Probe in fp32, from an fp32 reference.
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        with torch.no_grad():
+            reference = model(x).float()
+        dist = _kl(reference, model(x + xi * d).float())
+    (grad,) = torch.autograd.grad(dist, d)
+    r_adv = eps * _unit(grad.detach())
+    with autocast():
+        return _kl(clean, model(x + r_adv).float())

@@ -40,6 +40,7 @@ from privdistill.engine import RunDir, streams
 from privdistill.engine.context import Env
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
 from privdistill.engine.holdout import holdout_split
+from privdistill.engine.manifold import vat_loss
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
 from privdistill.errors import ConfigError
 from privdistill.methods.common import MethodAPI, RunRequest
@@ -306,38 +307,6 @@ def _ask_filtered(teachers: TeacherEnsemble, images: torch.Tensor, cfg: PATEConf
 
 
 # ------------------------------------------------------------------------------------------- student
-def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    """Mean KL(p || q) between the softmaxes of two logit batches (p held fixed)."""
-    p = F.softmax(p_logits, dim=1)
-    return (p * (F.log_softmax(p_logits, dim=1) - F.log_softmax(q_logits, dim=1))).sum(1).mean()
-
-
-def _unit(d: torch.Tensor) -> torch.Tensor:
-    flat = d.flatten(1)
-    return (flat / (flat.norm(dim=1, keepdim=True) + 1e-12)).view_as(d)
-
-
-def vat_loss(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, *, eps: float, xi: float,
-             generator: torch.Generator, autocast=None) -> torch.Tensor:
-    """Virtual adversarial loss (Miyato et al. 2018): KL between the prediction at x and at x + r_adv, r_adv
-    the direction (one power iteration) that changes the prediction most, of L2 norm `eps`."""
-    import contextlib
-
-    autocast = autocast or contextlib.nullcontext
-    clean = logits.detach().float()
-    d = _unit(torch.randn(x.shape, generator=generator).to(x.device)).requires_grad_(True)
-    # The power iteration's finite difference is below bf16/fp16 resolution on saturated pixels: under autocast
-    # x + xi*d rounds back to x and the KL and its gradient vanish. Probe in fp32, from an fp32 reference.
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        with torch.no_grad():
-            reference = model(x).float()
-        dist = _kl(reference, model(x + xi * d).float())
-    (grad,) = torch.autograd.grad(dist, d)
-    r_adv = eps * _unit(grad.detach())
-    with autocast():
-        return _kl(clean, model(x + r_adv).float())
-
-
 def train_student(student: nn.Module, labelled: ImageDataset, unlabelled: torch.Tensor, cfg: PATEStudentConfig,
                   env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None) -> tuple[nn.Module, dict]:
     """CE on `labelled` + VAT + entropy minimisation on `unlabelled` (uint8 images); resumable from

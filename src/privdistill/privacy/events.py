@@ -225,6 +225,12 @@ class ConfidentGNMaxQueries(PrivacyEvent):
         check, answer = self.round_costs
         return self.count * check + self.answered_or_worst_case * answer
 
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if out["filter_budget"] is None:  # a run without the filter records what it recorded before the option
+            del out["filter_budget"]
+        return out
+
     def with_count(self, n: int) -> "ConfidentGNMaxQueries":
         return replace(self, count=n, answered=None, filter_budget=None)
 
