@@ -259,6 +259,13 @@ class TestGNMax:
                                   filter_budget=1000)
         with pytest.raises(PrivacyError, match="filter's budget"):  # answers unknown: all counted
             ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1001, filter_budget=1000)
+        # none answered: the last check was asked with room for an answer, so fewer checks fit than cost alone says
+        limit = int((1000 * (check + answer) - answer) / check)
+        ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=limit, answered=0, filter_budget=1000)
+        with pytest.raises(PrivacyError, match="filter's budget"):
+            ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=limit + 1, answered=0, filter_budget=1000)
+        assert "filter_budget" in filtered.to_dict() and "filter_budget" not in worst.to_dict(), \
+            "a run without the filter records the event as before the option"
 
     def test_paper_is_pate_basic_conversion(self):
         r = eps([GNMaxQueries(sigma=40, count=1000)], "paper")
@@ -475,3 +482,6 @@ def test_merge_confident_events_keeps_answered_counts():
     merged = acc.merge_events([fa, fb, a])  # filters in sequence: their budgets add; never merged with a plain run
     assert merged[0] == ConfidentGNMaxQueries(200, 150, 40, 27, answered=13, filter_budget=15) and merged[1] == a
     assert eps(merged) == pytest.approx(eps([fa, fb, a]))
+    unknown_answers = ConfidentGNMaxQueries(200, 150, 40, 5, filter_budget=5)  # `privacy estimate` without --answered
+    assert acc.merge_events([fa, unknown_answers]) == [ConfidentGNMaxQueries(200, 150, 40, 23, answered=14,
+                                                                             filter_budget=15)]

@@ -102,6 +102,10 @@ def test_filtered_confident_gnmax_asks_until_the_budget_of_answered_queries_is_s
     first = M.filtered_confident_gnmax(votes[:150], **kw, filter_budget=100, generator=gen(3))
     rest = M.filtered_confident_gnmax(votes[150:], **kw, filter_budget=100, generator=gen(4), spent=first[3])
     assert first[2] == 150 and first[2] + rest[2] in range(asked - 3, asked + 4)
+    # every row refused: a row is asked only while its check AND a possible answer fit (the rule reads the earlier
+    # rows' outcomes, never its own): (B - answer) / check rows, not B / check
+    _, none, asked_refused, _ = M.filtered_confident_gnmax(votes[1::2], **kw, filter_budget=10, generator=gen(3))
+    assert not bool(none.any()) and asked_refused == round((10 * (check + answer) - answer) / check) == 1810
 
 
 # ------------------------------------------------------------------------------ randomized response

@@ -29,7 +29,7 @@ implemented). The held-out slice's own records get no protection: the ε is for 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,7 @@ class PATEConfig:
     noise_seed: Optional[int] = None
     secure_noise: bool = False
     variant: Optional[str] = None  # the label --record adds to the result's name (default: the aggregator)
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("filter",)  # runs started before the option stay resumable
 
     def validate(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -202,7 +203,7 @@ class PATEMethod(Method):
         info = teachers_stage.info()
         return Trained(student=student, fields={
             "aggregation": cfg.aggregation, "queries": len(labels), "answered": int(keep.sum()),
-            **({"filter_budget": queries} if cfg.filter else {}),
+            **({"filter_budget": event.filter_budget} if cfg.filter else {}),
             "public_size": len(public), "private_size": len(private), "num_teachers": teachers.num_teachers,
             "label_accuracy": None if label_accuracy is None else round(label_accuracy, 4), "event": event.to_dict(),
             "variant": cfg.variant or _variant(cfg), "stages": {"teachers": teachers_stage.ref()},

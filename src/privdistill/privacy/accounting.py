@@ -205,8 +205,11 @@ def merge_events(events: Sequence[PrivacyEvent] | PrivacyEvent) -> list[PrivacyE
         merged = prev.with_count(prev.repetitions + ev.repetitions)
         if isinstance(ev, ConfidentGNMaxQueries):
             pa = prev.answered  # type: ignore[attr-defined]
-            merged = replace(merged, answered=None if pa is None or answered is None else pa + answered,
-                             filter_budget=None if budget is None else prev.filter_budget + budget)
+            if budget is not None:  # a filter's realised cost must stay checkable: unknown answers count as all
+                merged = replace(merged, answered=prev.answered_or_worst_case + ev.answered_or_worst_case,
+                                 filter_budget=prev.filter_budget + budget)
+            else:
+                merged = replace(merged, answered=None if pa is None or answered is None else pa + answered)
         out[index[sig]] = merged
     return out
 

@@ -204,9 +204,12 @@ class ConfidentGNMaxQueries(PrivacyEvent):
             object.__setattr__(self, "answered", answered)
         if self.filter_budget is not None:
             object.__setattr__(self, "filter_budget", check_count("filter_budget", self.filter_budget, minimum=1))
-            if self.realised_cost > self.filter_budget * sum(self.round_costs) * (1 + 1e-9):
+            # the filter asks a query only if one more worst-case query fits: with none answered, the last
+            # check was asked with room for an answer too
+            room = 0.0 if self.answered_or_worst_case or not self.count else self.round_costs[1]
+            if self.realised_cost + room > self.filter_budget * sum(self.round_costs) * (1 + 1e-9):
                 raise PrivacyError(f"{self.count} checks with {self.answered_or_worst_case} answered cost more than "
-                                   f"the filter's budget of {self.filter_budget} answered queries")
+                                   f"the filter's budget of {self.filter_budget} answered queries allows")
 
     @property
     def answered_or_worst_case(self) -> int:

@@ -218,11 +218,12 @@ def filtered_confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: f
     # the costs the strict accountant prices, from the event that records the run
     check, answer = ConfidentGNMaxQueries(threshold=threshold, sigma1=sigma1, sigma2=sigma2, count=1).round_costs
     budget = filter_budget * (check + answer) * (1 + 1e-12)
-    cost = check + answer * answered.double().cpu()
-    spent_before = spent + torch.cumsum(cost, 0) - cost
+    # the cost before each row from integer counts (checks so far, answers so far): no rounding builds up
+    answers_before = torch.cumsum(answered.long().cpu(), 0) - answered.long().cpu()
+    spent_before = spent + torch.arange(len(answered), dtype=torch.float64) * check + answers_before.double() * answer
     asked = int((spent_before + check + answer <= budget).sum())  # spent_before increases: a prefix
     labels[asked:], answered[asked:] = -1, False
-    return labels, answered, asked, spent + float(cost[:asked].sum())
+    return labels, answered, asked, spent + asked * check + int(answered[:asked].sum()) * answer
 
 
 # ---------------------------------------------------------------------------- randomized response
