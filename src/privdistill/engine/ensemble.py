@@ -17,7 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -174,6 +174,12 @@ class TeacherEnsemble(nn.Module):
         preds = self.predictions(x, chunk=chunk)
         k = num_classes or int(self.base[0].classifier.out_features)
         return F.one_hot(preds, k).sum(0)
+
+    def iter_votes(self, images: torch.Tensor, env: Env, *, batch: int = 500) -> Iterator[torch.Tensor]:
+        """Vote counts [b, K] on the CPU for stored (uint8) `images`, `batch` images at a time on env's device:
+        how DGD, PATE and the synthesis engine query an ensemble (a caller may stop early, e.g. a privacy filter)."""
+        for start in range(0, len(images), batch):
+            yield self.votes(env.place_batch(to_float(images[start:start + batch]))).cpu()
 
     @classmethod
     def from_modules(cls, models: list[nn.Module]) -> "TeacherEnsemble":

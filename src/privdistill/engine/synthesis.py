@@ -323,8 +323,7 @@ def read_labels(reader: Any, images: torch.Tensor, env: Env) -> torch.Tensor:
     from privdistill.engine.ensemble import TeacherEnsemble
 
     if isinstance(reader, TeacherEnsemble):
-        votes = [reader.votes(env.place_batch(to_float(images[i:i + 500]))).cpu() for i in range(0, len(images), 500)]
-        return torch.cat(votes).argmax(1)
+        return torch.cat(list(reader.iter_votes(images, env))).argmax(1)
     return source_labels(reader, images, env)
 
 

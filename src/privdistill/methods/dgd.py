@@ -252,11 +252,7 @@ def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None) -> i
 
 
 def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env, seed: int) -> LedgerAnswer:
-    votes = []
-    for start in range(0, len(images), 500):
-        x = env.place_batch(to_float(images[start:start + 500]))
-        votes.append(teachers.votes(x).cpu())
-    votes = torch.cat(votes)
+    votes = torch.cat(list(teachers.iter_votes(images, env)))
     gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
     if cfg.aggregation == "laplace":
         labels = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen)

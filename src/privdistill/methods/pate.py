@@ -270,22 +270,18 @@ def _answer(ledger: PrivacyLedger, teachers: TeacherEnsemble, images: torch.Tens
     gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
     if cfg.filter:
         labels, answered, votes = _ask_filtered(teachers, images, cfg, env, budget, gen)
-        event = query_event(cfg, len(labels), int(answered.sum()), filter_budget=budget)
-        result = LedgerAnswer(answers=labels, votes=votes, answered=answered)
-        labels = torch.as_tensor(ledger.spend(QUERY_KEY, event, lambda: result)).long()
-        return labels, labels >= 0, event
-    votes = []
-    for start in range(0, len(images), 500):
-        votes.append(teachers.votes(env.place_batch(to_float(images[start:start + 500]))).cpu())
-    votes = torch.cat(votes) if votes else torch.zeros(0, 1, dtype=torch.long)
-    if cfg.aggregation == "lnmax":
-        labels, answered = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen), None
-    elif cfg.aggregation == "gnmax":
-        labels, answered = mechanisms.gnmax(votes, sigma=cfg.sigma, generator=gen), None
     else:
-        labels, answered = mechanisms.confident_gnmax(votes, threshold=cfg.threshold, sigma1=cfg.sigma1,
-                                                      sigma2=cfg.sigma2, generator=gen)
-    event = query_event(cfg, len(images), None if answered is None else int(answered.sum()))
+        votes = list(teachers.iter_votes(images, env))
+        votes = torch.cat(votes) if votes else torch.zeros(0, 1, dtype=torch.long)
+        if cfg.aggregation == "lnmax":
+            labels, answered = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen), None
+        elif cfg.aggregation == "gnmax":
+            labels, answered = mechanisms.gnmax(votes, sigma=cfg.sigma, generator=gen), None
+        else:
+            labels, answered = mechanisms.confident_gnmax(votes, threshold=cfg.threshold, sigma1=cfg.sigma1,
+                                                          sigma2=cfg.sigma2, generator=gen)
+    event = query_event(cfg, len(labels), None if answered is None else int(answered.sum()),
+                        filter_budget=budget if cfg.filter else None)
     result = LedgerAnswer(answers=labels, votes=votes, answered=answered)
     labels = torch.as_tensor(ledger.spend(QUERY_KEY, event, lambda: result)).long()
     return labels, labels >= 0, event
@@ -296,8 +292,7 @@ def _ask_filtered(teachers: TeacherEnsemble, images: torch.Tensor, cfg: PATEConf
     """Confident-GNMax under the RDP filter, 500 images at a time until its budget is spent (the teachers vote
     only on the images the filter reaches): labels, answered mask and votes of the queries asked."""
     labels, answered, votes, spent = [], [], [], 0.0
-    for start in range(0, len(images), 500):
-        v = teachers.votes(env.place_batch(to_float(images[start:start + 500]))).cpu()
+    for v in teachers.iter_votes(images, env):
         lab, ans, asked, spent = mechanisms.filtered_confident_gnmax(
             v, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2, filter_budget=budget, generator=gen,
             spent=spent)

@@ -338,27 +338,24 @@ def _strict_term(ev: PrivacyEvent, delta: float, details: bool = True) -> _Term:
         # filter's budget, fixed before the run, which the realised cost never exceeds (events.py).
         check = _gaussian_unit(ev.sigma1)
         answer = _gaussian_unit(ev.sigma2 / math.sqrt(2.0))
-        if ev.filter_budget is not None:
-            t = _Term(rdp=ev.filter_budget * (check + answer))
+        filtered = ev.filter_budget is not None
+        t = _Term(rdp=(ev.filter_budget if filtered else ev.count) * (check + answer))
+        if filtered:
             t.notes.append(f"RDP filter (Feldman & Zrnic 2021): the run asked queries while its cost stayed within "
                            f"the RDP of {ev.filter_budget} queries all answered (sigma1={ev.sigma1:g}, "
                            f"sigma2={ev.sigma2:g}); that budget is the bound, whatever was answered")
-            if details and ev.answered is not None:
-                realised, _ = rdp_to_epsilon(ev.count * check + ev.answered * answer, delta)
-                t.details["epsilon_realised_answered_only"] = realised
-                t.notes.append(f"{ev.answered} of {ev.count} checks answered: their own cost is {realised:.4g} "
-                               "(an odometer reading, within the budget)")
-            return t
-        t = _Term(rdp=ev.count * (check + answer))
-        t.notes.append(f"every threshold check costs (sensitivity 1, sigma1={ev.sigma1:g}): {ev.count} checks; "
-                       f"GNMax cost (sigma2={ev.sigma2:g}) for all {ev.count} queries, answered or not (the "
-                       "answered count is chosen by the mechanism itself: a fixed-in-advance bound must price "
-                       "the worst case)")
+        else:
+            t.notes.append(f"every threshold check costs (sensitivity 1, sigma1={ev.sigma1:g}): {ev.count} checks; "
+                           f"GNMax cost (sigma2={ev.sigma2:g}) for all {ev.count} queries, answered or not (the "
+                           "answered count is chosen by the mechanism itself: a fixed-in-advance bound must price "
+                           "the worst case)")
         if details and ev.answered is not None:
             realised, _ = rdp_to_epsilon(ev.count * check + ev.answered * answer, delta)
             t.details["epsilon_realised_answered_only"] = realised
-            t.notes.append(f"{ev.answered} of {ev.count} answered: counting only those gives "
-                           f"{realised:.4g} (an odometer reading, not a guarantee; PATE 2018 reports this)")
+            t.notes.append(f"{ev.answered} of {ev.count} checks answered: their own cost is {realised:.4g} "
+                           "(an odometer reading, within the budget)" if filtered else
+                           f"{ev.answered} of {ev.count} answered: counting only those gives {realised:.4g} (an "
+                           "odometer reading, not a guarantee; PATE 2018 reports this)")
         return t
     if isinstance(ev, RRLabels):
         t = _Term(rdp=ev.count * _rr_unit(ev.epsilon, ev.num_classes), pure=ev.count * ev.epsilon)
