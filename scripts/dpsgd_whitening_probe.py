@@ -65,15 +65,48 @@ def calibrate(target: float, q: float, steps: int, analyze_gauss: float) -> floa
     return hi
 
 
-def prior_images(kind: str, m: int, seed: int, like) -> torch.Tensor:
+def prior_images(kind: str, m: int, seed: int, like, shape_args: tuple = ()) -> torch.Tensor:
     if kind == "dead-leaves":
-        return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed)
+        return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed, **dict(shape_args))
+    if kind == "dead-leaves-textured":  # Baradad et al. 2021's textured variant: each shape a smooth random field
+        return textured_dead_leaves(m, like, seed)
+    if kind == "spectrum":  # random fields whose power falls as 1 / f^a, a in [1, 3] per image (Baradad's "spectrum")
+        return spectrum_images(m, like, seed)
+    if kind == "mix":  # half dead leaves, half spectrum
+        half = m // 2
+        return torch.cat([dead_leaves(half, channels=like.channels, size=like.image_size, seed=seed),
+                          spectrum_images(m - half, like, seed + 1)])
     g = torch.Generator().manual_seed(5)
     if kind == "noise":
         return torch.rand(m, like.channels, *like.image_size, generator=g) * 2 - 1
     smooth = F.avg_pool2d(F.pad(torch.randn(m, like.channels, *like.image_size, generator=g), (2,) * 4,
                                 mode="reflect"), 5, 1)
     return smooth / smooth.abs().amax((1, 2, 3), keepdim=True)
+
+
+def spectrum_images(m: int, like, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    h, w = like.image_size
+    fy, fx = torch.fft.fftfreq(h)[:, None], torch.fft.rfftfreq(w)[None, :]
+    f = (fy ** 2 + fx ** 2).sqrt().clamp_min(1.0 / max(h, w))
+    a = 1 + 2 * torch.rand(m, 1, 1, generator=g)
+    spec = torch.complex(torch.randn(m, h, w // 2 + 1, generator=g), torch.randn(m, h, w // 2 + 1, generator=g))
+    x = torch.fft.irfft2(spec / f[None] ** a, s=(h, w))
+    x = x - x.amin((1, 2), keepdim=True)
+    return (2 * x / x.amax((1, 2), keepdim=True).clamp_min(1e-12) - 1)[:, None].repeat(1, like.channels, 1, 1)
+
+
+def textured_dead_leaves(m: int, like, seed: int) -> torch.Tensor:
+    """dead_leaves' shapes, each filled with its value plus a smooth random texture of random amplitude."""
+    g = torch.Generator().manual_seed(seed)
+    h, w = like.image_size
+    plain = dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed)
+    # the texture follows the shape's flat value: a random field of the same segmentation is not available here,
+    # so modulate every flat region by one smooth field per image, of random amplitude in [0, 0.5]
+    field = F.avg_pool2d(F.pad(torch.randn(m, like.channels, h, w, generator=g), (2,) * 4, mode="reflect"), 5, 1)
+    field = field / field.abs().amax((1, 2, 3), keepdim=True).clamp_min(1e-12)
+    amp = 0.5 * torch.rand(m, 1, 1, 1, generator=g)
+    return (plain + amp * field * (plain > -1)).clamp(-1, 1)
 
 
 PRIOR_FEATURES: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -84,18 +117,42 @@ def eigen(moment: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values.flip(0)[:k], vectors.flip(1)[:, :k]
 
 
+def shrunk_whitening(features: torch.Tensor, k: int, shrink: float) -> torch.Tensor:
+    """Partial whitening: each of the k leading directions scaled by 1 / sqrt(λ + shrink · mean λ), so shrink = 0 is
+    whitening_projection and a large shrink is the plain projection (a prior whose spectrum is not the data's)."""
+    u = features / features.norm(dim=1, keepdim=True)
+    values, vectors = eigen(u.T.double() @ u.double(), k)
+    p = (vectors / (values + shrink * values.mean()).clamp_min(1e-12).sqrt()).float()
+    return p * (math.sqrt(u.shape[1]) / (u @ p).norm(dim=1).median())
+
+
 def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[torch.Tensor, torch.Tensor]:
     n, d = u.shape
     kind, k = c["features"], c.get("k", d)
     if kind == "prior":
-        key = (c["prior"], c.get("m", 30000), c.get("prior_seed", PRIOR_SEED))
+        shape_args = tuple(sorted((name, tuple(v) if isinstance(v, list) else v)
+                                  for name, v in c.get("dead_leaves", {}).items()))
+        key = (c["prior"], c.get("m", 30000), c.get("prior_seed", PRIOR_SEED), shape_args)
         if key not in PRIOR_FEATURES:  # the random-process images' features, once per process
             with torch.no_grad():
-                images = prior_images(*key, data.train)
+                images = prior_images(*key[:3], data.train, shape_args)
                 PRIOR_FEATURES[key] = torch.cat([model.scatter(images[i:i + 1000]).flatten(1)
                                                  for i in range(0, len(images), 1000)])
-        p = whitening_projection(PRIOR_FEATURES[key], k)
+        p = whitening_projection(PRIOR_FEATURES[key], k) if "shrink" not in c else \
+            shrunk_whitening(PRIOR_FEATURES[key], k, c["shrink"])
         return u @ p, ut @ p
+    if kind == "prior-dp":  # the prior's projection, then a DP second moment of the private data in its k dimensions
+        z, zt = project({**c, "features": "prior"}, u, ut, model, data)
+        w, wt = z / z.norm(dim=1, keepdim=True), zt / zt.norm(dim=1, keepdim=True)
+        moment = w.T.double() @ w.double()
+        g = torch.Generator().manual_seed(c.get("seed", 0) + 99)
+        noise = torch.randn(k, k, generator=g, dtype=torch.float64) * c["zA"] * math.sqrt(2) / 2
+        values, vectors = torch.linalg.eigh(moment + torch.triu(noise) + torch.triu(noise, 1).T)
+        values = values.clamp_min(0) / n
+        # shrunk towards the prior's own whitening: alpha * mean is the floor under every direction's variance
+        p = (vectors / (values + c.get("alpha", 1.0) * values.mean()).sqrt()).float() @ vectors.T.float()
+        scale = math.sqrt(d) / (w @ p).norm(dim=1).median()  # (the median of private norms: not priced; a probe)
+        return w @ p * scale, wt @ p * scale
     if kind == "standardize":
         mean, std = u.mean(0), u.std(0)
         z, zt = (u - mean) / std, (ut - mean) / std
@@ -119,7 +176,7 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
     q = B / n
     per_epoch = round(1 / q)
     steps = per_epoch * E
-    sigma = calibrate(c.get("eps", 1.0), q, steps, c.get("zA", 0.0) if c["features"] == "pca-dp" else 0.0)
+    sigma = calibrate(c.get("eps", 1.0), q, steps, c.get("zA", 0.0) if c["features"] in ("pca-dp", "prior-dp") else 0.0)
     g = torch.Generator().manual_seed(c.get("seed", 0))
     W, b = torch.zeros(10, k), torch.zeros(10)
     mW, mb = torch.zeros_like(W), torch.zeros_like(b)
@@ -134,7 +191,7 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
         W, b = W - lr * mW, b - lr * mb
         if (s + 1) % per_epoch == 0:
             curve.append(round(float(((zt @ W.T + b).argmax(1) == yt).float().mean()), 4))
-    eps = total_epsilon(sigma, q, steps, c.get("zA", 0.0) if c["features"] == "pca-dp" else 0.0)
+    eps = total_epsilon(sigma, q, steps, c.get("zA", 0.0) if c["features"] in ("pca-dp", "prior-dp") else 0.0)
     return {"sigma": round(sigma, 4), "epsilon_strict": round(eps, 4), "accuracy": curve[-1], "curve": curve}
 
 

@@ -113,6 +113,21 @@ def test_dead_leaves_are_a_deterministic_public_process():
     assert rgb.shape == (5, 3, 32, 32) and not torch.equal(rgb[:, 0], rgb[:, 1])
 
 
+def test_textured_dead_leaves_texture_the_shapes_and_leave_the_background():
+    from privdistill.models.random_prior import dead_leaves
+
+    plain, textured = dead_leaves(60, seed=4), dead_leaves(60, seed=4, texture=0.5)
+    assert torch.equal(dead_leaves(60, seed=4, texture=0.0), plain), "texture 0 is the untextured process"
+    assert torch.equal(textured, dead_leaves(60, seed=4, texture=0.5)), "deterministic in the seed"
+    assert textured.min() >= -1 and textured.max() <= 1
+    background = plain == -1
+    assert torch.equal(textured[background], plain[background]), "the background is not textured"
+    moved = (textured - plain).abs()[~background]
+    assert 0 < moved.max() <= 0.5 + 1e-6, "shapes move by at most the amplitude"
+    # a flat shape has one intensity; a textured one varies inside: more distinct values per image
+    assert all(len(t.unique()) > 3 * len(p.unique()) for t, p in zip(textured[:10], plain[:10]))
+
+
 def test_whitening_projection_whitens_the_leading_directions():
     from privdistill.models.random_prior import whitening_projection
 
@@ -153,6 +168,12 @@ def test_scatter_prior_projection_is_fitted_without_data_and_saved_with_the_mode
     assert torch.equal(reloaded(x), model(x)), "the released weights carry the projection"
     with pytest.raises(ModelError, match="linear head"):
         ScatterNet(1, 10, 28, head="cnn", prior="dead-leaves")
+    with pytest.raises(ModelError, match="prior must be one of"):
+        ScatterNet(1, 10, 28, prior="dead leaves")
+    textured = ScatterNet(1, 10, 28, prior="dead-leaves-textured", prior_dims=32, prior_images=300)
+    textured.fit_prior()
+    assert textured.transform_id != model.transform_id, "the textured prior's projection is cached apart"
+    assert not torch.allclose(textured.prior_projection, model.prior_projection), "fitted on other images"
 
 
 def test_scatter_prior_dpsgd_release(tiny_npz, tmp_path, monkeypatch):

@@ -27,16 +27,22 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 #: the public seed of the random-process images (any fixed value: it is part of the released transform's name)
 PRIOR_SEED = 20_231_001
+#: the texture amplitude of the textured process (`dead-leaves-textured`): up to half the intensity range's half
+PRIOR_TEXTURE = 0.5
 
 
 def dead_leaves(n: int, *, channels: int = 1, size: tuple[int, int] = (28, 28), seed: int = PRIOR_SEED,
-                shapes: tuple[int, int] = (4, 16), max_radius: float = 10.0, batch: int = 4096) -> torch.Tensor:
+                shapes: tuple[int, int] = (4, 16), max_radius: float = 10.0, texture: float = 0.0,
+                batch: int = 4096) -> torch.Tensor:
     """`n` dead-leaves images [n, channels, H, W] in [-1, 1]: shapes drawn one over another (the later ones occlude
-    the earlier ones) on a background of -1. Deterministic in `seed`; no data is read."""
+    the earlier ones) on a background of -1. With `texture` > 0 the shapes are textured (see textured()).
+    Deterministic in `seed`; no data is read; texture = 0 draws exactly the untextured images."""
     g = torch.Generator().manual_seed(seed)
+    texture_g = torch.Generator().manual_seed(seed + 1)  # its own stream: the shapes are the untextured ones
     h, w = size
     yy, xx = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
                             indexing="ij")
@@ -57,8 +63,21 @@ def dead_leaves(n: int, *, channels: int = 1, size: tuple[int, int] = (28, 28), 
             inside = torch.where(ellipse[:, None, None], dy ** 2 + dx ** 2 <= 1, (dy.abs() <= 1) & (dx.abs() <= 1))
             inside = (inside & live[:, None, None])[:, None]  # [m, 1, H, W]
             images = torch.where(inside, value[:, :, None, None].expand_as(images), images)
-        out.append(images)
+        out.append(textured(images, texture, texture_g) if texture > 0 else images)
     return torch.cat(out)
+
+
+def textured(images: torch.Tensor, amplitude: float, generator: torch.Generator) -> torch.Tensor:
+    """Dead leaves with texture (Baradad et al. 2021 found textured shapes a better random-process prior than flat
+    ones): every pixel off the background moved by a smooth random field (white noise averaged over 5 x 5 pixels,
+    scaled to peak 1) times an amplitude drawn per image, uniform in [0, `amplitude`]. Reading chosen: one field per
+    image rather than per shape (a shape's own texture would need its mask kept); clipped to [-1, 1]."""
+    m, channels, h, w = images.shape
+    noise = torch.randn(m, channels, h, w, generator=generator)
+    field = F.avg_pool2d(F.pad(noise, (2, 2, 2, 2), mode="reflect"), 5, stride=1)
+    field = field / field.abs().amax((1, 2, 3), keepdim=True).clamp_min(1e-12)
+    strength = amplitude * torch.rand(m, 1, 1, 1, generator=generator)
+    return (images + strength * field * (images > -1)).clamp(-1, 1)
 
 
 def unit_rows(features: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from privdistill.errors import ModelError
-from privdistill.models.random_prior import dead_leaves, unit_rows, whitening_projection
+from privdistill.models.random_prior import PRIOR_TEXTURE, dead_leaves, unit_rows, whitening_projection
 from privdistill.models.registry import register_model
 
 SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channel at J = 2, L = 8
@@ -35,8 +35,10 @@ SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channe
 #: within 0.2 points) and the dead-leaves images it is fitted on (with 30,000 the draw moved the cell by 0.3 points;
 #: 100,000 estimate the process's moments more closely, a one-off 2 minutes on 2 cores; docs/results.md)
 PRIOR_DIMS, PRIOR_IMAGES = 800, 100_000
+#: the random processes a prior projection is fitted on -> their texture amplitude (models/random_prior.py)
+PRIORS = {"none": 0.0, "dead-leaves": 0.0, "dead-leaves-textured": PRIOR_TEXTURE}
 #: the registered ScatterNets with a linear head: the ones whose features take augmented copies (methods/dpsgd.py)
-LINEAR_SCATTERNETS = ("scatter-linear", "scatter-prior-linear")
+LINEAR_SCATTERNETS = ("scatter-linear", "scatter-prior-linear", "scatter-textured-prior-linear")
 
 
 def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> nn.Module:
@@ -76,8 +78,8 @@ class ScatterNet(nn.Module):
             self.feature_dim = width
         else:
             raise ModelError(f"ScatterNet head must be 'linear' or 'cnn', got {head!r}")
-        if prior not in ("none", "dead-leaves"):
-            raise ModelError(f"ScatterNet prior must be 'none' or 'dead-leaves', got {prior!r}")
+        if prior not in PRIORS:
+            raise ModelError(f"ScatterNet prior must be one of {sorted(PRIORS)}, got {prior!r}")
         self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, h, w)
         self.in_channels = in_channels
         # what the fixed features depend on (the head does not): the key of their cached stage
@@ -113,7 +115,7 @@ class ScatterNet(nn.Module):
         """Fit the prior projection on `prior_images` dead-leaves images (a fixed public seed; no data is read).
         About 2 minutes for 100,000 images of 28 x 28 on 2 CPU cores; the `scatter_prior` stage caches it."""
         channels, h, w = self.image_shape
-        images = dead_leaves(self.prior_images, channels=channels, size=(h, w))
+        images = dead_leaves(self.prior_images, channels=channels, size=(h, w), texture=PRIORS[self.prior])
         device = self.prior_projection.device
         with torch.no_grad():
             features = torch.cat([self.norm(self._scattering(images[i:i + batch_size].to(device)).flatten(1, 2))
@@ -144,6 +146,13 @@ def scatter_linear(in_channels: int = 1, num_classes: int = 10, image_size: int 
 def scatter_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
     return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves", prior_dims=PRIOR_DIMS,
                       prior_images=PRIOR_IMAGES)
+
+
+@register_model("scatter-textured-prior-linear", kind="classifier",
+                description="ScatterNet + GroupNorm + a projection whitened on textured dead-leaves images + linear")
+def scatter_textured_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
+    return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves-textured",
+                      prior_dims=PRIOR_DIMS, prior_images=PRIOR_IMAGES)
 
 
 @register_model("scatter-cnn", kind="classifier",
