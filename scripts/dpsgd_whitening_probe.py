@@ -14,8 +14,12 @@ Features z (each example's GroupNorm'd scattering vector x, scaled to unit norm 
 - "pca-dp": the same from Σ u uᵀ + symmetric Gaussian noise (Dwork et al. 2014, "Analyze Gauss": replace-one
   Frobenius sensitivity √2 for unit-norm rows), noise multiplier zA, composed with the DP-SGD steps;
 - "standardize": per-feature mean and standard deviation of the training set (exact, not a release);
-- "prior": whitening fitted to images of a random process ("dead-leaves", "noise", "smooth-noise"), no data read;
-  "dead-leaves" with k = 800 is models/random_prior.py's, what `--config scatternet-prior` releases.
+- "prior": whitening fitted to images of a random process ("dead-leaves", "dead-leaves-textured", "spectrum",
+  "mix" (half dead leaves, half spectrum), "noise", "smooth-noise"), no data read; "dead-leaves" with k = 800 is
+  models/random_prior.py's, what `--config scatternet-prior` releases; "shrink" s whitens only partly (each
+  direction scaled by 1 / sqrt(λ + s · mean λ)); "dead_leaves" passes the process's parameters (max_radius, shapes);
+- "prior-dp": the prior's k directions, then whitening by a DP second moment of the private data in those k
+  dimensions (Analyze Gauss with multiplier zA, composed into the ε), shrunk by "alpha" · mean eigenvalue.
 Every projected z is rescaled so that its median norm on the images it was fitted to is sqrt(d), the norm of x.
 
     python scripts/dpsgd_whitening_probe.py fashion-mnist \
