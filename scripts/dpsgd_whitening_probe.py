@@ -50,7 +50,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
 from privdistill.models import create_model
-from privdistill.models.random_prior import PRIOR_SEED, dead_leaves, whitening_projection
+from privdistill.models.random_prior import PRIOR_SEED, PRIOR_TEXTURE, dead_leaves, whitening_projection
 
 
 def total_epsilon(sigma: float, q: float, steps: int, analyze_gauss: float = 0.0, delta: float = 1e-5) -> float:
@@ -72,8 +72,8 @@ def calibrate(target: float, q: float, steps: int, analyze_gauss: float) -> floa
 def prior_images(kind: str, m: int, seed: int, like, shape_args: tuple = ()) -> torch.Tensor:
     if kind == "dead-leaves":
         return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed, **dict(shape_args))
-    if kind == "dead-leaves-textured":  # Baradad et al. 2021's textured variant: each shape a smooth random field
-        return textured_dead_leaves(m, like, seed)
+    if kind == "dead-leaves-textured":  # Baradad et al. 2021's textured variant: shapes moved by a smooth random field
+        return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed, texture=PRIOR_TEXTURE)
     if kind == "spectrum":  # random fields whose power falls as 1 / f^a, a in [1, 3] per image (Baradad's "spectrum")
         return spectrum_images(m, like, seed)
     if kind == "mix":  # half dead leaves, half spectrum
@@ -98,19 +98,6 @@ def spectrum_images(m: int, like, seed: int) -> torch.Tensor:
     x = torch.fft.irfft2(spec / f[None] ** a, s=(h, w))
     x = x - x.amin((1, 2), keepdim=True)
     return (2 * x / x.amax((1, 2), keepdim=True).clamp_min(1e-12) - 1)[:, None].repeat(1, like.channels, 1, 1)
-
-
-def textured_dead_leaves(m: int, like, seed: int) -> torch.Tensor:
-    """dead_leaves' shapes, each filled with its value plus a smooth random texture of random amplitude."""
-    g = torch.Generator().manual_seed(seed)
-    h, w = like.image_size
-    plain = dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed)
-    # the texture follows the shape's flat value: a random field of the same segmentation is not available here,
-    # so modulate every flat region by one smooth field per image, of random amplitude in [0, 0.5]
-    field = F.avg_pool2d(F.pad(torch.randn(m, like.channels, h, w, generator=g), (2,) * 4, mode="reflect"), 5, 1)
-    field = field / field.abs().amax((1, 2, 3), keepdim=True).clamp_min(1e-12)
-    amp = 0.5 * torch.rand(m, 1, 1, 1, generator=g)
-    return (plain + amp * field * (plain > -1)).clamp(-1, 1)
 
 
 PRIOR_FEATURES: dict[tuple[str, int, int], torch.Tensor] = {}
