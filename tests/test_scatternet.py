@@ -176,6 +176,25 @@ def test_scatter_prior_projection_is_fitted_without_data_and_saved_with_the_mode
     assert not torch.allclose(textured.prior_projection, model.prior_projection), "fitted on other images"
 
 
+def test_fine_scale_sits_beside_the_coarse_one():
+    from privdistill.errors import ModelError
+    from privdistill.models.scatternet import ScatterNet
+
+    x = torch.rand(3, 1, 28, 28) * 2 - 1
+    coarse, both = ScatterNet(1, 10, 28), ScatterNet(1, 10, 28, fine=True)
+    features = both.scatter(x)
+    assert features.shape == (3, 81 * 7 * 7 + 9 * 14 * 14, 1, 1) and both(x).shape == (3, 10)
+    assert torch.allclose(features[:, :81 * 49, 0, 0], coarse.scatter(x).flatten(1)), "the coarse part unchanged"
+    fine = features[:, 81 * 49:, 0, 0].reshape(3, 9, 14 * 14)
+    assert torch.allclose(fine.mean(2), torch.zeros(3, 9), atol=1e-5), "each fine channel normalised alone"
+    assert both.transform_id != coarse.transform_id
+    prior = ScatterNet(1, 10, 28, prior="dead-leaves-textured", prior_dims=16, prior_images=100, fine=True)
+    prior.fit_prior()
+    assert prior.prior_projection.shape == (81 * 49 + 9 * 196, 16) and prior(x).shape == (3, 10)
+    with pytest.raises(ModelError, match="linear head"):
+        ScatterNet(1, 10, 28, head="cnn", fine=True)
+
+
 def test_scatter_prior_dpsgd_release(tiny_npz, tmp_path, monkeypatch):
     from privdistill.models import scatternet
 

@@ -31,6 +31,7 @@ from privdistill.models.random_prior import PRIOR_TEXTURE, dead_leaves, unit_row
 from privdistill.models.registry import register_model
 
 SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channel at J = 2, L = 8
+FINE_ORDERS = 9  # the same at J = 1: 1 + L
 #: scatter-prior-linear's projection: its whitened dimensions (on Fashion-MNIST at strict ε = 1, 600, 800 and 1,000
 #: within 0.2 points) and the dead-leaves images it is fitted on (with 30,000 the draw moved the cell by 0.3 points;
 #: 100,000 estimate the process's moments more closely, a one-off 2 minutes on 2 cores; docs/results.md)
@@ -38,7 +39,8 @@ PRIOR_DIMS, PRIOR_IMAGES = 800, 100_000
 #: the random processes a prior projection is fitted on -> their texture amplitude (models/random_prior.py)
 PRIORS = {"none": 0.0, "dead-leaves": 0.0, "dead-leaves-textured": PRIOR_TEXTURE}
 #: the registered ScatterNets with a linear head: the ones whose features take augmented copies (methods/dpsgd.py)
-LINEAR_SCATTERNETS = ("scatter-linear", "scatter-prior-linear", "scatter-textured-prior-linear")
+LINEAR_SCATTERNETS = ("scatter-linear", "scatter-prior-linear", "scatter-textured-prior-linear",
+                      "scatter-multiscale-prior-linear")
 
 
 def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> nn.Module:
@@ -53,7 +55,7 @@ def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8) -> n
 class ScatterNet(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int | tuple[int, int] = 28,
                  head: str = "linear", groups: int = 27, width: int = 32, prior: str = "none",
-                 prior_dims: int = PRIOR_DIMS, prior_images: int = PRIOR_IMAGES):
+                 prior_dims: int = PRIOR_DIMS, prior_images: int = PRIOR_IMAGES, fine: bool = False):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
         if h % 4 or w % 4:
@@ -64,8 +66,17 @@ class ScatterNet(nn.Module):
         # not a submodule: a fixed function, rebuilt rather than saved (see _apply for device moves)
         object.__setattr__(self, "_scattering", make_scattering((h, w)))
         self.norm = nn.GroupNorm(groups, channels, affine=False)
+        self.fine = fine
+        scattered = channels * (h // 4) * (w // 4)
+        if fine:  # J = 1 beside J = 2: the first order at twice the spatial resolution, each channel normalised alone
+            if head != "linear":
+                raise ModelError("the fine (J = 1) scattering feeds a linear head only")
+            object.__setattr__(self, "_fine_scattering", make_scattering((h, w), J=1))
+            fine_channels = FINE_ORDERS * in_channels
+            self.fine_norm = nn.GroupNorm(fine_channels, fine_channels, affine=False)
+            scattered += fine_channels * (h // 2) * (w // 2)
         if head == "linear":
-            self.feature_dim = channels * (h // 4) * (w // 4)
+            self.feature_dim = scattered
             # flattens the last three dims: [B, K, C, h, w] features (K augmented copies, methods/dpsgd.py) give
             # [B, K, classes]; the state dict is the same as with nn.Flatten()
             self.head = nn.Sequential(nn.Flatten(start_dim=-3), nn.Linear(self.feature_dim, num_classes))
@@ -83,13 +94,12 @@ class ScatterNet(nn.Module):
         self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, h, w)
         self.in_channels = in_channels
         # what the fixed features depend on (the head does not): the key of their cached stage
-        self.transform_id = f"scattering-J2-L8-{in_channels}x{h}x{w}-groupnorm{groups}"
+        self.transform_id = f"scattering-J2-L8-{in_channels}x{h}x{w}-groupnorm{groups}" + ("-fineJ1" if fine else "")
         if prior != "none":
             if head != "linear":
                 raise ModelError("a ScatterNet prior projection feeds a linear head only")
             # buffers, saved with the weights: a released model carries its projection. Zero until fit_prior()
             # (or loading saved weights) fills them; scatter() refuses to run before that.
-            scattered = channels * (h // 4) * (w // 4)
             prior_dims = min(prior_dims, scattered, prior_images)  # (small images have fewer coefficients)
             self.register_buffer("prior_projection", torch.zeros(scattered, prior_dims))
             self.register_buffer("prior_fitted", torch.zeros((), dtype=torch.bool))
@@ -99,12 +109,23 @@ class ScatterNet(nn.Module):
 
     def _apply(self, fn, recurse=True):  # .to(device) / .float() reach the (unregistered) scattering too
         self._scattering._apply(fn, recurse)
+        if self.fine:
+            self._fine_scattering._apply(fn, recurse)
         return super()._apply(fn, recurse)
+
+    def normalised_scattering(self, x: torch.Tensor) -> torch.Tensor:
+        """The scattering coefficients, normalised per example: [B, 81 C, H/4, W/4], or with the fine scale both
+        scales flattened side by side, [B, D, 1, 1] (the head's Flatten(-3) reads either)."""
+        s = self.norm(self._scattering(x.float()).flatten(1, 2))  # [B, 81 C, H/4, W/4]
+        if not self.fine:
+            return s
+        f = self.fine_norm(self._fine_scattering(x.float()).flatten(1, 2))  # [B, 9 C, H/2, W/2]
+        return torch.cat([s.flatten(1), f.flatten(1)], 1)[:, :, None, None]
 
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
         """The fixed features the head reads: scattering coefficients, normalised per example (and, with a prior,
         projected onto its whitened directions: [B, prior_dims, 1, 1], so the head's Flatten(-3) reads both)."""
-        s = self.norm(self._scattering(x.float()).flatten(1, 2))  # [B, 81 C, H/4, W/4]
+        s = self.normalised_scattering(x)
         if self.prior == "none":
             return s
         if not bool(self.prior_fitted):
@@ -118,8 +139,8 @@ class ScatterNet(nn.Module):
         images = dead_leaves(self.prior_images, channels=channels, size=(h, w), texture=PRIORS[self.prior])
         device = self.prior_projection.device
         with torch.no_grad():
-            features = torch.cat([self.norm(self._scattering(images[i:i + batch_size].to(device)).flatten(1, 2))
-                                  .flatten(1).cpu() for i in range(0, len(images), batch_size)])
+            features = torch.cat([self.normalised_scattering(images[i:i + batch_size].to(device)).flatten(1).cpu()
+                                  for i in range(0, len(images), batch_size)])
         self.prior_projection.copy_(whitening_projection(features, self.prior_projection.shape[1]))
         self.prior_fitted.fill_(True)
 
@@ -153,6 +174,13 @@ def scatter_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size
 def scatter_textured_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
     return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves-textured",
                       prior_dims=PRIOR_DIMS, prior_images=PRIOR_IMAGES)
+
+
+@register_model("scatter-multiscale-prior-linear", kind="classifier",
+                description="ScatterNet at J=2 and J=1 + GroupNorm + the textured dead-leaves projection + linear")
+def scatter_multiscale_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
+    return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves-textured",
+                      prior_dims=PRIOR_DIMS, prior_images=PRIOR_IMAGES, fine=True)
 
 
 @register_model("scatter-cnn", kind="classifier",
