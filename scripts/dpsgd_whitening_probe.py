@@ -25,6 +25,9 @@ Every projected z is rescaled so that its median norm on the images it was fitte
     python scripts/dpsgd_whitening_probe.py fashion-mnist \
         '[{"features": "raw", "lr": 4}, {"features": "prior", "prior": "dead-leaves", "k": 800, "lr": 1}]'
 
+A third argument `--fine` reads both scattering scales (J = 2 and J = 1 at twice the resolution, models/scatternet.py's
+`fine`, as model scatter-multiscale-prior-linear) for the features and the prior.
+
 Keys: features (above), k, whiten (pca-*: scale each direction to unit variance), zA (pca-dp), prior, m (prior
 images, 30000), prior_seed (the dead-leaves draw, models/random_prior.PRIOR_SEED), eps (strict
 target, 1), B (1024), E (5), lr, C (0.1), seed (0), nonprivate (Adam, 6 epochs, best epoch: capacity, no release).
@@ -49,8 +52,8 @@ from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
-from privdistill.models import create_model
 from privdistill.models.random_prior import PRIOR_SEED, PRIOR_TEXTURE, dead_leaves, whitening_projection
+from privdistill.models.scatternet import ScatterNet
 
 
 def total_epsilon(sigma: float, q: float, steps: int, analyze_gauss: float = 0.0, delta: float = 1e-5) -> float:
@@ -206,8 +209,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     dataset, settings = sys.argv[1], json.loads(sys.argv[2])
     data = load_data(dataset)
-    model = create_model("scatter-linear", in_channels=data.channels, num_classes=data.num_classes,
-                         image_size=data.image_size[0])
+    # --fine: both scattering scales (J = 2 and J = 1, models/scatternet.py's `fine`), for the prior and the head
+    model = ScatterNet(data.channels, data.num_classes, data.image_size[0], fine="--fine" in sys.argv[3:])
     stages = Stages(StageCache(), Env.cpu(), data, RunDir("/tmp/privdistill-whitening-probe"))
     x, xt = (f.flatten(1).float() for f in stages.features(model))
     u, ut = x / x.norm(dim=1, keepdim=True), xt / xt.norm(dim=1, keepdim=True)
