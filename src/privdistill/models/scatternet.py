@@ -3,7 +3,10 @@ data)", ICLR 2021): a fixed scattering transform, a data-independent normalisati
 
     image [C, H, W] -> scattering, J = 2, L = 8 (kymatio; no parameters)  -> [81 C, H/4, W/4]
                     -> GroupNorm without affine parameters (per example: needs no statistics of the data)
-                    -> optionally (`prior="dead-leaves"`, model scatter-prior-linear): a fixed projection onto
+                    -> optionally (`fine=True`, model scatter-multiscale-prior-linear) beside it a J = 1
+                       scattering, [9 C, H/2, W/2], each channel GroupNorm'd alone; both scales flattened together
+                    -> optionally (`prior="dead-leaves"`, model scatter-prior-linear, or "dead-leaves-textured",
+                       scatter-textured-prior-linear and the multiscale model): a fixed projection onto
                        `prior_dims` directions whitened on images of a random process, fitted from a public seed
                        without any data (models/random_prior.py) -> [prior_dims, 1, 1]
                     -> head: "linear" (one linear layer) or "cnn" (their small CNN on ScatterNet features: 3x3
