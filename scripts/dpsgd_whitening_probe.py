@@ -111,15 +111,6 @@ def eigen(moment: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values.flip(0)[:k], vectors.flip(1)[:, :k]
 
 
-def shrunk_whitening(features: torch.Tensor, k: int, shrink: float) -> torch.Tensor:
-    """Partial whitening: each of the k leading directions scaled by 1 / sqrt(λ + shrink · mean λ), so shrink = 0 is
-    whitening_projection and a large shrink is the plain projection (a prior whose spectrum is not the data's)."""
-    u = features / features.norm(dim=1, keepdim=True)
-    values, vectors = eigen(u.T.double() @ u.double(), k)
-    p = (vectors / (values + shrink * values.mean()).clamp_min(1e-12).sqrt()).float()
-    return p * (math.sqrt(u.shape[1]) / (u @ p).norm(dim=1).median())
-
-
 def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[torch.Tensor, torch.Tensor]:
     n, d = u.shape
     kind, k = c["features"], c.get("k", d)
@@ -132,8 +123,7 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
                 images = prior_images(*key[:3], data.train, shape_args)
                 PRIOR_FEATURES[key] = torch.cat([model.scatter(images[i:i + 1000]).flatten(1)
                                                  for i in range(0, len(images), 1000)])
-        p = whitening_projection(PRIOR_FEATURES[key], k) if "shrink" not in c else \
-            shrunk_whitening(PRIOR_FEATURES[key], k, c["shrink"])
+        p = whitening_projection(PRIOR_FEATURES[key], k, shrink=c.get("shrink", 0.0))
         return u @ p, ut @ p
     if kind == "prior-dp":  # the prior's projection, then a DP second moment of the private data in its k dimensions
         z, zt = project({**c, "features": "prior"}, u, ut, model, data)
