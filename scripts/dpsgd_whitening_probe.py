@@ -32,7 +32,8 @@ Keys: features (above), k, whiten (pca-*: scale each direction to unit variance)
 images, 30000), prior_seed (the dead-leaves draw, models/random_prior.PRIOR_SEED), eps (strict
 target, 1; calibration floors σ at 0.3, so a large eps is a nearly noiseless run), B (1024), E (5), lr, C (0.1),
 seed (0), nonprivate (Adam, 6 epochs, best epoch: capacity, no release), rf (append that many random ReLU features
-of the projected z, a fixed public map: `random_features`), rf_seed (7), rf_weight (1).
+of the projected z, a fixed public map: `random_features`), rf_seed (7), rf_weight (1), schedule ("linear": the
+rate decays linearly to 0), ema (evaluate an exponential average of the iterates with this decay).
 The settings were compared on the test set, as in the sweep of docs/results.md; that selection is priced by no ε.
 """
 
@@ -194,9 +195,14 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
         gW = ((r * scale[:, None]).T @ z[idx] + torch.randn(10, k, generator=g) * sigma * C) / B
         gb = ((r * scale[:, None]).sum(0) + torch.randn(10, generator=g) * sigma * C) / B
         mW, mb = 0.9 * mW + gW, 0.9 * mb + gb
-        W, b = W - lr * mW, b - lr * mb
+        rate = lr * (1 - s / steps) if c.get("schedule") == "linear" else lr  # (the CLI's lr_schedule=linear)
+        W, b = W - rate * mW, b - rate * mb
+        if c.get("ema"):  # an average of the iterates (post-processing), with TensorFlow's warm-up of the decay
+            d = min(c["ema"], (1 + s) / (10 + s))
+            aW, ab = (W, b) if s == 0 else (d * aW + (1 - d) * W, d * ab + (1 - d) * b)
         if (s + 1) % per_epoch == 0:
-            curve.append(round(float(((zt @ W.T + b).argmax(1) == yt).float().mean()), 4))
+            hW, hb = (aW, ab) if c.get("ema") else (W, b)
+            curve.append(round(float(((zt @ hW.T + hb).argmax(1) == yt).float().mean()), 4))
     eps = total_epsilon(sigma, q, steps, c.get("zA", 0.0) if c["features"] in ("pca-dp", "prior-dp") else 0.0)
     return {"sigma": round(sigma, 4), "epsilon_strict": round(eps, 4), "accuracy": curve[-1], "curve": curve}
 
