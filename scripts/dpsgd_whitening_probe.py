@@ -187,6 +187,7 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
     g = torch.Generator().manual_seed(c.get("seed", 0))
     W, b = torch.zeros(10, k), torch.zeros(10)
     mW, mb = torch.zeros_like(W), torch.zeros_like(b)
+    aW, ab = W, b  # the average of the iterates ("ema"), restarted at the first step
     onehot, curve = F.one_hot(y, 10).float(), []
     for s in range(steps):
         idx = torch.nonzero(torch.rand(n, generator=g) < q).squeeze(1)
