@@ -19,7 +19,9 @@ Features z (each example's GroupNorm'd scattering vector x, scaled to unit norm 
   models/random_prior.py's, what `--config scatternet-prior` releases; "shrink" s whitens only partly (each
   direction scaled by 1 / sqrt(λ + s · mean λ)); "dead_leaves" passes the process's parameters (max_radius, shapes);
 - "prior-dp": the prior's k directions, then whitening by a DP second moment of the private data in those k
-  dimensions (Analyze Gauss with multiplier zA, composed into the ε), shrunk by "alpha" · mean eigenvalue.
+  dimensions (Analyze Gauss with multiplier zA, composed into the ε), shrunk by "alpha" · mean eigenvalue;
+- "prior-dpdiag": the prior's k directions, each rescaled by its variance on the private data (k sums of squared
+  coordinates of unit rows, one Gaussian release with multiplier zA, composed into the ε) plus "alpha" · mean.
 Every projected z is rescaled so that its median norm on the images it was fitted to is sqrt(d), the norm of x.
 
     python scripts/dpsgd_whitening_probe.py fashion-mnist \
@@ -107,6 +109,7 @@ def spectrum_images(m: int, like, seed: int) -> torch.Tensor:
 
 
 PRIOR_FEATURES: dict[tuple[str, int, int], torch.Tensor] = {}
+DP_STATISTICS = ("pca-dp", "prior-dp", "prior-dpdiag")  # the features that release a statistic (zA, in the ε)
 
 
 def eigen(moment: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +143,16 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
         p = (vectors / (values + c.get("alpha", 1.0) * values.mean()).sqrt()).float() @ vectors.T.float()
         scale = math.sqrt(d) / (w @ p).norm(dim=1).median()  # (the median of private norms: not priced; a probe)
         return w @ p * scale, wt @ p * scale
+    if kind == "prior-dpdiag":  # the prior's k directions, then each one's private variance under DP (k numbers)
+        z, zt = project({**c, "features": "prior"}, u, ut, model, data)
+        w, wt = z / z.norm(dim=1, keepdim=True), zt / zt.norm(dim=1, keepdim=True)
+        # a unit row's squared coordinates have L2 norm <= 1: replace-one sensitivity sqrt(2), as Analyze Gauss's
+        g = torch.Generator().manual_seed(c.get("seed", 0) + 99)
+        sums = w.double().pow(2).sum(0) + torch.randn(k, generator=g, dtype=torch.float64) * c["zA"] * math.sqrt(2) / 2
+        variances = sums.clamp_min(0) / n
+        p = (1 / (variances + c.get("alpha", 0.1) * variances.mean()).sqrt()).float()
+        scale = math.sqrt(d) / (w * p).norm(dim=1).median()  # (the median of private norms: not priced; a probe)
+        return w * p * scale, wt * p * scale
     if kind == "standardize":
         mean, std = u.mean(0), u.std(0)
         z, zt = (u - mean) / std, (ut - mean) / std
@@ -183,7 +196,7 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
     q = B / n
     per_epoch = round(1 / q)
     steps = per_epoch * E
-    sigma = calibrate(c.get("eps", 1.0), q, steps, c.get("zA", 0.0) if c["features"] in ("pca-dp", "prior-dp") else 0.0)
+    sigma = calibrate(c.get("eps", 1.0), q, steps, c.get("zA", 0.0) if c["features"] in DP_STATISTICS else 0.0)
     g = torch.Generator().manual_seed(c.get("seed", 0))
     W, b = torch.zeros(10, k), torch.zeros(10)
     mW, mb = torch.zeros_like(W), torch.zeros_like(b)
@@ -204,7 +217,7 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
         if (s + 1) % per_epoch == 0:
             hW, hb = (aW, ab) if c.get("ema") else (W, b)
             curve.append(round(float(((zt @ hW.T + hb).argmax(1) == yt).float().mean()), 4))
-    eps = total_epsilon(sigma, q, steps, c.get("zA", 0.0) if c["features"] in ("pca-dp", "prior-dp") else 0.0)
+    eps = total_epsilon(sigma, q, steps, c.get("zA", 0.0) if c["features"] in DP_STATISTICS else 0.0)
     return {"sigma": round(sigma, 4), "epsilon_strict": round(eps, 4), "accuracy": curve[-1], "curve": curve}
 
 
