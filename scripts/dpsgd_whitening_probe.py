@@ -57,8 +57,8 @@ from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
-from privdistill.models.random_prior import PRIOR_SEED, PRIOR_TEXTURE, dead_leaves, whitening_projection
-from privdistill.models.scatternet import ScatterNet
+from privdistill.models.random_prior import PRIOR_SEED, dead_leaves, whitening_projection
+from privdistill.models.scatternet import PRIORS, ScatterNet
 
 
 def total_epsilon(sigma: float, q: float, steps: int, analyze_gauss: float = 0.0, delta: float = 1e-5) -> float:
@@ -78,10 +78,9 @@ def calibrate(target: float, q: float, steps: int, analyze_gauss: float) -> floa
 
 
 def prior_images(kind: str, m: int, seed: int, like, shape_args: tuple = ()) -> torch.Tensor:
-    if kind == "dead-leaves":
-        return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed, **dict(shape_args))
-    if kind == "dead-leaves-textured":  # Baradad et al. 2021's textured variant: shapes moved by a smooth random field
-        return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed, texture=PRIOR_TEXTURE)
+    if kind in ("dead-leaves", "dead-leaves-textured"):  # the models' processes, flat or textured (models.scatternet)
+        return dead_leaves(m, channels=like.channels, size=like.image_size, seed=seed, texture=PRIORS[kind],
+                           **dict(shape_args))
     if kind == "spectrum":  # random fields whose power falls as 1 / f^a, a in [1, 3] per image (Baradad's "spectrum")
         return spectrum_images(m, like, seed)
     if kind == "mix":  # half dead leaves, half spectrum
@@ -112,6 +111,17 @@ PRIOR_FEATURES: dict[tuple[str, int, int], torch.Tensor] = {}
 DP_STATISTICS = ("pca-dp", "prior-dp", "prior-dpdiag")  # the features that release a statistic (zA, in the ε)
 
 
+def release_noise(c: dict, *shape: int) -> torch.Tensor:
+    """The Gaussian noise of a released statistic of unit rows (Analyze Gauss's; replace-one sensitivity sqrt(2),
+    multiplier c["zA"]), float64, from its own stream (seed + 99)."""
+    g = torch.Generator().manual_seed(c.get("seed", 0) + 99)
+    return torch.randn(*shape, generator=g, dtype=torch.float64) * c["zA"] * math.sqrt(2) / 2
+
+
+def symmetric(noise: torch.Tensor) -> torch.Tensor:
+    return torch.triu(noise) + torch.triu(noise, 1).T
+
+
 def eigen(moment: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     values, vectors = torch.linalg.eigh(moment)
     return values.flip(0)[:k], vectors.flip(1)[:, :k]
@@ -134,10 +144,7 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
     if kind == "prior-dp":  # the prior's projection, then a DP second moment of the private data in its k dimensions
         z, zt = project({**c, "features": "prior"}, u, ut, model, data)
         w, wt = z / z.norm(dim=1, keepdim=True), zt / zt.norm(dim=1, keepdim=True)
-        moment = w.T.double() @ w.double()
-        g = torch.Generator().manual_seed(c.get("seed", 0) + 99)
-        noise = torch.randn(k, k, generator=g, dtype=torch.float64) * c["zA"] * math.sqrt(2) / 2
-        values, vectors = torch.linalg.eigh(moment + torch.triu(noise) + torch.triu(noise, 1).T)
+        values, vectors = torch.linalg.eigh(w.T.double() @ w.double() + symmetric(release_noise(c, k, k)))
         values = values.clamp_min(0) / n
         # shrunk towards the prior's own whitening: alpha * mean is the floor under every direction's variance
         p = (vectors / (values + c.get("alpha", 1.0) * values.mean()).sqrt()).float() @ vectors.T.float()
@@ -147,8 +154,7 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
         z, zt = project({**c, "features": "prior"}, u, ut, model, data)
         w, wt = z / z.norm(dim=1, keepdim=True), zt / zt.norm(dim=1, keepdim=True)
         # a unit row's squared coordinates have L2 norm <= 1: replace-one sensitivity sqrt(2), as Analyze Gauss's
-        g = torch.Generator().manual_seed(c.get("seed", 0) + 99)
-        sums = w.double().pow(2).sum(0) + torch.randn(k, generator=g, dtype=torch.float64) * c["zA"] * math.sqrt(2) / 2
+        sums = w.double().pow(2).sum(0) + release_noise(c, k)
         variances = sums.clamp_min(0) / n
         p = (1 / (variances + c.get("alpha", 0.1) * variances.mean()).sqrt()).float()
         scale = math.sqrt(d) / (w * p).norm(dim=1).median()  # (the median of private norms: not priced; a probe)
@@ -159,9 +165,7 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
         return z, zt  # per coordinate unit variance: norm about sqrt(d)
     moment = u.T.double() @ u.double()
     if kind == "pca-dp":
-        g = torch.Generator().manual_seed(c.get("seed", 0) + 99)
-        noise = torch.randn(d, d, generator=g, dtype=torch.float64) * c["zA"] * math.sqrt(2) / 2
-        moment = moment + torch.triu(noise) + torch.triu(noise, 1).T
+        moment = moment + symmetric(release_noise(c, d, d))
     values, vectors = eigen(moment, k)
     p = vectors / (values.clamp_min(1e-12) / n).sqrt() if c.get("whiten") else vectors
     p = p.float()
