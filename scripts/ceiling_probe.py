@@ -16,8 +16,10 @@ changes one of them, on the same generator and source:
                 verification: are the labels of ambiguous samples what costs the hard-label ceiling?)
 
 The student is the paper CNN, Adam 1e-3 at a constant rate, batch 128, 3 epochs (`generator quality` decays the
-rate linearly; compare rows of one script, not across). Evaluation only: no private image is read but the test
-set, nothing is released. One JSON line per regime:
+rate linearly; compare rows of one script, not across); `--student MODEL` names another registered classifier
+(e.g. scatter-multiscale-prior-linear, a linear head on fixed scattering features: does a student with a fixed,
+data-independent representation carry what it learns on synthetic samples to real images better?).
+Evaluation only: no private image is read but the test set, nothing is released. One JSON line per regime:
 
     flock /tmp/privdistill-cpu.lock python scripts/ceiling_probe.py generator-c7aabe888541b1ff fashion-mnist \\
         hard,soft,fresh,fresh-soft,aug-soft >> docs/diagnostics/ceiling-probe-fashion-mnist.jsonl
@@ -40,6 +42,7 @@ from privdistill.engine import Env, RunDir, evaluate
 from privdistill.engine.augment import random_shift
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import generate
+from privdistill.engine.stages import Stages
 from privdistill.engine.trainer import predict_logits
 from privdistill.methods.datafree import resolve_source
 from privdistill.models import create_model
@@ -48,12 +51,15 @@ SAMPLES, EPOCHS, BATCH = 60_000, 3, 128
 REGIMES = ("hard", "soft", "fresh", "fresh-soft", "aug-soft", "aug-hard", "shift-hard", "confident-hard")
 
 
-def ceiling(regime: str, generator, source, data, env: Env) -> float:
+def ceiling(regime: str, generator, source, data, env: Env, student_model: str = "paper-cnn") -> float:
     torch.manual_seed(0)
     soft, fresh, augment = "soft" in regime, regime.startswith("fresh"), regime.startswith(("aug", "shift"))
     relabel = not regime.startswith("shift")  # a shifted copy keeps its sample's label under shift-hard
-    student = create_model("paper-cnn", kind="classifier", in_channels=data.channels,
+    student = create_model(student_model, kind="classifier", in_channels=data.channels,
                            num_classes=data.num_classes, image_size=data.image_size[0])
+    if getattr(student, "prior", "none") != "none":  # a ScatterNet's dead-leaves projection, from the stage cache
+        Stages(StageCache(), env, data, RunDir("/tmp/privdistill-ceiling-probe")).scatter_prior(student)
+    student = env.place(student)
     optimizer = torch.optim.Adam(student.parameters(), 1e-3)
     g = torch.Generator().manual_seed(1)
     for epoch in range(EPOCHS):
@@ -83,8 +89,14 @@ def ceiling(regime: str, generator, source, data, env: Env) -> float:
 
 def main() -> None:
     warnings.simplefilter("ignore")
-    stage, dataset = sys.argv[1], sys.argv[2]
-    regimes = sys.argv[3].split(",") if len(sys.argv) > 3 else list(REGIMES)
+    args = sys.argv[1:]
+    student_model = "paper-cnn"
+    if "--student" in args:
+        at = args.index("--student")
+        student_model = args[at + 1]
+        del args[at:at + 2]
+    stage, dataset = args[0], args[1]
+    regimes = args[2].split(",") if len(args) > 2 else list(REGIMES)
     if unknown := set(regimes) - set(REGIMES):
         sys.exit(f"unknown regimes {sorted(unknown)}; known: {', '.join(REGIMES)}")
     cache = StageCache()
@@ -95,8 +107,9 @@ def main() -> None:
     generator = run.load_weights("generator", device=env.device)
     for regime in regimes:
         started = time.time()
-        accuracy = ceiling(regime, generator, source, data, env)
-        print(json.dumps({"stage": stage, "dataset": dataset, "regime": regime, "ceiling": round(accuracy, 4),
+        accuracy = ceiling(regime, generator, source, data, env, student_model)
+        print(json.dumps({"stage": stage, "dataset": dataset, "regime": regime, "student": student_model,
+                          "ceiling": round(accuracy, 4),
                           "seconds": round(time.time() - started)}), flush=True)
 
 

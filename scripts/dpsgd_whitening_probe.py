@@ -108,7 +108,7 @@ def spectrum_images(m: int, like, seed: int) -> torch.Tensor:
 
 
 PRIOR_FEATURES: dict[tuple[str, int, int], torch.Tensor] = {}
-DP_STATISTICS = ("pca-dp", "prior-dp", "prior-dpdiag")  # the features that release a statistic (zA, in the ε)
+DP_STATISTICS = ("pca-dp", "prior-dp", "prior-dpdiag", "hybrid")  # the features that release a statistic (zA, in the ε)
 
 
 def release_noise(c: dict, *shape: int) -> torch.Tensor:
@@ -144,10 +144,17 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
     if kind == "prior-dp":  # the prior's projection, then a DP second moment of the private data in its k dimensions
         z, zt = project({**c, "features": "prior"}, u, ut, model, data)
         w, wt = z / z.norm(dim=1, keepdim=True), zt / zt.norm(dim=1, keepdim=True)
-        values, vectors = torch.linalg.eigh(w.T.double() @ w.double() + symmetric(release_noise(c, k, k)))
+        r = c.get("block", k)  # re-whiten only the prior's first r directions (a smaller release: less noise)
+        values, vectors = torch.linalg.eigh(w[:, :r].T.double() @ w[:, :r].double() + symmetric(release_noise(c, r, r)))
         values = values.clamp_min(0) / n
-        # shrunk towards the prior's own whitening: alpha * mean is the floor under every direction's variance
-        p = (vectors / (values + c.get("alpha", 1.0) * values.mean()).sqrt()).float() @ vectors.T.float()
+        # shrunk towards the prior's own whitening: alpha * mean is the floor under every direction's variance; the
+        # mean variance of a unit row's k coordinates is 1 / k, public
+        floor = c.get("alpha", 1.0) / k
+        p = torch.eye(k, dtype=torch.float64)
+        p[:r, :r] = (vectors / (values + floor).sqrt()) @ vectors.T
+        if r < k:  # the other directions at the variance the block leaves them on average (from the noisy trace)
+            p[r:, r:] /= math.sqrt(max(1 - float(values.sum()), 1e-3) / (k - r) + floor)
+        p = p.float()
         scale = math.sqrt(d) / (w @ p).norm(dim=1).median()  # (the median of private norms: not priced; a probe)
         return w @ p * scale, wt @ p * scale
     if kind == "prior-dpdiag":  # the prior's k directions, then each one's private variance under DP (k numbers)
@@ -159,6 +166,19 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
         p = (1 / (variances + c.get("alpha", 0.1) * variances.mean()).sqrt()).float()
         scale = math.sqrt(d) / (w * p).norm(dim=1).median()  # (the median of private norms: not priced; a probe)
         return w * p * scale, wt * p * scale
+    if kind == "hybrid":  # the private data's own top-j directions (exact, or DP with zA), the prior for the rest
+        j = c["j"]
+        moment = u.T.double() @ u.double()
+        if c.get("zA"):
+            moment = moment + symmetric(release_noise(c, d, d))
+        values, vectors = eigen(moment, j)
+        v = vectors.float()
+        top = v / (values.clamp_min(1e-12) / n).sqrt().float()  # each of the j directions to unit variance
+        rest, rest_t = project({**c, "features": "prior"}, u - (u @ v) @ v.T, ut - (ut @ v) @ v.T, model, data)
+        # a top coordinate (unit variance) at the rms of a prior coordinate, times top_weight
+        scale = rest.norm(dim=1).median() / math.sqrt(rest.shape[1]) * c.get("top_weight", 1.0)
+        f, ft = torch.cat([u @ top * scale, rest], 1), torch.cat([ut @ top * scale, rest_t], 1)
+        return f * (math.sqrt(d) / f.norm(dim=1).median()), ft * (math.sqrt(d) / f.norm(dim=1).median())
     if kind == "standardize":
         mean, std = u.mean(0), u.std(0)
         z, zt = (u - mean) / std, (ut - mean) / std
@@ -205,6 +225,7 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
     W, b = torch.zeros(10, k), torch.zeros(10)
     mW, mb = torch.zeros_like(W), torch.zeros_like(b)
     aW, ab = W, b  # the average of the iterates ("ema"), restarted at the first step
+    adam_state = (torch.zeros_like(W), torch.zeros_like(b))
     onehot, curve = F.one_hot(y, 10).float(), []
     for s in range(steps):
         idx = torch.nonzero(torch.rand(n, generator=g) < q).squeeze(1)
@@ -212,9 +233,21 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
         scale = (C / (r.norm(dim=1) * (z[idx].pow(2).sum(1) + 1).sqrt())).clamp(max=1.0)
         gW = ((r * scale[:, None]).T @ z[idx] + torch.randn(10, k, generator=g) * sigma * C) / B
         gb = ((r * scale[:, None]).sum(0) + torch.randn(10, generator=g) * sigma * C) / B
-        mW, mb = 0.9 * mW + gW, 0.9 * mb + gb
         rate = lr * (1 - s / steps) if c.get("schedule") == "linear" else lr  # (the CLI's lr_schedule=linear)
-        W, b = W - rate * mW, b - rate * mb
+        if c.get("opt") == "adam":  # Adam on the noised gradient (post-processing, no privacy cost)
+            vW, vb = adam_state
+            mW, mb = 0.9 * mW + 0.1 * gW, 0.9 * mb + 0.1 * gb
+            vW, vb = 0.999 * vW + 0.001 * gW ** 2, 0.999 * vb + 0.001 * gb ** 2
+            adam_state = (vW, vb)
+            # DP-AdamBC (Tang et al. 2024): the noise's own variance (sigma C / B)^2 taken out of the second moment
+            floor = (sigma * C / B) ** 2 if c.get("bc") else 0.0
+            c1, c2 = 1 - 0.9 ** (s + 1), 1 - 0.999 ** (s + 1)
+            den_W = ((vW / c2 - floor).clamp_min(c.get("gamma", 1e-12))).sqrt()
+            den_b = ((vb / c2 - floor).clamp_min(c.get("gamma", 1e-12))).sqrt()
+            W, b = W - rate * (mW / c1) / den_W, b - rate * (mb / c1) / den_b
+        else:
+            mW, mb = 0.9 * mW + gW, 0.9 * mb + gb
+            W, b = W - rate * mW, b - rate * mb
         if c.get("ema"):  # an average of the iterates (post-processing), with TensorFlow's warm-up of the decay
             d = min(c["ema"], (1 + s) / (10 + s))
             aW, ab = (W, b) if s == 0 else (d * aW + (1 - d) * W, d * ab + (1 - d) * b)

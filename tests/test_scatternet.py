@@ -216,3 +216,30 @@ def test_scatter_prior_dpsgd_release(tiny_npz, tmp_path, monkeypatch):
     assert evaluate(model, load_data(f"npz:{tiny_npz}").test, Env.cpu()) == pytest.approx(s["test_accuracy"],
                                                                                          abs=1e-4)
     assert len(list((tmp_path / "cache").glob("scatter-prior-*"))) == 1, "the projection is a cached stage"
+
+
+def test_feature_statistics_of_a_prior_model_are_read_before_its_projection():
+    """A generator fitted to a DP prior-ScatterNet matches statistics of the normalised scattering coefficients:
+    the whitened projection's coordinates have near-fixed statistics on any images (docs/results.md, the
+    prior-teacher SRR end-to-end cell). The wrapped model answers as the model does, and its statistics layer sees
+    the coefficients, whose features stage the model's `scattering_only` twin names."""
+    from privdistill.engine.datafree import BatchNormStatistics, WithFeatureStatistics
+    from privdistill.models.scatternet import ScatterNet
+
+    x = torch.rand(4, 1, 28, 28) * 2 - 1
+    model = ScatterNet(1, 10, 28, prior="dead-leaves-textured", prior_dims=16, prior_images=100, fine=True)
+    model.fit_prior()
+    coefficients = model.normalised_scattering(x).flatten(1)
+    twin = model.scattering_only()
+    assert twin.prior == "none" and twin.fine and torch.allclose(twin.scatter(x).flatten(1), coefficients)
+    assert twin.transform_id == ScatterNet(1, 10, 28, fine=True).transform_id, "the coefficients' cached stage"
+    d = coefficients.shape[1]
+    wrapped = WithFeatureStatistics(model, coefficients.mean(0), coefficients.var(0, unbiased=False)).eval()
+    assert torch.allclose(wrapped(x), model(x), atol=1e-5)
+    bn = BatchNormStatistics(wrapped)
+    wrapped(x)
+    assert bn.pop().item() < 1e-3, "statistics of these very images: matched"
+    wrapped(torch.zeros(4, 1, 28, 28))
+    assert bn.pop().item() > 1e-2 and wrapped.statistics.running_mean.shape == (d,)
+    plain = ScatterNet(1, 10, 28)
+    assert torch.allclose(WithFeatureStatistics(plain, torch.zeros(81 * 49), torch.ones(81 * 49))(x), plain(x))

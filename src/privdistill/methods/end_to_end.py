@@ -257,9 +257,9 @@ def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDT
     env = ctx.env
 
     def release() -> LedgerAnswer:
-        # the scattering features of the training set: the cached stage the DP source was trained on (check_srr
-        # makes the source a ScatterNet)
-        feats = ctx.stages.features(source)[0].flatten(1)
+        # the normalised scattering coefficients of the training set, before any prior projection (check_srr
+        # makes the source a ScatterNet; without a prior this is the cached stage it was trained on)
+        feats = ctx.stages.features(source.scattering_only())[0].flatten(1)
         noise = noise_source(None if secure else int(env.generator(streams.DP_STATISTICS).initial_seed()),
                              secure=secure)
         mean, var = gaussian_feature_statistics(feats, noise_multiplier=event.noise_multiplier, generator=noise)

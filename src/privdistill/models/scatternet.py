@@ -128,12 +128,22 @@ class ScatterNet(nn.Module):
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
         """The fixed features the head reads: scattering coefficients, normalised per example (and, with a prior,
         projected onto its whitened directions: [B, prior_dims, 1, 1], so the head's Flatten(-3) reads both)."""
-        s = self.normalised_scattering(x)
+        return self.project(self.normalised_scattering(x))
+
+    def project(self, s: torch.Tensor) -> torch.Tensor:
+        """Normalised scattering coefficients -> the features the head reads (the prior's whitened projection, or
+        the coefficients themselves without a prior)."""
         if self.prior == "none":
             return s
         if not bool(self.prior_fitted):
             raise ModelError("this ScatterNet's prior projection is not fitted: call fit_prior() or load its weights")
         return (unit_rows(s.flatten(1)) @ self.prior_projection)[:, :, None, None]
+
+    def scattering_only(self) -> "ScatterNet":
+        """A linear ScatterNet with this one's scattering and normalisation but no prior: its `scatter` is this
+        model's `normalised_scattering` (whose cached features stage it names)."""
+        return ScatterNet(self.in_channels, self.head[-1].out_features, self.image_shape[1:],
+                          groups=self.norm.num_groups, fine=self.fine)
 
     def fit_prior(self, batch_size: int = 1000) -> None:
         """Fit the prior projection on `prior_images` dead-leaves images (a fixed public seed; no data is read).
