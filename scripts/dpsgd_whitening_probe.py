@@ -22,6 +22,10 @@ Features z (each example's GroupNorm'd scattering vector x, scaled to unit norm 
   dimensions (Analyze Gauss with multiplier zA, composed into the ε), shrunk by "alpha" · mean eigenvalue;
 - "prior-dpdiag": the prior's k directions, each rescaled by its variance on the private data (k sums of squared
   coordinates of unit rows, one Gaussian release with multiplier zA, composed into the ε) plus "alpha" · mean.
+- "hybrid": the private data's top-j directions of Σ u uᵀ (exact, or with Analyze Gauss's noise when zA is given),
+  each at unit variance times "top_weight", beside the prior's projection of what they leave (a ceiling when exact).
+"prior-dp" with "block" r re-whitens only the prior's first r directions (an r x r release), the other k - r at the
+mean private variance they are left; zA = 0 is the exact (non-private) re-whitening, a ceiling.
 Every projected z is rescaled so that its median norm on the images it was fitted to is sqrt(d), the norm of x.
 
     python scripts/dpsgd_whitening_probe.py fashion-mnist \
@@ -35,7 +39,9 @@ images, 30000), prior_seed (the dead-leaves draw, models/random_prior.PRIOR_SEED
 target, 1; calibration floors σ at 0.3, so a large eps is a nearly noiseless run), B (1024), E (5), lr, C (0.1),
 seed (0), nonprivate (Adam, 6 epochs, best epoch: capacity, no release), rf (append that many random ReLU features
 of the projected z, a fixed public map: `random_features`), rf_seed (7), rf_weight (1), schedule ("linear": the
-rate decays linearly to 0), ema (evaluate an exponential average of the iterates with this decay).
+rate decays linearly to 0), ema (evaluate an exponential average of the iterates with this decay), opt ("adam": Adam
+on the noised gradients, post-processing; with bc, DP-AdamBC's removal of the noise variance from the second moment,
+floored at gamma).
 The settings were compared on the test set, as in the sweep of docs/results.md; that selection is priced by no ε.
 """
 
