@@ -266,6 +266,11 @@ def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDT
         return LedgerAnswer(answers=torch.stack([mean, var]), stats={"features": int(feats.shape[1])})
 
     stats = torch.as_tensor(ledger.spend(STATISTICS_KEY, event, release)).float()
+    if stats.shape[-1] != source.scattering_only().feature_dim:  # (a run begun before they were read pre-projection)
+        raise ConfigError(f"this run's released feature statistics have {stats.shape[-1]} coordinates, but the "
+                          f"teacher's scattering has {source.scattering_only().feature_dim}: they were released on "
+                          "its projected features by an earlier version; start a new run (the budget they spent "
+                          "stays in this run's ledger)")
     key = hashlib.sha256(stats.numpy().tobytes()).hexdigest()[:16]
     return WithFeatureStatistics(source, stats[0], stats[1]).eval(), key
 
@@ -289,8 +294,8 @@ def check_srr(ctx) -> None:
         raise ConfigError("SRR end to end trains each stage on its own samples (srr.student_data=stage, no "
                           "srr.final_epochs): earlier stages' labels are not kept in a ledger to train on again")
     if not ctx.section("dp_source").model.startswith("scatter-"):
-        raise ConfigError("SRR end to end needs a ScatterNet DP teacher (dp_source.model scatter-linear or "
-                          "scatter-cnn): the DP statistics its generator matches are of the scattering features")
+        raise ConfigError("SRR end to end needs a ScatterNet DP teacher (a dp_source.model named scatter-*): the DP "
+                          "statistics its generator matches are of the scattering coefficients")
 
 
 def srr_teacher_share(ctx) -> float:
