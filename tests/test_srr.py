@@ -366,6 +366,8 @@ def test_srr_refuses_what_end_to_end_cannot_cover_before_training(tiny_npz, tmp_
                         "dp_source.statistics_share=0"))
     with pytest.raises(ConfigError, match="srr.loss=ce"):
         run_srr(request(tiny_npz, tmp_path / "c", *E2E, "srr.loss=likelihood"))
+    with pytest.raises(ConfigError, match="only a DP teacher"):  # the softmax of a non-private teacher: refused
+        run_srr(request(tiny_npz, tmp_path / "c2", "srr.loss=soft"))
     with pytest.raises(ConfigError, match="augment_copies"):  # copies of what? refused before the source trains
         run_srr(request(tiny_npz, tmp_path / "d", *E2E, "dp_source.augment_copies=4"))
     with pytest.raises(ConfigError, match="student_data=stage"):  # earlier stages' labels are not kept
@@ -506,3 +508,17 @@ def test_label_copies_label_augmented_copies_of_each_sample_at_the_same_spend(ti
                 dict(label_copies=2, setting="label-dp"), dict(copy_augment="affine")):
         with pytest.raises(ConfigError, match="label_copies"):
             SRRConfig(**bad).validate()
+
+
+def test_soft_student_loss_is_the_cross_entropy_to_the_teacher_s_softmax():
+    """srr.loss=soft (end to end): the student fits the DP teacher's whole answer; its loss is smallest, among
+    students, at the teacher's own distribution, where hard labels would push it to the argmax."""
+    from privdistill.methods.srr_training import SRRTraining
+
+    teacher = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6]])
+    at_teacher = SRRTraining.student_loss(teacher.log(), teacher, soft=True)
+    assert at_teacher == pytest.approx(float(-(teacher * teacher.log()).sum(1).mean()), rel=1e-5)
+    sharper = torch.tensor([[0.9, 0.05, 0.05], [0.05, 0.05, 0.9]])
+    assert SRRTraining.student_loss(sharper.log(), teacher, soft=True) > at_teacher
+    assert SRRTraining.student_loss(sharper.log(), teacher.argmax(1)) < SRRTraining.student_loss(
+        teacher.log(), teacher.argmax(1)), "hard labels prefer the sharper student"

@@ -156,7 +156,7 @@ class SRRConfig:
             (self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}"),
             (self.epochs_per_stage > 0, "epochs_per_stage must be > 0"),
             (self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative"),
-            (self.loss in ("ce", "likelihood"), f"loss must be ce or likelihood, got {self.loss!r}"),
+            (self.loss in ("ce", "likelihood", "soft"), f"loss must be ce, likelihood or soft, got {self.loss!r}"),
             (0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)"),
             (self.loss == "ce" or self.final_epochs == 0,
              "final_epochs trains with cross-entropy on the released labels; it cannot follow loss=likelihood"),
@@ -232,6 +232,9 @@ class SRRMethod(Method):
                               f"got {generator_loss!r}")
         ctx.section("srr_generator").refuse_sample_filters("srr_generator", "SRR draws each stage's samples by code")
         total = cfg.num_samples or len(ctx.data.train)
+        if cfg.loss == "soft" and not e2e.is_end_to_end(ctx):
+            raise ConfigError("srr.loss=soft trains on the teacher's softmax, which only a DP teacher may give "
+                              "(--privacy end-to-end); SRR releases one randomised label a sample")
         if e2e.is_end_to_end(ctx):
             return e2e.srr_plan(ctx, recorded, total, StageSchedule.of(cfg, total))
         num_classes, records = ctx.data.num_classes, len(ctx.data.train)

@@ -31,7 +31,7 @@ from privdistill.engine.datafree import (
 )
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule, weight_average
-from privdistill.engine.trainer import evaluate, train_classifier
+from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
 from privdistill.errors import ConfigError
 from privdistill.methods.end_to_end import NO_MECHANISM, srr_teacher
 from privdistill.methods.runner import Context, Plan
@@ -232,10 +232,10 @@ class SRRTraining:
         return likelihood.clamp(min=1e-300).log().float()
 
     @staticmethod
-    def student_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Eq. 3's KL(onehot(label) ‖ softmax(student)) = cross-entropy (targets [b]); or the negative log of
-        the student's probability of the released label, Σ_y p_s(y) P(released | y) (targets [b, K], log)."""
-        if targets.dim() == 1:
+    def student_loss(logits: torch.Tensor, targets: torch.Tensor, soft: bool = False) -> torch.Tensor:
+        """Eq. 3's cross-entropy to the released label (targets [b]) or, soft, to the DP teacher's softmax [b, K];
+        or the negative log of the student's probability of the released label, Σ_y p_s(y) P(released | y) (log)."""
+        if targets.dim() == 1 or soft:
             return F.cross_entropy(logits, targets)
         return -torch.logsumexp(F.log_softmax(logits, dim=1) + targets, dim=1).mean()
 
@@ -245,7 +245,9 @@ class SRRTraining:
         """φs's steps at stage i, in seeded epochs over (images, labels) with L_kd (Eq. 3) or the likelihood loss;
         the mean loss."""
         cfg, env, student = self.cfg, self.env, self.student
-        targets = self.label_targets(labels, in_set)
+        # soft (end to end only): the DP teacher's softmax on the stage's samples, post-processing of a DP model
+        targets = predict_logits(self.teacher, images, env).float().softmax(1) if cfg.loss == "soft" else \
+            self.label_targets(labels, in_set)
         student.train()
         m, b, losses = len(images), self.schedule.batch[i], []
         per_epoch = math.ceil(m / b)
@@ -259,7 +261,7 @@ class SRRTraining:
             x, y = env.place_batch(x), targets[idx].to(env.device)
             with env.autocast():
                 logits = student(x)
-            loss = self.student_loss(logits.float(), y)
+            loss = self.student_loss(logits.float(), y, soft=cfg.loss == "soft")
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
