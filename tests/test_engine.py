@@ -262,3 +262,31 @@ def test_weight_average_warmup_follows_the_num_updates_rule():
     # a plain EMA of decay 0.9 would still hold 0.9^2 of the first iterate after three updates: warm-up holds less
     plain, warm = weight_average(model, 0.9), weight_average(model, 0.9, warmup=True)
     assert [feed(warm, v) for v in (2.0, 4.0, 8.0)][-1] > [feed(plain, v) for v in (2.0, 4.0, 8.0)][-1]
+
+
+def test_saved_weights_are_the_same_bytes_in_every_process(tmp_path):
+    """The same weights and metadata give the same file in two processes (safetensors alone orders the metadata
+    by a per-process hash), so a stage keyed by a weights file's digest is found again instead of rebuilt; the
+    file loads back with its tensors and metadata."""
+    import subprocess
+    import sys
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    script = ("import sys, torch; from privdistill.engine.run import RunDir; "
+              "m = torch.nn.Linear(3, 2); torch.nn.init.constant_(m.weight, 0.5); torch.nn.init.zeros_(m.bias); "
+              "RunDir(sys.argv[1]).save_weights('model', m, metadata={'method': 'dpsgd', 'zeta': 'z', 'alpha': 'a'})")
+    files = []
+    for k in range(3):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / str(k))], check=True)
+        files.append((tmp_path / str(k) / "model.safetensors").read_bytes())
+    assert files[0] == files[1] == files[2]
+    path = tmp_path / "0" / "model.safetensors"
+    assert torch.equal(load_file(path)["weight"], torch.full((2, 3), 0.5))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert meta["alpha"] == "a" and meta["method"] == "dpsgd" and meta["zeta"] == "z"
+    header = json.loads(files[0][8:8 + int.from_bytes(files[0][:8], "little")])
+    assert list(header["__metadata__"]) == sorted(meta), "written in sorted order"
+    assert int.from_bytes(files[0][:8], "little") % 8 == 0, "the header stays 8-byte aligned"

@@ -210,14 +210,14 @@ class TeacherEnsemble(nn.Module):
         return model
 
     def save(self, path: str | Path, metadata: dict | None = None) -> None:
-        from safetensors.torch import save
+        from privdistill.engine.run import safetensors_bytes
 
         params, buffers = self.stacked()
         tensors = {f"param.{k}": v.detach().cpu().contiguous() for k, v in params.items()}
         tensors.update({f"buffer.{k}": v.detach().cpu().contiguous() for k, v in buffers.items()})
         meta = {"registry_name": self.registry_name, "registry_kwargs": json.dumps(self.registry_kwargs),
                 "num_teachers": str(self.num_teachers), **{k: str(v) for k, v in (metadata or {}).items()}}
-        atomic_write_bytes(path, save(tensors, metadata=meta))
+        atomic_write_bytes(path, safetensors_bytes(tensors, meta))
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "TeacherEnsemble":

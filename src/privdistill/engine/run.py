@@ -109,6 +109,24 @@ def unlock_run_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """safetensors.torch.save, with the header's metadata in sorted key order. safetensors writes the metadata in
+    the order of a Rust HashMap, which changes from process to process, so the same weights saved twice got two file
+    digests, and every stage keyed by a digest (e.g. the generator fitted to an end-to-end run's DP source) was
+    rebuilt. The format: an 8-byte little-endian header length, the JSON header (padded with spaces to a multiple
+    of 8), then the data, whose offsets are relative to the data's start and so unchanged."""
+    from safetensors.torch import save
+
+    raw = save(tensors, metadata=metadata)
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    ordered = {"__metadata__": dict(sorted(header.pop("__metadata__", {}).items())), **header}
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + raw[8 + length:]
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -183,14 +201,12 @@ class RunDir:
 
     # --------------------------------------------------------------------------------------- weights
     def save_weights(self, name: str, module: nn.Module, metadata: dict[str, str] | None = None) -> Path:
-        from safetensors.torch import save
-
         state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
         meta = {"registry_name": getattr(module, "registry_name", ""),
                 "registry_kwargs": json.dumps(getattr(module, "registry_kwargs", {}))}
         meta.update(metadata or {})
         path = self.path / f"{name}.safetensors"
-        atomic_write_bytes(path, save(state, metadata=meta))
+        atomic_write_bytes(path, safetensors_bytes(state, meta))
         return path
 
     def has_weights(self, name: str) -> bool:
