@@ -184,7 +184,8 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
         # a top coordinate (unit variance) at the rms of a prior coordinate, times top_weight
         scale = rest.norm(dim=1).median() / math.sqrt(rest.shape[1]) * c.get("top_weight", 1.0)
         f, ft = torch.cat([u @ top * scale, rest], 1), torch.cat([ut @ top * scale, rest_t], 1)
-        return f * (math.sqrt(d) / f.norm(dim=1).median()), ft * (math.sqrt(d) / f.norm(dim=1).median())
+        norm = math.sqrt(d) / f.norm(dim=1).median()  # (the median of private norms: not priced; a probe)
+        return f * norm, ft * norm
     if kind == "standardize":
         mean, std = u.mean(0), u.std(0)
         z, zt = (u - mean) / std, (ut - mean) / std
