@@ -109,7 +109,6 @@ def unlock_run_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-
 def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     """safetensors.torch.save, with the header's metadata in sorted key order. safetensors writes the metadata in
     the order of a Rust HashMap, which changes from process to process, so the same weights saved twice got two file
