@@ -255,20 +255,21 @@ def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDT
     from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
 
     env = ctx.env
+    # the normalised scattering coefficients, before any prior projection (check_srr makes the source a ScatterNet;
+    # without a prior they are the cached features stage it was trained on)
+    coefficients = source.scattering_only()
 
     def release() -> LedgerAnswer:
-        # the normalised scattering coefficients of the training set, before any prior projection (check_srr
-        # makes the source a ScatterNet; without a prior this is the cached stage it was trained on)
-        feats = ctx.stages.features(source.scattering_only())[0].flatten(1)
+        feats = ctx.stages.features(coefficients)[0].flatten(1)
         noise = noise_source(None if secure else int(env.generator(streams.DP_STATISTICS).initial_seed()),
                              secure=secure)
         mean, var = gaussian_feature_statistics(feats, noise_multiplier=event.noise_multiplier, generator=noise)
         return LedgerAnswer(answers=torch.stack([mean, var]), stats={"features": int(feats.shape[1])})
 
     stats = torch.as_tensor(ledger.spend(STATISTICS_KEY, event, release)).float()
-    if stats.shape[-1] != source.scattering_only().feature_dim:  # (a run begun before they were read pre-projection)
+    if stats.shape[-1] != coefficients.feature_dim:  # (a run begun before they were read pre-projection)
         raise ConfigError(f"this run's released feature statistics have {stats.shape[-1]} coordinates, but the "
-                          f"teacher's scattering has {source.scattering_only().feature_dim}: they were released on "
+                          f"teacher's scattering has {coefficients.feature_dim}: they were released on "
                           "its projected features by an earlier version; start a new run (the budget they spent "
                           "stays in this run's ledger)")
     key = hashlib.sha256(stats.numpy().tobytes()).hexdigest()[:16]
