@@ -417,6 +417,17 @@ def test_data_free_srr_end_to_end_covers_everything_within_the_target(tiny_npz, 
     assert again["epsilon_strict"] == pytest.approx(s["epsilon_strict"]) and len(PrivacyLedger(run_dir).keys()) == 2
 
 
+@pytest.mark.slow
+def test_data_free_srr_end_to_end_soft_fits_the_dp_teacher_s_softmax(tiny_npz, tmp_path, cache):
+    """srr.loss=soft end to end: the student trains on the DP teacher's answers on each stage's samples, and the
+    ledger holds the same two events (the softmax is post-processing: nothing more is spent)."""
+    from privdistill.privacy.ledger import PrivacyLedger
+
+    s = run_srr(request(tiny_npz, tmp_path / "soft", *E2E, "srr.stages=2", "srr.loss=soft")).summary
+    assert s["not_covered"] == [] and s["config"]["loss"] == "soft" and math.isfinite(s["history"][-1]["train_loss"])
+    assert sorted(PrivacyLedger(tmp_path / "soft").keys()) == ["dp-source", "dp-source/statistics"]
+
+
 def test_feature_statistics_are_the_data_s_up_to_the_noise():
     """gaussian_feature_statistics: without noise (a tiny multiplier) the mean and variance of GroupNorm-like
     features (norm sqrt(d)) come back; with noise they move by about z * sqrt(2 d) / n on the mean."""

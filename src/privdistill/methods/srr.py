@@ -265,14 +265,14 @@ class SRRMethod(Method):
             for i in srr.loop:  # for i = 1..T (0-based here)
                 images, protected, truth = srr.inputs(i)  # D̃(i) = φg(z_i); label-dp: chunk i of the private set
                 prior = stage_prior(srr, i, images)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
-                if protected is None:  # data-free: the teacher's label y_t = argmax φt(D̃(i))
-                    protected = predict_logits(srr.teacher, images, srr.env).argmax(1)
+                answers = predict_logits(srr.teacher, images, srr.env) if protected is None else None  # data-free: φt
+                protected = protected if answers is None else answers.argmax(1)  # its label y_t = argmax φt(D̃(i))
                 labels, in_set = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), and I_i
                 stats = label_stats(i, prior, protected, labels, truth, in_set)
                 srr.loop.extra["labels"].append(stats)
                 sets = srr.stage_sets(i, in_set)  # I_i, kept for the likelihood loss (never read a label)
-                parts = {"train_loss": srr.train_student(i, *srr.student_data(i, images, labels, sets)),  # φs on L_i
-                         srr.label_field: stats["correct"]}
+                loss = srr.train_student(i, *srr.student_data(i, images, labels, sets), answers=answers)  # φs on L_i
+                parts = {"train_loss": loss, srr.label_field: stats["correct"]}
                 if srr.generator_optimizer is not None:  # fine-tune φg on (D̃(i), L_i)
                     parts["finetune_loss"] = srr.finetune_generator(i, labels)
                 srr.loop.record(parts)  # evaluation at its cadence, log, checkpoint

@@ -31,7 +31,7 @@ from privdistill.engine.datafree import (
 )
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule, weight_average
-from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
+from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.errors import ConfigError
 from privdistill.methods.end_to_end import NO_MECHANISM, srr_teacher
 from privdistill.methods.runner import Context, Plan
@@ -240,14 +240,13 @@ class SRRTraining:
         return -torch.logsumexp(F.log_softmax(logits, dim=1) + targets, dim=1).mean()
 
     # ---------------------------------------------------------------------------------------- steps
-    def train_student(self, i: int, images: torch.Tensor, labels: torch.Tensor,
-                      in_set: torch.Tensor | None = None) -> float:
+    def train_student(self, i: int, images: torch.Tensor, labels: torch.Tensor, in_set: torch.Tensor | None = None,
+                      answers: torch.Tensor | None = None) -> float:
         """φs's steps at stage i, in seeded epochs over (images, labels) with L_kd (Eq. 3) or the likelihood loss;
-        the mean loss."""
+        or (soft, end to end only) the DP teacher's softmax of its `answers` on the images, post-processing of a DP
+        model; the mean loss."""
         cfg, env, student = self.cfg, self.env, self.student
-        # soft (end to end only): the DP teacher's softmax on the stage's samples, post-processing of a DP model
-        targets = predict_logits(self.teacher, images, env).float().softmax(1) if cfg.loss == "soft" else \
-            self.label_targets(labels, in_set)
+        targets = answers.float().softmax(1) if cfg.loss == "soft" else self.label_targets(labels, in_set)
         student.train()
         m, b, losses = len(images), self.schedule.batch[i], []
         per_epoch = math.ceil(m / b)
