@@ -227,7 +227,8 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
     q = B / n
     per_epoch = round(1 / q)
     steps = per_epoch * E
-    sigma = calibrate(c.get("eps", 1.0), q, steps, c.get("zA", 0.0) if c["features"] in DP_STATISTICS else 0.0)
+    analyze_gauss = c.get("zA", 0.0) if c["features"] in DP_STATISTICS else 0.0  # a released statistic's multiplier
+    sigma = calibrate(c.get("eps", 1.0), q, steps, analyze_gauss)
     g = torch.Generator().manual_seed(c.get("seed", 0))
     W, b = torch.zeros(10, k), torch.zeros(10)
     mW, mb = torch.zeros_like(W), torch.zeros_like(b)
@@ -261,7 +262,7 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
         if (s + 1) % per_epoch == 0:
             hW, hb = (aW, ab) if c.get("ema") else (W, b)
             curve.append(round(float(((zt @ hW.T + hb).argmax(1) == yt).float().mean()), 4))
-    eps = total_epsilon(sigma, q, steps, c.get("zA", 0.0) if c["features"] in DP_STATISTICS else 0.0)
+    eps = total_epsilon(sigma, q, steps, analyze_gauss)
     return {"sigma": round(sigma, 4), "epsilon_strict": round(eps, 4), "accuracy": curve[-1], "curve": curve}
 
 
