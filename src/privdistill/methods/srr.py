@@ -31,6 +31,7 @@ label is ε-DP in the label it hides (docs/privacy.md, SRR strict). Pricing:
   are members of the SRR family above; the ledger record says which mechanism ran).
 Budget (section ``budget``): under ``accounting: paper`` the target ε is the per-label ε (the paper's); under
 ``strict`` the per-label ε is the largest whose strict ε for all the run's labels fits the target.
+The configuration (`SRRConfig`) and this pricing (`label_event`, `epsilon_per_label`) are in methods/srr_plan.py.
 
 Readings of the paper where it is ambiguous (see also docs/privacy.md):
 - "Return y_t": the one-hot teacher label argmax y_t (releasing the soft output would not be DP).
@@ -64,150 +65,22 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import ClassVar, Optional
 
 import torch
 
-from privdistill.config import ClassifierTraining, check_augment, check_model_name
+from privdistill.config import ClassifierTraining
 from privdistill.engine import streams
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.trainer import predict_logits
 from privdistill.errors import ConfigError
 from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
-from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
+from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
+from privdistill.methods.srr_plan import SRRConfig, epsilon_per_label, label_event
 from privdistill.methods.srr_training import SRRTraining, StageSchedule, label_stats, stage_key
-from privdistill.privacy.calibration import calibrate_noise
-from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
-from privdistill.privacy.mechanisms import LABEL_MECHANISMS, candidate_sets, noise_source, release_labels
+from privdistill.privacy.mechanisms import candidate_sets, noise_source, release_labels
 from privdistill.privacy.report import srr_notes, srr_pathways
-
-SETTINGS = ("data-free", "label-dp")
-MECHANISMS = LABEL_MECHANISMS
-
-
-# ===================================================================================== configuration
-@dataclass
-class SRRConfig:
-    """Config section `srr`: the staged distillation (the teacher is section `srr_teacher`, the generator
-    `srr_generator`, ε and δ the `budget`)."""
-
-    setting: str = "data-free"  # data-free (Table I) | label-dp (Table II)
-    mechanism: str = "srr"  # srr | rr | rr-prior
-    stages: int = 20  # T
-    num_samples: int = 0  # labels drawn in all: synthetic samples (data-free) or private records (label-dp); 0 = |D|
-    threshold: Optional[float] = None  # t; None = 1/(2K)
-    secure_noise: bool = False  # draw the label noise from an OS-seeded generator (not reproducible)
-    variant: Optional[str] = None  # name suffix of the recorded result; None: from setting and mechanism
-    # student
-    student_model: str = "paper-cnn"
-    student_model_label_dp: str = ""  # "" = student_model
-    batch_size: int = 128
-    optimizer: str = "adam"  # adam | sgd
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    lr_schedule: str = "linear"  # over all student steps of the run: linear | cosine | constant
-    epochs_per_stage: float = 5.0
-    student_data: str = "stage"  # stage (Eq. 3) | cumulative
-    # ce: Eq. 3 (cross-entropy on the released label); likelihood: the student's probability of the released
-    # label under the mechanism (its candidate set and ε known: `released_label_likelihood`), free post-processing
-    loss: str = "ce"
-    first_stage_fraction: float = 0.0  # share of the N labels drawn at stage 1 (0: N/T, the paper's equal split)
-    final_epochs: float = 0.0  # extra epochs on the union of all labelled samples after the last stage
-    augment: str = "none"  # one of config.AUGMENTATIONS (label-dp on real images)
-    # ours, off in the presets: an exponential moving average of the student's weights (this decay) is the prior
-    # of every later stage and the released model; it reads only released labels, so every ε is unchanged
-    student_ema: float = 0.0
-    # ours, off in the presets (data-free): each synthetic sample is labelled with copy_augment-ed copies of it,
-    # label_copies labels in all, each drawn through the mechanism (N counts them all, so do both ε)
-    label_copies: int = 1
-    copy_augment: str = "shift"
-    # generator fine-tuning (data-free)
-    finetune: str = "kd"  # kd | kd+srr | none
-    finetune_steps: int = 5  # per stage
-    finetune_lr: float = 1e-4
-    finetune_batch_size: int = 128
-    # bookkeeping
-    eval_every_stages: int = 0  # 0: about 10 evaluations per run
-    keep_synthetic: bool = False  # keep each stage's synthetic images in the run directory
-
-    # options added after runs were recorded: in config.yaml only when set (config.keyed_config)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("loss", "first_stage_fraction", "student_ema", "label_copies",
-                                                 "copy_augment")
-
-    def validate(self) -> None:
-        check_model_name(self.student_model, "srr.student_model")
-        if self.student_model_label_dp:
-            check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
-        check_augment(self.augment, "srr.augment")
-        check_augment(self.copy_augment, "srr.copy_augment")
-        for ok, message in [
-            (self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}"),
-            (self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"),
-            (self.stages >= 1, f"stages must be >= 1, got {self.stages}"),
-            (self.num_samples >= 0, "num_samples must be >= 0"),
-            (self.threshold is None or 0 <= self.threshold < 1, "threshold must lie in [0, 1)"),
-            (self.batch_size >= 1 and self.finetune_batch_size >= 1, "batch sizes must be >= 1"),
-            (self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}"),
-            (self.lr > 0 and self.finetune_lr > 0, "learning rates must be > 0"),
-            (self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}"),
-            (self.epochs_per_stage > 0, "epochs_per_stage must be > 0"),
-            (self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative"),
-            (self.loss in ("ce", "likelihood", "soft"), f"loss must be ce, likelihood or soft, got {self.loss!r}"),
-            (0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)"),
-            (self.loss == "ce" or self.final_epochs == 0,
-             "final_epochs trains with cross-entropy on the released labels; it cannot follow loss=likelihood"),
-            (self.final_epochs >= 0, "final_epochs must be >= 0"),
-            (0 <= self.student_ema < 1 and not (self.student_ema and self.final_epochs),
-             "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
-            (self.label_copies >= 1 and (self.label_copies == 1 or self.copy_augment != "none"),
-             "label_copies must be >= 1, and copies need a copy_augment other than none"),
-            (self.label_copies > 1 or self.copy_augment == "shift",
-             "copy_augment applies to the copies of label_copies > 1; with one label a sample leave it unset"),
-            (self.label_copies == 1 or self.setting == "data-free",
-             "label_copies is for the data-free setting: in label-dp, copies of a private record would release its "
-             "label more than once, which the parallel (once per record) pricing does not cover"),
-            (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
-            (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
-            (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
-        ]:
-            if not ok:
-                raise ConfigError(message)
-
-    @property
-    def student_for_setting(self) -> str:
-        return (self.student_model_label_dp or self.student_model) if self.setting == "label-dp" else self.student_model
-
-    @property
-    def default_variant(self) -> str | None:
-        """The result name's suffix when none is given: label-dp, the mechanism when it is not SRR, and the labels
-        a sample (never recorded under the one-label cell's name)."""
-        return "-".join(([self.setting] if self.setting == "label-dp" else [])
-                        + ([self.mechanism] if self.mechanism != "srr" else [])
-                        + ([f"copies{self.label_copies}"] if self.label_copies > 1 else [])) or None
-
-
-def label_event(cfg: SRRConfig, count: int, num_classes: int, epsilon: float):
-    """The privacy event of `count` labels at `epsilon` each (see the module docstring for why these)."""
-    if cfg.setting == "data-free" and cfg.mechanism == "rr":
-        return RRLabels(epsilon=epsilon, count=count, num_classes=num_classes)
-    return SRRLabels(epsilon=epsilon, count=count, num_classes=num_classes, setting=cfg.setting)
-
-
-def epsilon_per_label(cfg: SRRConfig, budget: Budget, total: int, num_classes: int) -> float:
-    """The paper's ε per label that the budget allows for `total` labels (see the module docstring)."""
-    if budget.epsilon is None:
-        raise ConfigError("SRR needs a target epsilon: --epsilon (budget.epsilon); with --accounting paper it is "
-                          "the epsilon per label, with strict the epsilon of the whole run")
-    if budget.accounting == "paper":
-        return budget.epsilon
-    # all stages' labels as one event: how the ledger prices them (merged, label-dp: one parallel release)
-    return calibrate_noise(label_event(cfg, total, num_classes, budget.epsilon), target_epsilon=budget.epsilon,
-                           delta=budget.delta, accounting="strict")
 
 
 # ======================================================================================= the method

@@ -40,7 +40,7 @@ from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import released_label_likelihood
 
 if TYPE_CHECKING:
-    from privdistill.methods.srr import SRRConfig
+    from privdistill.methods.srr_plan import SRRConfig
 
 CHECKPOINT = "srr-checkpoint"
 
