@@ -5,12 +5,15 @@ features. DP-SGD's strict ε = 3 cell on Fashion-MNIST is held by its number of 
 - "output": output perturbation of L2-regularised ERM (Chaudhuri, Monteleoni & Sarwate 2011). The head θ minimises
   (1/n) Σ CE(θ [z, 1], y) + (λ/2) ||θ||² with every row [z, 1] of norm sqrt(2) (z scaled to unit norm, a fixed
   per-example map), so each example's gradient has norm at most L = 2 and the minimiser's replace-one sensitivity
-  is 2L / (nλ). L-BFGS in float64 runs until the gradient norm g is below `tol`; the approximate minimiser then lies
-  within g / λ of the exact one, so 2g / λ is added to the sensitivity (the bound holds whatever the optimiser did).
+  is 2L / (nλ). L-BFGS in float64 runs until the gradient norm is below `tol` (the run stops with an error if it is
+  not); the approximate minimiser then lies within tol / λ of the exact one on either of two neighbouring datasets,
+  so 2 tol / λ is added to the sensitivity.
   Gaussian noise on θ, calibrated on dp-accounting's replace-one PLD ε of one Gaussian release.
 - "least-squares": DP sufficient statistics (Sheffet 2017; Mehta et al. 2023's DP-LS): Σ x xᵀ and Σ x yᵀ of rows
   x = [z, 1] / sqrt(2) of unit norm and one-hot y, released together by one Gaussian mechanism (replace-one
-  sensitivity sqrt(2 + 2) = 2, dp-accounting's unit), then ridge regression with ridge λ (post-processing).
+  sensitivity sqrt(2 + 2) = 2, dp-accounting's unit: ||x xᵀ - x' x'ᵀ||² = 2 - 2 (x·x')² and ||x yᵀ - x' y'ᵀ||² =
+  2 - 2 (x·x')(y·y'), where the bias coordinate keeps x·x' >= 0), then ridge regression with ridge λ
+  (post-processing).
 
 Noise draws `draws` (3) per setting; "eps" lists the strict targets (and 0: no noise, the ceiling at that λ).
 Keys beyond the whitening probe's feature keys (features, prior, k, m; `project`): mechanism, lam, tol (1e-7).
@@ -73,6 +76,8 @@ def regularised_logistic(x: torch.Tensor, y: torch.Tensor, lam: float, tol: floa
         if theta.grad.norm() <= tol:
             break
     closure()
+    if theta.grad.norm() > tol:  # the sensitivity below assumes it: no release without it
+        raise RuntimeError(f"L-BFGS stopped at gradient norm {float(theta.grad.norm()):.2e} > tol {tol:.0e}")
     return theta.detach(), float(theta.grad.norm())
 
 
@@ -81,8 +86,9 @@ def release(c: dict, x, xt, y, yt) -> dict:
     lam, row = c["lam"], {}
     if c["mechanism"] == "output":
         # rows of norm 1 here: [z, 1] / sqrt(2), so L = sqrt(2) (||softmax - onehot|| <= sqrt(2) times ||x|| = 1)
-        theta, g = regularised_logistic(x, y, lam, c.get("tol", 1e-7))
-        sensitivity = 2 * math.sqrt(2) / (n * lam) + 2 * g / lam
+        tol = c.get("tol", 1e-7)
+        theta, g = regularised_logistic(x, y, lam, tol)
+        sensitivity = 2 * math.sqrt(2) / (n * lam) + 2 * tol / lam
         row.update(gradient_norm=g, sensitivity=sensitivity, theta_norm=round(float(theta.norm()), 3))
     else:
         moment, cross = x.T @ x, x.T @ F.one_hot(y, 10).double()
