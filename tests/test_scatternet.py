@@ -148,6 +148,16 @@ def test_whitening_projection_whitens_the_leading_directions():
     assert partial[0] > 1.5 * partial[-1], "partial whitening keeps the leading direction's larger variance"
     with pytest.raises(ValueError, match="dims"):
         whitening_projection(features, d + 1)
+    # fewer rows than dimensions (a small prior): the rows' SVD gives the moment's own leading directions
+    few = features[:12]
+    u_few = (few / few.norm(dim=1, keepdim=True)).double()
+    _, reference = torch.linalg.eigh(u_few.T @ u_few)
+    fitted = whitening_projection(few, dims).double()
+    cosines = (fitted / fitted.norm(dim=0)).T @ reference.flip(1)[:, :dims]
+    assert torch.allclose(cosines.diagonal().abs(), torch.ones(dims, dtype=torch.float64), atol=1e-5)
+    z_few = u_few @ fitted
+    assert torch.allclose(z_few.T @ z_few / (z_few.T @ z_few).diagonal().mean(), torch.eye(dims, dtype=torch.float64),
+                          atol=1e-4), "whitened on the rows it was fitted to"
 
 
 def test_scatter_prior_projection_is_fitted_without_data_and_saved_with_the_model(tmp_path):
