@@ -33,6 +33,7 @@ from privdistill.engine.augment import augment_batch
 from privdistill.engine.context import Env
 from privdistill.engine.optim import make_optimizer, set_lr
 from privdistill.engine.progress import progress_bar
+from privdistill.engine.run import safetensors_bytes
 from privdistill.errors import ConfigError, DataError, ModelError
 from privdistill.models import create_model
 
@@ -210,8 +211,6 @@ class TeacherEnsemble(nn.Module):
         return model
 
     def save(self, path: str | Path, metadata: dict | None = None) -> None:
-        from privdistill.engine.run import safetensors_bytes
-
         params, buffers = self.stacked()
         tensors = {f"param.{k}": v.detach().cpu().contiguous() for k, v in params.items()}
         tensors.update({f"buffer.{k}": v.detach().cpu().contiguous() for k, v in buffers.items()})

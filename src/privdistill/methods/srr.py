@@ -138,8 +138,10 @@ class SRRMethod(Method):
             for i in srr.loop:  # for i = 1..T (0-based here)
                 images, protected, truth = srr.inputs(i)  # D̃(i) = φg(z_i); label-dp: chunk i of the private set
                 prior = stage_prior(srr, i, images)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
-                answers = predict_logits(srr.teacher, images, srr.env) if protected is None else None  # data-free: φt
-                protected = protected if answers is None else answers.argmax(1)  # its label y_t = argmax φt(D̃(i))
+                answers = None  # data-free: the teacher's answers φt(D̃(i)), read again by srr.loss=soft
+                if protected is None:
+                    answers = predict_logits(srr.teacher, images, srr.env)
+                    protected = answers.argmax(1)  # its label y_t = argmax φt(D̃(i))
                 labels, in_set = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), and I_i
                 stats = label_stats(i, prior, protected, labels, truth, in_set)
                 srr.loop.extra["labels"].append(stats)

@@ -89,7 +89,7 @@ class SRRConfig:
             (self.loss in ("ce", "likelihood", "soft"), f"loss must be ce, likelihood or soft, got {self.loss!r}"),
             (0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)"),
             (self.loss == "ce" or self.final_epochs == 0,
-             "final_epochs trains with cross-entropy on the released labels; it cannot follow loss=likelihood"),
+             f"final_epochs trains with cross-entropy on the released labels; it cannot follow loss={self.loss}"),
             (self.final_epochs >= 0, "final_epochs must be >= 0"),
             (0 <= self.student_ema < 1 and not (self.student_ema and self.final_epochs),
              "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
