@@ -32,27 +32,11 @@ import time
 import warnings
 from pathlib import Path
 
-import dp_accounting
 import torch
 import torch.nn.functional as F
-from dp_accounting.pld import pld_privacy_accountant
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dpsgd_whitening_probe as probe  # noqa: E402  (the features and their projections)
-
-
-def gaussian_multiplier(epsilon: float, delta: float = 1e-5) -> float:
-    """The noise multiplier of one Gaussian release (replace-one, dp-accounting's unit: sensitivity 2) at ε."""
-    def spent(z: float) -> float:
-        acc = pld_privacy_accountant.PLDAccountant(
-            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-        acc.compose(dp_accounting.GaussianDpEvent(z), 1)
-        return acc.get_epsilon(delta)
-    lo, hi = 0.05, 500.0
-    for _ in range(50):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if spent(mid) > epsilon else (lo, mid)
-    return hi
 
 
 def unit_rows_with_bias(z: torch.Tensor) -> torch.Tensor:
@@ -94,9 +78,11 @@ def release(c: dict, x, xt, y, yt) -> dict:
         moment, cross = x.T @ x, x.T @ F.one_hot(y, 10).double()
     for eps in c.get("eps", [0, 3]):
         accuracies = []
+        # one Gaussian release at ε (replace-one, dp-accounting's unit: sensitivity 2): the whitening probe's
+        # calibration of one step at sampling rate 1
+        z = probe.calibrate(eps, 1.0, 1, 0.0) if eps else 0.0
         for draw in range(c.get("draws", 3) if eps else 1):
             g = torch.Generator().manual_seed(draw)
-            z = gaussian_multiplier(eps) if eps else 0.0
             if c["mechanism"] == "output":
                 head = theta + torch.randn(theta.shape, generator=g, dtype=torch.float64) * z * sensitivity / 2
             else:  # one Gaussian release of both statistics, sensitivity 2 = the accountant's unit: noise std z
@@ -112,10 +98,7 @@ def release(c: dict, x, xt, y, yt) -> dict:
 def main() -> None:
     warnings.simplefilter("ignore")
     dataset, settings = sys.argv[1], json.loads(sys.argv[2])
-    data = probe.load_data(dataset)
-    model = probe.ScatterNet(data.channels, data.num_classes, data.image_size[0], fine="--fine" in sys.argv[3:])
-    stages = probe.Stages(probe.StageCache(), probe.Env.cpu(), data, probe.RunDir("/tmp/privdistill-whitening-probe"))
-    features, test_features = (f.flatten(1).float() for f in stages.features(model))
+    data, model, features, test_features = probe.scattering_features(dataset, fine="--fine" in sys.argv[3:])
     u, ut = (f / f.norm(dim=1, keepdim=True) for f in (features, test_features))
     for c in settings:
         started = time.time()

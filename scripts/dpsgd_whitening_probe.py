@@ -320,14 +320,20 @@ def nonprivate(z, zt, y, yt, epochs: int = 6) -> dict:
     return {"accuracy": round(best, 4)}
 
 
+def scattering_features(dataset: str, fine: bool):
+    """The dataset, its ScatterNet (with `fine`, both scattering scales: J = 2 and J = 1, models/scatternet.py's
+    `fine`, for the prior and the head) and the cached features of its training and test sets, flattened."""
+    data = load_data(dataset)
+    model = ScatterNet(data.channels, data.num_classes, data.image_size[0], fine=fine)
+    stages = Stages(StageCache(), Env.cpu(), data, RunDir("/tmp/privdistill-whitening-probe"))
+    x, xt = (f.flatten(1).float() for f in stages.features(model))
+    return data, model, x, xt
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     dataset, settings = sys.argv[1], json.loads(sys.argv[2])
-    data = load_data(dataset)
-    # --fine: both scattering scales (J = 2 and J = 1, models/scatternet.py's `fine`), for the prior and the head
-    model = ScatterNet(data.channels, data.num_classes, data.image_size[0], fine="--fine" in sys.argv[3:])
-    stages = Stages(StageCache(), Env.cpu(), data, RunDir("/tmp/privdistill-whitening-probe"))
-    x, xt = (f.flatten(1).float() for f in stages.features(model))
+    data, model, x, xt = scattering_features(dataset, fine="--fine" in sys.argv[3:])
     u, ut = x / x.norm(dim=1, keepdim=True), xt / xt.norm(dim=1, keepdim=True)
     for c in settings:
         started = time.time()
