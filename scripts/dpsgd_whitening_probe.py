@@ -43,7 +43,9 @@ rate decays linearly to 0), ema (evaluate an exponential average of the iterates
 on the noised gradients, post-processing; with bc, DP-AdamBC's removal of the noise variance from the second moment,
 floored at gamma), renorm (each projected row scaled to the median norm), loss ("ce", "ce-tau" with tau, "hinge"
 with margin: `residual`); the dead-leaves processes also take "mirror" and "envelope" in "dead_leaves" (objects
-centred and symmetric: `object_like`).
+centred and symmetric: `object_like`); init ("zero", the default, or "uniform": PyTorch's
+nn.Linear initialisation); power (each coefficient of the private and the prior's features to sign(x) |x|^power
+before the projection: `signed_power`).
 The settings were compared on the test set, as in the sweep of docs/results.md; that selection is priced by no ε.
 """
 
@@ -167,7 +169,7 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
                 images = prior_images(*key[:3], data.train, shape_args)
                 PRIOR_FEATURES[key] = torch.cat([model.scatter(images[i:i + 1000]).flatten(1)
                                                  for i in range(0, len(images), 1000)])
-        p = whitening_projection(PRIOR_FEATURES[key], k, shrink=c.get("shrink", 0.0))
+        p = whitening_projection(signed_power(PRIOR_FEATURES[key], c.get("power", 1.0)), k, shrink=c.get("shrink", 0.0))
         return u @ p, ut @ p
     if kind == "prior-dp":  # the prior's projection, then a DP second moment of the private data in its k dimensions
         z, zt = project({**c, "features": "prior"}, u, ut, model, data)
@@ -223,6 +225,13 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
     return u @ p, ut @ p
 
 
+def signed_power(x: torch.Tensor, power: float) -> torch.Tensor:
+    """sign(x) |x|^power, coefficient by coefficient (a fixed public map; power 1 leaves x as it is): with power < 1
+    the heavy tails of the normalised scattering coefficients are compressed, as power normalisation does for
+    Fisher vectors (Perronnin et al. 2010)."""
+    return x if power == 1 else x.sign() * x.abs().pow(power)
+
+
 def random_features(c: dict, z: torch.Tensor, zt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Append c["rf"] random ReLU features of the projected z (a fixed public map, no data read): each z is scaled
     to norm sqrt(k), multiplied by a Gaussian matrix N(0, 1/k) drawn from c["rf_seed"], rectified and centred by
@@ -269,6 +278,9 @@ def dpsgd(c: dict, z, zt, y, yt) -> dict:
     sigma = calibrate(c.get("eps", 1.0), q, steps, analyze_gauss)
     g = torch.Generator().manual_seed(c.get("seed", 0))
     W, b = torch.zeros(10, k), torch.zeros(10)
+    if c.get("init") == "uniform":  # PyTorch's nn.Linear default, U(-1/sqrt(k), 1/sqrt(k)) (the CLI's before head_init)
+        gi = torch.Generator().manual_seed(c.get("seed", 0) + 31)
+        W, b = ((torch.rand(*shape, generator=gi) * 2 - 1) / math.sqrt(k) for shape in ((10, k), (10,)))
     mW, mb = torch.zeros_like(W), torch.zeros_like(b)
     aW, ab = W, b  # the average of the iterates ("ema"), restarted at the first step
     adam_state = (torch.zeros_like(W), torch.zeros_like(b))
@@ -334,9 +346,10 @@ def main() -> None:
     warnings.simplefilter("ignore")
     dataset, settings = sys.argv[1], json.loads(sys.argv[2])
     data, model, x, xt = scattering_features(dataset, fine="--fine" in sys.argv[3:])
-    u, ut = x / x.norm(dim=1, keepdim=True), xt / xt.norm(dim=1, keepdim=True)
     for c in settings:
         started = time.time()
+        xp, xpt = (signed_power(f, c.get("power", 1.0)) for f in (x, xt))
+        u, ut = xp / xp.norm(dim=1, keepdim=True), xpt / xpt.norm(dim=1, keepdim=True)
         z, zt = (x, xt) if c["features"] == "raw" else project(c, u, ut, model, data)
         if c.get("rf"):
             z, zt = random_features(c, z, zt)
