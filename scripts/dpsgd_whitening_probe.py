@@ -45,7 +45,8 @@ floored at gamma), renorm (each projected row scaled to the median norm), loss (
 with margin: `residual`); the dead-leaves processes also take "mirror" and "envelope" in "dead_leaves" (objects
 centred and symmetric: `object_like`); init ("zero", the default, or "uniform": PyTorch's
 nn.Linear initialisation); power (each coefficient of the private and the prior's features to sign(x) |x|^power
-before the projection: `signed_power`).
+before the projection: `signed_power`). A further argument `--coarse` adds a J = 3 scattering beside the scales
+the features and the prior are read at (`features_of`).
 The settings were compared on the test set, as in the sweep of docs/results.md; that selection is priced by no ε.
 """
 
@@ -63,12 +64,13 @@ import torch.nn.functional as F
 from dp_accounting.pld import pld_privacy_accountant
 
 from privdistill.data import load_data
+from privdistill.data.dataset import to_float
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
 from privdistill.models.random_prior import PRIOR_SEED, dead_leaves, whitening_projection
-from privdistill.models.scatternet import PRIORS, ScatterNet
+from privdistill.models.scatternet import PRIORS, ScatterNet, make_scattering
 
 
 def total_epsilon(sigma: float, q: float, steps: int, analyze_gauss: float = 0.0, delta: float = 1e-5) -> float:
@@ -167,7 +169,7 @@ def project(c: dict, u: torch.Tensor, ut: torch.Tensor, model, data) -> tuple[to
         if key not in PRIOR_FEATURES:  # the random-process images' features, once per process
             with torch.no_grad():
                 images = prior_images(*key[:3], data.train, shape_args)
-                PRIOR_FEATURES[key] = torch.cat([model.scatter(images[i:i + 1000]).flatten(1)
+                PRIOR_FEATURES[key] = torch.cat([features_of(model, images[i:i + 1000])
                                                  for i in range(0, len(images), 1000)])
         p = whitening_projection(signed_power(PRIOR_FEATURES[key], c.get("power", 1.0)), k, shrink=c.get("shrink", 0.0))
         return u @ p, ut @ p
@@ -342,10 +344,43 @@ def scattering_features(dataset: str, fine: bool):
     return data, model, x, xt
 
 
+COARSE: list = []  # with --coarse: a J = 3 scattering beside the model's scales (`features_of`)
+
+
+def features_of(model, images: torch.Tensor) -> torch.Tensor:
+    """The model's normalised scattering of float images, flattened; with --coarse, beside it a J = 3 scattering
+    ([217 C, H/8, W/8] for L = 8, kymatio pads sides that 8 does not divide) normalised per example as one group."""
+    f = model.scatter(images).flatten(1)
+    return torch.cat([f, coarse_block(images)], 1) if COARSE else f
+
+
+def coarse_features(dataset: str, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """The J = 3 block of the training and test images (cached in /tmp: minutes of CPU)."""
+    path = f"/tmp/privdistill-whitening-probe-coarse-{dataset}.pt"
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        pass
+    saved = tuple(torch.cat([coarse_block(split.images[i:i + 1000]) for i in range(0, len(split), 1000)])
+                  for split in (data.train, data.test))
+    torch.save(saved, path)
+    return saved
+
+
+def coarse_block(images: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        coarse = COARSE[0](to_float(images)).flatten(1)
+    return (coarse - coarse.mean(1, keepdim=True)) / coarse.std(1, keepdim=True).clamp_min(1e-5)
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     dataset, settings = sys.argv[1], json.loads(sys.argv[2])
     data, model, x, xt = scattering_features(dataset, fine="--fine" in sys.argv[3:])
+    if "--coarse" in sys.argv[3:]:
+        COARSE.append(make_scattering(data.image_size, J=3))
+        c, ct = coarse_features(dataset, data)
+        x, xt = torch.cat([x, c], 1), torch.cat([xt, ct], 1)
     for c in settings:
         started = time.time()
         xp, xpt = (signed_power(f, c.get("power", 1.0)) for f in (x, xt))

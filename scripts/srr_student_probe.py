@@ -55,7 +55,10 @@ def release(run: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
     stages = range(1, len(spends) + 1)
     images = [torch.load(run / "synthetic" / f"stage-{i:04d}.pt", weights_only=True) for i in stages]
     sets = [torch.load(run / "label-sets" / f"stage-{i:04d}.pt", weights_only=True) for i in stages]
-    epsilon = float(yaml.safe_load((run / "config.yaml").read_text())["budget"]["epsilon"])
+    budget = yaml.safe_load((run / "config.yaml").read_text())["config"]["budget"]
+    if budget["accounting"] != "paper":  # (the strict accounting splits the target over the labels)
+        raise SystemExit("this probe reads runs whose per-label epsilon is the target: --accounting paper")
+    epsilon = float(budget["epsilon"])
     return torch.cat(images), torch.cat(labels), torch.cat(sets), epsilon
 
 
