@@ -52,9 +52,10 @@ from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages, fixed_features
 from privdistill.engine.trainer import accuracy
-from privdistill.methods.dpsgd import epsilons, steps_per_epoch, strict_noise_multiplier
+from privdistill.methods.dpsgd import epsilons, steps_per_epoch
 from privdistill.models import create_model
 from privdistill.models.scatternet import make_scattering
+from privdistill.privacy.accounting import strict_noise_multiplier
 
 
 def capacity_head(name: str, channels: int, side: int, classes: int) -> nn.Module:

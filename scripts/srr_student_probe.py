@@ -15,6 +15,7 @@ Keys: student ("scatter": scatter-multiscale-prior-linear's features, a linear h
 ("likelihood", the run's post-processing of the release, or "ce" on the released label as if it were right),
 epochs, lr (Adam; 1e-3), batch (256), seed (0). With `--teacher DIR` (the run's teacher, a stage or run directory)
 a setting may ask for "labels": "teacher" (the teacher's argmax on the same samples, no mechanism: the ceiling).
+With `--precompute` it only computes and caches the scatter features of every stage saved so far, and stops.
 The curve is the test accuracy after each epoch (compared on the test set: a probe, priced by no ε).
 """
 
@@ -62,6 +63,19 @@ def release(run: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
     return torch.cat(images), torch.cat(labels), torch.cat(sets), epsilon
 
 
+def stage_features(path: Path, scatter, stages: Stages, env: Env) -> torch.Tensor:
+    """The student's fixed features of one stage's synthetic inputs, flattened, cached beside the run (minutes each:
+    `--precompute` fills the cache while the run still trains)."""
+    saved = path.parent.parent / "student-probe" / path.name
+    if saved.is_file():
+        return torch.load(saved, weights_only=True)
+    stages.features(scatter)  # (fits or loads the prior projection first)
+    features = fixed_features(scatter, torch.load(path, weights_only=True), env).flatten(1)
+    saved.parent.mkdir(exist_ok=True)
+    torch.save(features, saved)
+    return features
+
+
 def train(c: dict, x: torch.Tensor, targets: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor, model) -> list:
     """Adam over (x, targets) in seeded epochs; targets [n] (cross-entropy) or [n, K] log-likelihoods."""
     torch.manual_seed(c.get("seed", 0))
@@ -89,25 +103,33 @@ def main() -> None:
     run, dataset, settings = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
     teacher_dir = sys.argv[sys.argv.index("--teacher") + 1] if "--teacher" in sys.argv else None
     data, env = load_data(dataset), Env.cpu()
+    scatter = create_model("scatter-multiscale-prior-linear", kind="classifier", in_channels=data.channels,
+                           num_classes=data.num_classes, image_size=data.image_size[0])
+    stages = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-srr-student-probe"))
+    if "--precompute" in sys.argv:  # while the run trains: the features of every stage saved so far, then stop
+        for path in sorted((run / "synthetic").glob("stage-*.pt")):
+            stage_features(path, scatter, stages, env)
+        return
     images, released, sets, epsilon = release(run)
+    count = len(list((run / "synthetic").glob("stage-*.pt")))
     likelihood = released_label_likelihood(sets, released, epsilon=epsilon).clamp(min=1e-300).log().float()
     teacher_labels = None
     if teacher_dir:
         teacher = RunDir(teacher_dir).load_weights("model", device=env.device).eval()
         teacher_labels = predict_logits(teacher, images, env).argmax(1).cpu()
-    scatter = create_model("scatter-multiscale-prior-linear", kind="classifier", in_channels=data.channels,
-                           num_classes=data.num_classes, image_size=data.image_size[0])
-    stages = Stages(StageCache(), env, data, RunDir("/tmp/privdistill-srr-student-probe"))
     inputs = {}
     for c in settings:
         started = time.time()
         if c["student"] not in inputs:  # the scattering features once (minutes); the CNN reads the images
             if c["student"] == "scatter":
                 test = stages.features(scatter)[1].flatten(1)  # (fits or loads the prior projection first)
-                inputs["scatter"] = (fixed_features(scatter, images, env).flatten(1), test)
+                inputs["scatter"] = (torch.cat([stage_features(run / "synthetic" / f"stage-{i:04d}.pt", scatter, stages,
+                                                              env) for i in range(1, count + 1)]), test)
             else:
                 inputs["cnn"] = (to_float(images), to_float(data.test.images))
         x, xt = inputs[c["student"]]
+        if len(x) != len(released):
+            raise SystemExit(f"{len(x)} inputs for {len(released)} released labels: is the run finished?")
         if c.get("labels") == "teacher":
             targets = teacher_labels
         else:

@@ -7,7 +7,8 @@ import torch
 
 from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.dpsgd import epsilons, run_dpsgd, steps_per_epoch, strict_noise_multiplier
+from privdistill.methods.dpsgd import epsilons, run_dpsgd, steps_per_epoch
+from privdistill.privacy.accounting import strict_noise_multiplier
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

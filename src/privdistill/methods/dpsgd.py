@@ -46,11 +46,12 @@ from privdistill.engine.augment import augment_batch
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import lr_factor, make_optimizer
 from privdistill.engine.trainer import accuracy
-from privdistill.errors import BudgetExceededError, ConfigError, PrivacyError
+from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.models.scatternet import LINEAR_SCATTERNETS, ScatterNet
+from privdistill.privacy.accounting import strict_noise_multiplier
 from privdistill.privacy.ledger import LedgerView
 from privdistill.privacy.report import PRIVATE, Pathway
 from privdistill.privacy.secure import use_secure_noise
@@ -129,32 +130,6 @@ def epsilons(noise_multiplier: float, sample_rate: float, steps: int, delta: flo
     out["replace_one"] = pld_poisson_gaussian_replace_one(float(noise_multiplier), float(sample_rate), int(steps),
                                                            float(delta))
     return out
-
-
-def strict_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                            tolerance: float = 0.005) -> float:
-    """Least σ (to `tolerance` in ε, on the safe side) whose replace-one PLD ε is <= target."""
-    from privdistill.privacy.accounting import pld_poisson_gaussian_replace_one
-
-    def eps(sigma: float) -> float:
-        return pld_poisson_gaussian_replace_one(float(sigma), float(sample_rate), int(steps), float(delta))
-
-    lo, hi = 0.0, 1.0
-    while eps(hi) > target_epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e4:
-            raise PrivacyError(f"no noise multiplier reaches epsilon {target_epsilon} at delta {delta}")
-    while True:
-        mid = (lo + hi) / 2
-        e = eps(mid)
-        if e <= target_epsilon:
-            hi = mid
-            if target_epsilon - e <= tolerance:
-                return hi
-        else:
-            lo = mid
-        if hi - lo < 1e-4:
-            return hi
 
 
 def dpsgd_pathways() -> dict[str, list[Pathway]]:

@@ -163,7 +163,8 @@ def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, se
 def source_event(ctx, share: float | None = None, delta: float | None = None) -> DPSGDTraining:
     """The DP source's privacy event, computed before anything trains (the nested run calibrates the same σ);
     `share`: of the target ε, `delta`: its δ (defaults: the config's shares)."""
-    from privdistill.methods.dpsgd import steps_per_epoch, strict_noise_multiplier
+    from privdistill.methods.dpsgd import steps_per_epoch
+    from privdistill.privacy.accounting import strict_noise_multiplier
 
     cfg: DPSourceConfig = ctx.section("dp_source")
     if ctx.budget.epsilon is None:
@@ -231,7 +232,7 @@ def split_delta(delta: float, share: float) -> tuple[float, float]:
 def statistics_event(ctx, share: float, delta: float) -> DPSGDTraining:
     """The event of the DP feature statistics (`share` of the target ε, at `delta`): one Gaussian sum of vectors
     of norm <= 1, i.e. a DP-SGD step at q = 1 (privacy.mechanisms.gaussian_feature_statistics)."""
-    from privdistill.methods.dpsgd import strict_noise_multiplier
+    from privdistill.privacy.accounting import strict_noise_multiplier
 
     if ctx.budget.epsilon is None:
         raise ConfigError("--privacy end-to-end needs a target --epsilon: the feature statistics get a share of it")

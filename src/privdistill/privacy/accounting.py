@@ -273,6 +273,31 @@ def pld_poisson_gaussian_replace_one(noise_multiplier: float, q: float, steps: i
     return float(acc.get_epsilon(delta))
 
 
+def strict_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                            tolerance: float = 0.005) -> float:
+    """Least σ (to `tolerance` in ε, on the safe side) whose replace-one PLD ε of `steps` Poisson-sampled Gaussian
+    steps is <= target: how DP-SGD and the end-to-end DP sources calibrate under the strict accounting."""
+    def eps(sigma: float) -> float:
+        return pld_poisson_gaussian_replace_one(float(sigma), float(sample_rate), int(steps), float(delta))
+
+    lo, hi = 0.0, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            raise PrivacyError(f"no noise multiplier reaches epsilon {target_epsilon} at delta {delta}")
+    while True:
+        mid = (lo + hi) / 2
+        e = eps(mid)
+        if e <= target_epsilon:
+            hi = mid
+            if target_epsilon - e <= tolerance:
+                return hi
+        else:
+            lo = mid
+        if hi - lo < 1e-4:
+            return hi
+
+
 def dpdfd_strict_noise_multiplier(event: DPDFDSteps) -> float:
     """Noise std divided by the L2 sensitivity of one step's release (replace-one; see docs/privacy.md).
 
