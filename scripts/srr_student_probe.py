@@ -46,7 +46,10 @@ from privdistill.privacy.mechanisms import released_label_likelihood
 
 def release(run: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """The run's synthetic inputs, released labels and candidate sets, stage after stage, and its per-label ε."""
-    ledger = PrivacyLedger.in_run_dir(run)
+    budget = yaml.safe_load((run / "config.yaml").read_text())["config"]["budget"]
+    if budget["accounting"] != "paper":  # (the strict accounting splits the target over the labels)
+        raise SystemExit("this probe reads runs whose per-label epsilon is the target: --accounting paper")
+    ledger = PrivacyLedger.in_run_dir(run, accounting="paper", delta=float(budget["delta"]))
 
     def refuse():
         raise RuntimeError("a probe never draws labels")
@@ -56,9 +59,6 @@ def release(run: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
     stages = range(1, len(spends) + 1)
     images = [torch.load(run / "synthetic" / f"stage-{i:04d}.pt", weights_only=True) for i in stages]
     sets = [torch.load(run / "label-sets" / f"stage-{i:04d}.pt", weights_only=True) for i in stages]
-    budget = yaml.safe_load((run / "config.yaml").read_text())["config"]["budget"]
-    if budget["accounting"] != "paper":  # (the strict accounting splits the target over the labels)
-        raise SystemExit("this probe reads runs whose per-label epsilon is the target: --accounting paper")
     epsilon = float(budget["epsilon"])
     return torch.cat(images), torch.cat(labels), torch.cat(sets), epsilon
 
@@ -111,7 +111,7 @@ def main() -> None:
             stage_features(path, scatter, stages, env)
         return
     images, released, sets, epsilon = release(run)
-    count = len(list((run / "synthetic").glob("stage-*.pt")))
+    count = len(list((run / "label-sets").glob("stage-*.pt")))  # the stages labelled so far (a run may still train)
     likelihood = released_label_likelihood(sets, released, epsilon=epsilon).clamp(min=1e-300).log().float()
     teacher_labels = None
     if teacher_dir:
