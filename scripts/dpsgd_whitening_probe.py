@@ -385,7 +385,7 @@ def main() -> None:
         started = time.time()
         xp, xpt = (signed_power(f, c.get("power", 1.0)) for f in (x, xt))
         u, ut = xp / xp.norm(dim=1, keepdim=True), xpt / xpt.norm(dim=1, keepdim=True)
-        z, zt = (x, xt) if c["features"] == "raw" else project(c, u, ut, model, data)
+        z, zt = (xp, xpt) if c["features"] == "raw" else project(c, u, ut, model, data)
         if c.get("rf"):
             z, zt = random_features(c, z, zt)
         if c.get("renorm"):  # every projected row to one norm (their median on the private rows: a probe, unpriced)

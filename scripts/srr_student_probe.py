@@ -44,8 +44,9 @@ from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import released_label_likelihood
 
 
-def release(run: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-    """The run's synthetic inputs, released labels and candidate sets, stage after stage, and its per-label ε."""
+def release(run: Path) -> tuple[list[Path], torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """The stages labelled so far (a run may still train): their synthetic input files, the inputs, released labels
+    and candidate sets, stage after stage, and the per-label ε."""
     budget = yaml.safe_load((run / "config.yaml").read_text())["config"]["budget"]
     if budget["accounting"] != "paper":  # (the strict accounting splits the target over the labels)
         raise SystemExit("this probe reads runs whose per-label epsilon is the target: --accounting paper")
@@ -57,10 +58,11 @@ def release(run: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
     spends = [r for r in ledger.records() if r["kind"] == "spend"]
     labels = [torch.as_tensor(ledger.spend(r["key"], event_from_dict(r["event"]), refuse)).long() for r in spends]
     stages = range(1, len(spends) + 1)
-    images = [torch.load(run / "synthetic" / f"stage-{i:04d}.pt", weights_only=True) for i in stages]
+    files = [run / "synthetic" / f"stage-{i:04d}.pt" for i in stages]
+    images = [torch.load(path, weights_only=True) for path in files]
     sets = [torch.load(run / "label-sets" / f"stage-{i:04d}.pt", weights_only=True) for i in stages]
     epsilon = float(budget["epsilon"])
-    return torch.cat(images), torch.cat(labels), torch.cat(sets), epsilon
+    return files, torch.cat(images), torch.cat(labels), torch.cat(sets), epsilon
 
 
 def stage_features(path: Path, scatter, stages: Stages, env: Env) -> torch.Tensor:
@@ -69,7 +71,7 @@ def stage_features(path: Path, scatter, stages: Stages, env: Env) -> torch.Tenso
     saved = path.parent.parent / "student-probe" / path.name
     if saved.is_file():
         return torch.load(saved, weights_only=True)
-    stages.features(scatter)  # (fits or loads the prior projection first)
+    stages.scatter_prior(scatter)  # (fits or loads the prior projection first)
     features = fixed_features(scatter, torch.load(path, weights_only=True), env).flatten(1)
     saved.parent.mkdir(exist_ok=True)
     torch.save(features, saved)
@@ -110,8 +112,7 @@ def main() -> None:
         for path in sorted((run / "synthetic").glob("stage-*.pt")):
             stage_features(path, scatter, stages, env)
         return
-    images, released, sets, epsilon = release(run)
-    count = len(list((run / "label-sets").glob("stage-*.pt")))  # the stages labelled so far (a run may still train)
+    files, images, released, sets, epsilon = release(run)
     likelihood = released_label_likelihood(sets, released, epsilon=epsilon).clamp(min=1e-300).log().float()
     teacher_labels = None
     if teacher_dir:
@@ -123,13 +124,13 @@ def main() -> None:
         if c["student"] not in inputs:  # the scattering features once (minutes); the CNN reads the images
             if c["student"] == "scatter":
                 test = stages.features(scatter)[1].flatten(1)  # (fits or loads the prior projection first)
-                inputs["scatter"] = (torch.cat([stage_features(run / "synthetic" / f"stage-{i:04d}.pt", scatter, stages,
-                                                              env) for i in range(1, count + 1)]), test)
+                inputs["scatter"] = (torch.cat([stage_features(path, scatter, stages, env) for path in files]), test)
             else:
                 inputs["cnn"] = (to_float(images), to_float(data.test.images))
         x, xt = inputs[c["student"]]
         if len(x) != len(released):
-            raise SystemExit(f"{len(x)} inputs for {len(released)} released labels: is the run finished?")
+            raise SystemExit(f"{len(x)} inputs for {len(released)} released labels: stale features in "
+                             f"{run / 'student-probe'}?")
         if c.get("labels") == "teacher":
             targets = teacher_labels
         else:
