@@ -46,7 +46,8 @@ with margin: `residual`); the dead-leaves processes also take "mirror" and "enve
 centred and symmetric: `object_like`); init ("zero", the default, or "uniform": PyTorch's
 nn.Linear initialisation); power (each coefficient of the private and the prior's features to sign(x) |x|^power
 before the projection: `signed_power`). A further argument `--coarse` adds a J = 3 scattering beside the scales
-the features and the prior are read at (`features_of`).
+the features and the prior are read at (`features_of`). `--flip` reads every image's features symmetrised under a
+left-right flip, (f(x) + f(flip x)) / 2, for the private data and the prior alike (a fixed public map; `flipped`).
 The settings were compared on the test set, as in the sweep of docs/results.md; that selection is priced by no ε.
 """
 
@@ -345,13 +346,30 @@ def scattering_features(dataset: str, fine: bool):
 
 
 COARSE: list = []  # with --coarse: a J = 3 scattering beside the model's scales (`features_of`)
+FLIP: list = []  # with --flip: features symmetrised under a left-right flip (`features_of`)
 
 
-def features_of(model, images: torch.Tensor) -> torch.Tensor:
+def features_of(model, images: torch.Tensor, mirror: bool | None = None) -> torch.Tensor:
     """The model's normalised scattering of float images, flattened; with --coarse, beside it a J = 3 scattering
-    ([217 C, H/8, W/8] for L = 8, kymatio pads sides that 8 does not divide) normalised per example as one group."""
+    ([217 C, H/8, W/8] for L = 8, kymatio pads sides that 8 does not divide) normalised per example as one group;
+    with --flip (or `mirror`), the mean of the images' features and their left-right mirror images'."""
+    mirror = bool(FLIP) if mirror is None else mirror
     f = model.scatter(images).flatten(1)
-    return torch.cat([f, coarse_block(images)], 1) if COARSE else f
+    f = torch.cat([f, coarse_block(images)], 1) if COARSE else f
+    return (f + features_of(model, images.flip(-1), mirror=False)) / 2 if mirror else f
+
+
+def flipped(dataset: str, data, model) -> tuple[torch.Tensor, torch.Tensor]:
+    """The features of the left-right flipped training and test images (cached in /tmp: minutes of CPU)."""
+    path = f"/tmp/privdistill-whitening-probe-flip-{dataset}-{model.transform_id}{'-coarse' if COARSE else ''}.pt"
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        pass
+    saved = tuple(torch.cat([features_of(model, to_float(split.images[i:i + 1000]).flip(-1), mirror=False)
+                             for i in range(0, len(split), 1000)]) for split in (data.train, data.test))
+    torch.save(saved, path)
+    return saved
 
 
 def coarse_features(dataset: str, data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -381,6 +399,10 @@ def main() -> None:
         COARSE.append(make_scattering(data.image_size, J=3))
         c, ct = coarse_features(dataset, data)
         x, xt = torch.cat([x, c], 1), torch.cat([xt, ct], 1)
+    if "--flip" in sys.argv[3:]:
+        f, ft = flipped(dataset, data, model)
+        x, xt = (x + f) / 2, (xt + ft) / 2
+        FLIP.append(True)
     for c in settings:
         started = time.time()
         xp, xpt = (signed_power(f, c.get("power", 1.0)) for f in (x, xt))
