@@ -71,7 +71,9 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     if not rows or not datasets:
         return None
     whole = [guarantee(r)[0] and isinstance(r.get("epsilon_strict"), (int, float)) for r in rows]
-    colours = _colours(_label(r) for r in rows)
+    # one colour per series within a row of panels (the same in both datasets' panels): over both rows there are
+    # more series than tab20 has colours, and a repeated colour within one panel would mislabel a curve
+    colours = {w: _colours(_label(r) for r, rw in zip(rows, whole) if rw == w) for w in (True, False)}
     plt = _plt()
     fig, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets) + 2.6, 8), squeeze=False)
     panels = (("DP as a whole: strict ε (replace-one, δ = 1e-5)", True),
@@ -85,8 +87,9 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
                     series.setdefault(_label(r), []).append((eps, 100 * float(r["test_accuracy"])))
             for name, pts in sorted(series.items()):
                 pts.sort()
+                colour = colours[is_whole][name]
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if is_whole else "s--", label=name,
-                        color=colours[name], mfc=colours[name] if is_whole else "white")
+                        color=colour, mfc=colour if is_whole else "white")
             if ds in baselines:
                 ax.axhline(100 * baselines[ds], color="k", ls=":", lw=1, label="non-private baseline")
             ax.set(xscale="log", xlabel=what, ylabel="test accuracy %", title=ds)
