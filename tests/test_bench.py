@@ -301,3 +301,25 @@ def test_every_committed_dp_record_says_what_its_epsilon_leaves_uncovered():
     lacking = [name for name, r in loaded.items()
                if r.get("method") in DP_METHODS and "not_covered" not in r]
     assert not lacking, f"records without not_covered: {lacking}"
+
+
+def test_accuracy_vs_epsilon_gives_every_curve_of_a_panel_its_own_colour(tmp_path, monkeypatch):
+    # 21 series in all, more than tab20's colours: "a" and "z" are DP as a whole, the 19 "m.." between them in
+    # sorted order are not. One colour list over all names would give "a" and "z" the same colour in one panel.
+    from privdistill.bench import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi=120: figures.append(fig) or path)
+    names = {"a": True, "z": True} | {f"m{v:02d}": False for v in range(19)}
+    rows = [{"method": "dpsgd", "variant": name, "dataset": "mnist", "target_epsilon": eps, "delta": 1e-5,
+             "epsilon_strict": eps if whole else 9e3, "epsilon_paper": eps, "test_accuracy": 0.9,
+             "not_covered": [] if whole else ["the generator"]}
+            for name, whole in names.items() for eps in (1, 3)]
+    plots.accuracy_vs_epsilon(rows, tmp_path / "a.png")
+    (fig,) = figures
+    counts = []
+    for ax in fig.axes:
+        colours = [tuple(line.get_color()) for line in ax.get_lines()]
+        assert len(set(colours)) == len(colours)
+        counts.append(len(colours))
+    assert sorted(counts) == [2, 19]
