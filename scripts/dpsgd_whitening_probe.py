@@ -361,28 +361,30 @@ def features_of(model, images: torch.Tensor, mirror: bool | None = None) -> torc
 
 def flipped(dataset: str, data, model) -> tuple[torch.Tensor, torch.Tensor]:
     """The features of the left-right flipped training and test images (cached in /tmp: minutes of CPU)."""
-    path = f"/tmp/privdistill-whitening-probe-flip-{dataset}-{model.transform_id}{'-coarse' if COARSE else ''}.pt"
+    return cached_in_tmp(
+        f"privdistill-whitening-probe-flip-{dataset}-{model.transform_id}{'-coarse' if COARSE else ''}",
+        lambda: tuple(torch.cat([features_of(model, to_float(split.images[i:i + 1000]).flip(-1), mirror=False)
+                                 for i in range(0, len(split), 1000)]) for split in (data.train, data.test)))
+
+
+def cached_in_tmp(name: str, build) -> tuple[torch.Tensor, torch.Tensor]:
+    """`build()`'s training and test features, saved as /tmp/NAME.pt the first time and read from there after."""
+    path = f"/tmp/{name}.pt"
     try:
         return torch.load(path, weights_only=True)
     except FileNotFoundError:
         pass
-    saved = tuple(torch.cat([features_of(model, to_float(split.images[i:i + 1000]).flip(-1), mirror=False)
-                             for i in range(0, len(split), 1000)]) for split in (data.train, data.test))
+    saved = build()
     torch.save(saved, path)
     return saved
 
 
 def coarse_features(dataset: str, data) -> tuple[torch.Tensor, torch.Tensor]:
     """The J = 3 block of the training and test images (cached in /tmp: minutes of CPU)."""
-    path = f"/tmp/privdistill-whitening-probe-coarse-{dataset}.pt"
-    try:
-        return torch.load(path, weights_only=True)
-    except FileNotFoundError:
-        pass
-    saved = tuple(torch.cat([coarse_block(split.images[i:i + 1000]) for i in range(0, len(split), 1000)])
-                  for split in (data.train, data.test))
-    torch.save(saved, path)
-    return saved
+    return cached_in_tmp(f"privdistill-whitening-probe-coarse-{dataset}",
+                         lambda: tuple(torch.cat([coarse_block(split.images[i:i + 1000])
+                                                  for i in range(0, len(split), 1000)])
+                                       for split in (data.train, data.test)))
 
 
 def coarse_block(images: torch.Tensor) -> torch.Tensor:

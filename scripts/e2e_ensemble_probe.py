@@ -13,16 +13,10 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
 from privdistill.data import load_data
-from privdistill.data.dataset import to_float
+from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
-
-
-def softmax_of(model: torch.nn.Module, images: torch.Tensor, batch: int = 1000) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([model(to_float(images[i:i + batch])).softmax(1) for i in range(0, len(images), batch)])
+from privdistill.engine.trainer import predict_logits
 
 
 def main() -> None:
@@ -30,7 +24,8 @@ def main() -> None:
     test = load_data(dataset).test
     student = RunDir(run_dir).load_weights("student").eval()
     teacher = RunDir(f"{run_dir}/dp-source").load_weights("model").eval()
-    p_student, p_teacher = softmax_of(student, test.images), softmax_of(teacher, test.images)
+    env = Env.cpu()
+    p_student, p_teacher = (predict_logits(m, test.images, env).softmax(1) for m in (student, teacher))
     row = {"run": run_dir, "dataset": dataset,
            "disagreement": round(float((p_student.argmax(1) != p_teacher.argmax(1)).float().mean()), 4)}
     for w in (0.0, 0.25, 0.5, 0.75, 1.0):  # the student's weight in the mixture: 0 is the teacher alone

@@ -71,7 +71,8 @@ def stage_features(path: Path, scatter, stages: Stages, env: Env) -> torch.Tenso
     saved = path.parent.parent / "student-probe" / path.name
     if saved.is_file():
         return torch.load(saved, weights_only=True)
-    stages.scatter_prior(scatter)  # (fits or loads the prior projection first)
+    if not bool(scatter.prior_fitted):  # (fits or loads the prior projection once, not once per stage)
+        stages.scatter_prior(scatter)
     features = fixed_features(scatter, torch.load(path, weights_only=True), env).flatten(1)
     saved.parent.mkdir(exist_ok=True)
     torch.save(features, saved)
