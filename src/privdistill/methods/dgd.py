@@ -23,6 +23,7 @@ Readings of what the paper leaves open (each configurable):
   average over feature dimensions (a per-feature mean squared distance); Eq. 6's sum is recovered with
   `student.tangent_weight = student.normal_weight = d`. The weights (default 1) are exposed for ablations.
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
+- The student (Eq. 1) is in methods/dgd_student.py, with our pseudo-labelling alternative to its energies.
 - Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
   generator's data (teachers are trained on the rest); compare with PATE.
 """
@@ -33,23 +34,21 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import ImageDataset, to_float
-from privdistill.engine import RunDir, evaluate, streams
+from privdistill.engine import evaluate, streams
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
 from privdistill.engine.holdout import holdout_size, holdout_split
-from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
-from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
 from privdistill.engine.synthesis import query_label_agreement, synthesis_agreement
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
 from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
+from privdistill.methods.dgd_student import StudentConfig, train_student
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
@@ -91,28 +90,6 @@ class DGDConfig:
             self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
 
 
-@dataclass
-class StudentConfig(StudentTraining):
-    """Config section `student`: semi-supervised student learning (DGD: 500 iterations, lr 1e-3 -> 0)."""
-
-    supervised_weight: float = 1.0
-    tangent_weight: float = 1.0
-    normal_weight: float = 1.0
-    entropy_weight: float = 1.0
-    unsupervised: bool = True  # False: the "supervised part only" ablation
-    tangent: bool = True
-    normal: bool = True
-    perturbation: str = "adversarial"  # adversarial (TNAR) | random (DGD text)
-    tangent_eps: float = 1.0
-    normal_eps: float = 2.0
-    xi: float = 1e-2
-
-    def validate(self) -> None:
-        super().validate()
-        if self.perturbation not in ("adversarial", "random"):
-            raise ConfigError("student.perturbation must be adversarial or random")
-
-
 # the ledger keys of the two mechanism uses a run spends budget on
 QUERIES_KEY, LATENT_KEY = "dgd/queries", "dgd/latent-codes"
 
@@ -137,13 +114,14 @@ class DGDMethod(Method):
         cfg: DGDConfig = ctx.section("dgd")
         e2e.check_source_labels(ctx, cfg.source_labels)
         source = [e2e.source_event(ctx)] if e2e.is_end_to_end(ctx) else []  # the DP source's share, then the votes'
-        queries = plan_queries(cfg, ctx.budget, fixed=source)
+        latent = cfg.latent_noise and ctx.section("student").reads_latent_codes  # ε1 only where codes are read
+        queries = plan_queries(cfg, ctx.budget, fixed=source, latent_noise=latent)
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
                      else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
             raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
         events = {QUERIES_KEY: vote_event(cfg, queries), **({e2e.SOURCE_KEY: source[0]} if source else {})}
-        if cfg.latent_noise:
+        if latent:
             events[LATENT_KEY] = LatentLaplace(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
                                                clip=cfg.latent_clip)
         private = ctx.data.train if cfg.inputs == "generator" else holdout_split(ctx.data, cfg.holdout, ctx.env)[0]
@@ -177,8 +155,12 @@ class DGDMethod(Method):
             private, public = holdout_split(data, cfg.holdout, env)
             teachers, teachers_stage = stages.teachers_on(private, ctx.section("teachers"))
             pool, pool_key = public.images, f"holdout:{public.fingerprint()}"
-        vae, vae_stage = stages.vae(pool, pool_key, ctx.section("vae"))
-        refs.update(teachers=teachers_stage.ref(), vae=vae_stage.ref())
+        student_cfg: StudentConfig = ctx.section("student")
+        vae = None
+        if student_cfg.reads_latent_codes:  # Eq. 1's energies decode the unqueried samples' latent codes
+            vae, vae_stage = stages.vae(pool, pool_key, ctx.section("vae"))
+            refs.update(vae=vae_stage.ref())
+        refs.update(teachers=teachers_stage.ref())
 
         # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes
         perm = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))
@@ -196,17 +178,18 @@ class DGDMethod(Method):
                 baseline, query_images, labels, None if answer is None else answer.votes, env),
                 "query_agreement_note": "evaluation only: compares the teachers' labels on the queried synthetic "
                                         "samples with the non-private baseline's; not covered by any epsilon"})
-        codes = _latent_codes(vae, rest_images, cfg, env, ledger, plan.details["events"].get(LATENT_KEY), noise_seed)
+        codes = (_latent_codes(vae, rest_images, cfg, env, ledger, plan.details["events"].get(LATENT_KEY), noise_seed)
+                 if vae is not None else torch.empty(0, ctx.section("vae").latent_dim))
 
-        # --- semi-supervised student (Eq. 1)
-        student_cfg: StudentConfig = ctx.section("student")
+        # --- semi-supervised student (Eq. 1; or pseudo-labels on the unqueried samples)
         torch.manual_seed(env.generator(streams.DGD_INIT).initial_seed())
         student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                                num_classes=data.num_classes, image_size=data.image_size[0])
         query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
+        unlabelled = rest_images if student_cfg.objective == "pseudo-label" and student_cfg.unsupervised else None
         student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=ctx.run,
-                                             test=data.test)
+                                             test=data.test, unlabelled=unlabelled)
         return Trained(student=student, generator=generator, baseline_accuracy=baseline_accuracy,
                        fields={"stages": refs, "student_training": train_stats, **diagnostics})
 
@@ -215,14 +198,16 @@ class DGDMethod(Method):
         source = "DP source (DP-SGD)" if dp else "non-private baseline classifier"
         pathways = dgd_pathways(aggregation=cfg.aggregation, source_is_dp=dp,
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
-                                fitted_to=ctx.section("generator").describe_source(source))
+                                fitted_to=ctx.section("generator").describe_source(source),
+                                latent_codes=ctx.section("student").reads_latent_codes)
         e2e.add_source_label_pathway(pathways, cfg.source_labels)
+        latent = LATENT_KEY in plan.details["events"]  # spent ε1: a student with Eq. 1's energies, latent noise on
         covers = ("the whole student: DP source + teacher votes (strict)" if dp else
-                  "the teacher-vote channel only (strict); paper adds ε1 for the latent noise")
+                  "the teacher-vote channel only (strict)" + ("; paper adds ε1 for the latent noise" if latent else ""))
         return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
-                      fields={"epsilon_covers": covers,
-                              "queries": plan.details["queries"], "aggregation": cfg.aggregation,
-                              "inputs": cfg.inputs, "latent_noise": cfg.latent_noise, "variant": cfg.variant})
+                      fields={"epsilon_covers": covers, "queries": plan.details["queries"],
+                              "aggregation": cfg.aggregation, "inputs": cfg.inputs, "latent_noise": latent,
+                              "student_objective": ctx.section("student").objective, "variant": cfg.variant})
 
 
 def run_dgd(request: RunRequest, *, cache: bool = True) -> RunResult:
@@ -235,7 +220,7 @@ def vote_event(cfg: DGDConfig, count: int) -> LNMaxQueries | GNMaxQueries:
             else GNMaxQueries(sigma=cfg.gaussian_sigma, count=count))
 
 
-def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None) -> int:
+def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, latent_noise: bool | None = None) -> int:
     """|D̂s|: as given, or the most queries whose ε under the budget's accounting fits its target (the paper
     accounting adds ε1 of the latent noise to the vote channel; the strict one prices the vote channel)."""
     if cfg.queries > 0:
@@ -243,7 +228,8 @@ def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None) -> i
     if budget.epsilon is None:
         raise ConfigError("give either dgd.queries (|D̂s|) or a target budget.epsilon (--epsilon)")
     fixed = list(fixed or []) + ([LatentLaplace(epsilon1=cfg.epsilon1)]
-                                 if cfg.latent_noise and budget.accounting == "paper" else [])
+                                 if (cfg.latent_noise if latent_noise is None else latent_noise)
+                                 and budget.accounting == "paper" else [])
     n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
                                 accounting=budget.accounting, fixed=fixed)
     if n < 1:
@@ -279,54 +265,6 @@ def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env
 
     noisy = torch.as_tensor(ledger.spend(LATENT_KEY, event, perturb))
     return noisy.clamp(-cfg.latent_clip, cfg.latent_clip)  # M(·): back into the decoder's input box
-
-
-# ------------------------------------------------------------------------------------ student learning
-def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module,
-                  cfg: StudentConfig, env: Env, *, run: RunDir | None = None,
-                  test: ImageDataset | None = None) -> tuple[nn.Module, dict]:
-    """Semi-supervised student (DGD Eq. 1): CE on the labelled queries + tangent/normal/entropy energy on
-    decoded latent codes. Resumable from `student-checkpoint`."""
-    loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, env=env, title="DGD student", log_stage="student",
-                       eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, run=run, test=test)
-    student = loop.student
-    perturber = ManifoldPerturber(vae, PerturbationConfig(cfg.tangent_eps, cfg.normal_eps, cfg.xi, cfg.perturbation),
-                                  autocast=env.autocast)
-    codes = codes.to(env.device)
-    use_unlabelled = cfg.unsupervised and len(codes) > 0
-    for step in loop:
-        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step)))
-        with env.autocast():
-            loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
-        parts = {"ce": float(loss.detach())}
-        if use_unlabelled:
-            gen = env.generator(streams.DGD_PERTURB, step)
-            z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size,
-                                   env.generator(streams.DGD_UNLABELLED, step)).to(env.device)]
-            with torch.no_grad(), env.autocast():
-                x_hat = env.place_batch(perturber.decode(z).float())
-                clean = student.features(x_hat).float()
-            # Perturbations first (the power iterations run their own mixed precision; the decoder's
-            # Jacobian stays in fp32), then the energies under autocast.
-            x_par = env.place_batch(perturber.tangent(student, z, x_hat, gen).float()) if cfg.tangent else None
-            x_perp = env.place_batch(perturber.normal(student, z, x_hat, gen).float()) if cfg.normal else None
-            with env.autocast():
-                if x_par is not None:
-                    tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).mean()
-                    loss = loss + cfg.tangent_weight * tangent
-                    parts["tangent"] = float(tangent.detach())
-                if x_perp is not None:
-                    normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
-                    loss = loss + cfg.normal_weight * normal
-                    parts["normal"] = float(normal.detach())
-                # entropy MINIMISATION (TNAR/VAT; the text: "more determinate predictions"). Eq. 6 prints
-                # +Σ φ log φ, i.e. minus the entropy, which minimised would push predictions to uniform.
-                log_probs = F.log_softmax(student(x_hat).float(), dim=1)
-                entropy = -(log_probs.exp() * log_probs).sum(1).mean()
-                loss = loss + cfg.entropy_weight * entropy
-                parts["entropy"] = float(entropy.detach())
-        loop.update(loss, parts)
-    return loop.finish()
 
 
 # --------------------------------------------------------------------------------------- Python API

@@ -52,9 +52,10 @@ PRIVATE = "private training data"
 
 # ------------------------------------------------------------------------------------ method helpers
 def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
-                 fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False
-                 ) -> dict[str, list[Pathway]]:
-    """DGD (and DGD+ with ``aggregation="gaussian"``). ``inputs``: "generator" (the method) or
+                 fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
+                 latent_codes: bool = True) -> dict[str, list[Pathway]]:
+    """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
+    codes (Eq. 1's energies), not only the samples themselves. ``inputs``: "generator" (the method) or
     "held-out-private" (Fig. 7 variant: a held-out slice of the private set replaces the generator).
     ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models).
     ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
@@ -71,13 +72,14 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
         student += [
             Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
                     "the student's inputs (queried and unlabelled)", source_is_dp, why),
-            Pathway(PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + "
-                    "Laplace(2c/eps1) -> decoded triples", "the student's unsupervised regulariser", source_is_dp,
-                    why if source_is_dp else
-                    "the latent noise perturbs codes of synthetic samples; it does not protect private records"),
             Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried (and kept, when verified)",
                     "the student's query set", source_is_dp, why if source_is_dp else ""),
         ]
+        if latent_codes:
+            student.insert(2, Pathway(
+                PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + Laplace(2c/eps1) -> "
+                "decoded triples", "the student's unsupervised regulariser", source_is_dp, why if source_is_dp else
+                "the latent noise perturbs codes of synthetic samples; it does not protect private records"))
         generator = [Pathway(PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator",
                              "generator weights", source_is_dp, why if source_is_dp else
                              "not covered: the generator is fitted to models trained without noise")]

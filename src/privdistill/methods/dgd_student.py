@@ -1,0 +1,119 @@
+"""DGD's semi-supervised student (Ge et al. 2023, Eq. 1, 5, 6), or a pseudo-labelling one (ours).
+
+    Eq. 1   min  CE(φs(x̂s), l)  +  ‖h(x̂)−h(x̂⊥)‖² + ‖h(x̂)−h(x̂∥)‖²  −  H(φs(x̂))
+            over the labelled queries (x̂s, l) and triples decoded from the noisy latent codes of the rest
+
+Our readings of Eq. 1, 5 and 6 are in methods/dgd.py's docstring. `student.objective=pseudo-label` replaces the
+three energies by FixMatch's confident pseudo-labels (engine/pseudo_label.py) on the pool's unqueried samples
+themselves: the decoded triples of perturbed codes carry little (docs/results.md, DGD findings 2 and 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.engine import RunDir, streams
+from privdistill.engine.context import Env
+from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
+from privdistill.engine.pseudo_label import pseudo_label_loss
+from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
+from privdistill.errors import ConfigError
+
+
+@dataclass
+class StudentConfig(StudentTraining):
+    """Config section `student`: semi-supervised student learning (DGD: 500 iterations, lr 1e-3 -> 0)."""
+
+    supervised_weight: float = 1.0
+    tangent_weight: float = 1.0
+    normal_weight: float = 1.0
+    entropy_weight: float = 1.0
+    unsupervised: bool = True  # False: the "supervised part only" ablation
+    # dgd: Eq. 1's energies on decoded latent codes | pseudo-label: FixMatch on the pool's unqueried samples
+    # (engine/pseudo_label.py; no VAE, no latent codes, so no ε1), a DGD+ choice of ours, not the paper's
+    objective: str = "dgd"
+    threshold: float = 0.95  # pseudo-label: the confidence a pseudo-label needs (FixMatch's τ)
+    unlabelled_weight: float = 1.0  # pseudo-label: λu
+    weak_augment: str = "shift"  # pseudo-label: the weak view (shift | flip-shift)
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("objective", "threshold", "unlabelled_weight", "weak_augment")
+    tangent: bool = True
+    normal: bool = True
+    perturbation: str = "adversarial"  # adversarial (TNAR) | random (DGD text)
+    tangent_eps: float = 1.0
+    normal_eps: float = 2.0
+    xi: float = 1e-2
+
+    def validate(self) -> None:
+        super().validate()
+        if self.perturbation not in ("adversarial", "random"):
+            raise ConfigError("student.perturbation must be adversarial or random")
+        if self.objective not in ("dgd", "pseudo-label") or self.weak_augment not in ("shift", "flip-shift"):
+            raise ConfigError("student.objective must be dgd or pseudo-label, student.weak_augment shift or flip-shift")
+        if not 0 < self.threshold <= 1:
+            raise ConfigError(f"student.threshold must be in (0, 1], got {self.threshold}")
+
+    @property
+    def reads_latent_codes(self) -> bool:  # Eq. 1's unlabelled part: the VAE and its noisy latent codes
+        return self.unsupervised and self.objective == "dgd"
+
+
+# ------------------------------------------------------------------------------------ student learning
+def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module | None,
+                  cfg: StudentConfig, env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None,
+                  unlabelled: torch.Tensor | None = None) -> tuple[nn.Module, dict]:
+    """Semi-supervised student (DGD Eq. 1): CE on the labelled queries + tangent/normal/entropy energy on
+    decoded latent codes; or, given `unlabelled` images, CE + pseudo-labels on them (`student.objective`).
+    Resumable from `student-checkpoint`."""
+    loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, env=env, title="DGD student", log_stage="student",
+                       eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, run=run, test=test)
+    student = loop.student
+    perturber = ManifoldPerturber(vae, PerturbationConfig(cfg.tangent_eps, cfg.normal_eps, cfg.xi, cfg.perturbation),
+                                  autocast=env.autocast) if vae is not None else None
+    codes = codes.to(env.device)
+    use_unlabelled = cfg.unsupervised and len(codes) > 0 and perturber is not None
+    for step in loop:
+        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step)))
+        with env.autocast():
+            loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
+        parts = {"ce": float(loss.detach())}
+        if unlabelled is not None and len(unlabelled):
+            pick = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(streams.DGD_UNLABELLED, step))
+            with env.autocast():
+                extra, more = pseudo_label_loss(student, env.place_batch(to_float(unlabelled[pick])),
+                                                threshold=cfg.threshold, weak=cfg.weak_augment,
+                                                generator=env.generator(streams.DGD_PERTURB, step))
+            loss, parts = loss + cfg.unlabelled_weight * extra, {**parts, **more}
+        if use_unlabelled:
+            gen = env.generator(streams.DGD_PERTURB, step)
+            z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size,
+                                   env.generator(streams.DGD_UNLABELLED, step)).to(env.device)]
+            with torch.no_grad(), env.autocast():
+                x_hat = env.place_batch(perturber.decode(z).float())
+                clean = student.features(x_hat).float()
+            # Perturbations first (the power iterations run their own mixed precision; the decoder's
+            # Jacobian stays in fp32), then the energies under autocast.
+            x_par = env.place_batch(perturber.tangent(student, z, x_hat, gen).float()) if cfg.tangent else None
+            x_perp = env.place_batch(perturber.normal(student, z, x_hat, gen).float()) if cfg.normal else None
+            with env.autocast():
+                if x_par is not None:
+                    tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).mean()
+                    loss = loss + cfg.tangent_weight * tangent
+                    parts["tangent"] = float(tangent.detach())
+                if x_perp is not None:
+                    normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
+                    loss = loss + cfg.normal_weight * normal
+                    parts["normal"] = float(normal.detach())
+                # entropy MINIMISATION (TNAR/VAT; the text: "more determinate predictions"). Eq. 6 prints
+                # +Σ φ log φ, i.e. minus the entropy, which minimised would push predictions to uniform.
+                log_probs = F.log_softmax(student(x_hat).float(), dim=1)
+                entropy = -(log_probs.exp() * log_probs).sum(1).mean()
+                loss = loss + cfg.entropy_weight * entropy
+                parts["entropy"] = float(entropy.detach())
+        loop.update(loss, parts)
+    return loop.finish()

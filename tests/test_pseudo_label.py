@@ -1,0 +1,84 @@
+"""FixMatch-style pseudo-labels (engine/pseudo_label.py) and the DGD student that uses them."""
+
+import json
+
+import torch
+from torch import nn
+
+from privdistill.engine.pseudo_label import cutout, pseudo_label_loss, strong_view
+from privdistill.methods.dgd import DGD
+from privdistill.models import create_model
+from tests.test_dgd import TINY
+
+
+class Fixed(nn.Module):
+    """Answers class 3 with the given logit margin, whatever the input (its bias is the only parameter)."""
+
+    def __init__(self, margin: float):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(10))
+        with torch.no_grad():
+            self.bias[3] = margin
+
+    def forward(self, x):
+        return self.bias.expand(len(x), 10) + 0 * x.flatten(1)[:, :1]
+
+
+def test_cutout_blanks_one_square_of_the_requested_side_inside_the_image():
+    x = torch.ones(64, 1, 28, 28)
+    out = cutout(x, 14, torch.Generator().manual_seed(0))
+    blank = (out == -1).flatten(1).sum(1)
+    assert (blank > 0).all() and (blank <= 15 * 15).all(), "a clipped square of side 2 * 7 + 1 at most"
+    assert (blank == 15 * 15).any(), "centred away from the border, the whole square"
+    assert torch.equal(out[out != -1], x[out != -1]), "nothing else changes"
+
+
+def test_the_strong_view_changes_every_image_and_keeps_the_range():
+    x = torch.rand(16, 1, 28, 28) * 2 - 1
+    out = strong_view(x, torch.Generator().manual_seed(1))
+    assert out.shape == x.shape and out.min() >= -1 - 1e-5 and out.max() <= 1 + 1e-5
+    assert ((out - x).flatten(1).abs().amax(1) > 0).all()
+
+
+def test_only_confident_answers_teach_and_they_teach_the_student_their_own_label():
+    x = torch.rand(32, 1, 28, 28) * 2 - 1
+    gen = torch.Generator().manual_seed(0)
+    unsure = Fixed(margin=1.0)  # p(3) = e / (e + 9) ≈ 0.23 < 0.95: nothing is kept, the loss is exactly zero
+    loss, parts = pseudo_label_loss(unsure, x, threshold=0.95, weak="shift", generator=gen)
+    assert parts["confident_share"] == 0.0 and float(loss.detach()) == 0.0
+    sure = Fixed(margin=5.0)  # p(3) ≈ 0.94: kept at a threshold of 0.9; the loss is CE towards class 3
+    loss, parts = pseudo_label_loss(sure, x, threshold=0.9, weak="shift", generator=gen)
+    assert parts["confident_share"] == 1.0
+    assert torch.isclose(loss, -torch.log_softmax(sure.bias.detach(), 0)[3], atol=1e-5)
+    loss.backward()
+    assert sure.bias.grad[3] < 0, "a gradient step raises the pseudo-label's logit"
+
+
+def test_pseudo_labelling_on_a_real_network_is_finite_and_decreases():
+    torch.manual_seed(0)
+    student = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28)
+    x = torch.rand(64, 1, 28, 28) * 2 - 1
+    opt = torch.optim.Adam(student.parameters(), 1e-2)
+    losses = []
+    for step in range(30):
+        loss, _ = pseudo_label_loss(student, x, threshold=0.0, weak="flip-shift",
+                                    generator=torch.Generator().manual_seed(step))
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_a_pseudo_label_dgd_student_spends_no_latent_noise_and_builds_no_vae(tiny_npz, tmp_path):
+    run_dir = tmp_path / "run"
+    s = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY + ["run.device=cpu", "student.objective=pseudo-label",
+                                                             "student.threshold=0.5"],
+            run_dir=str(run_dir), accounting="paper").fit().summary
+    spends = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert [r["key"] for r in spends if r.get("kind") == "spend"] == ["dgd/queries"], "no ε1 for codes never read"
+    assert "vae" not in s["stages"] and s["latent_noise"] is False and s["student_objective"] == "pseudo-label"
+    assert "ε1" not in s["epsilon_covers"] and not any("VAE" in p for p in s["not_covered"])
+    parts = s["student_training"]["history"][-1]
+    assert "pseudo_label" in parts and 0.0 <= parts["confident_share"] <= 1.0
