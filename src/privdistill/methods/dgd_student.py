@@ -19,6 +19,7 @@ from torch import nn
 
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import RunDir, streams
+from privdistill.engine.augment import augment_batch
 from privdistill.engine.context import Env
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
 from privdistill.engine.pseudo_label import pseudo_label_loss
@@ -79,6 +80,8 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
     use_unlabelled = cfg.unsupervised and len(codes) > 0 and perturber is not None
     for step in loop:
         x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step)))
+        if unlabelled is not None:  # FixMatch's supervised term reads the labelled samples' weak views
+            x = augment_batch(x, cfg.weak_augment, env.generator(streams.DGD_LABELLED, step, 1))
         with env.autocast():
             loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
         parts = {"ce": float(loss.detach())}
