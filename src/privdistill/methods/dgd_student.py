@@ -41,7 +41,7 @@ class StudentConfig(StudentTraining):
     objective: str = "dgd"
     threshold: float = 0.95  # pseudo-label: the confidence a pseudo-label needs (FixMatch's τ)
     unlabelled_weight: float = 1.0  # pseudo-label: λu
-    weak_augment: str = "shift"  # pseudo-label: the weak view (shift | flip-shift)
+    weak_augment: str = "shift"  # pseudo-label: the weak view (shift | flip-shift | none: the sample itself)
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("objective", "threshold", "unlabelled_weight", "weak_augment")
     tangent: bool = True
     normal: bool = True
@@ -54,8 +54,9 @@ class StudentConfig(StudentTraining):
         super().validate()
         if self.perturbation not in ("adversarial", "random"):
             raise ConfigError("student.perturbation must be adversarial or random")
-        if self.objective not in ("dgd", "pseudo-label") or self.weak_augment not in ("shift", "flip-shift"):
-            raise ConfigError("student.objective must be dgd or pseudo-label, student.weak_augment shift or flip-shift")
+        if self.objective not in ("dgd", "pseudo-label") or self.weak_augment not in ("shift", "flip-shift", "none"):
+            raise ConfigError("student.objective must be dgd or pseudo-label, student.weak_augment shift, flip-shift "
+                              "or none")
         if not 0 < self.threshold <= 1:
             raise ConfigError(f"student.threshold must be in (0, 1], got {self.threshold}")
 
