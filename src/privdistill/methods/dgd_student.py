@@ -42,13 +42,14 @@ class StudentConfig(StudentTraining):
     threshold: float = 0.95  # pseudo-label: the confidence a pseudo-label needs (FixMatch's τ)
     unlabelled_weight: float = 1.0  # pseudo-label: λu
     weak_augment: str = "shift"  # pseudo-label: the weak view (shift | flip-shift | none: the sample itself)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("objective", "threshold", "unlabelled_weight", "weak_augment")
     tangent: bool = True
     normal: bool = True
     perturbation: str = "adversarial"  # adversarial (TNAR) | random (DGD text)
     tangent_eps: float = 1.0
     normal_eps: float = 2.0
     xi: float = 1e-2
+    # runs started before the pseudo-label options stay resumable
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("objective", "threshold", "unlabelled_weight", "weak_augment")
 
     def validate(self) -> None:
         super().validate()
@@ -78,7 +79,7 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
     perturber = ManifoldPerturber(vae, PerturbationConfig(cfg.tangent_eps, cfg.normal_eps, cfg.xi, cfg.perturbation),
                                   autocast=env.autocast) if vae is not None else None
     codes = codes.to(env.device)
-    use_unlabelled = cfg.unsupervised and len(codes) > 0 and perturber is not None
+    use_codes = cfg.unsupervised and len(codes) > 0 and perturber is not None
     for step in loop:
         x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step)))
         if unlabelled is not None:  # FixMatch's supervised term reads the labelled samples' weak views
@@ -93,7 +94,7 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
                                                 threshold=cfg.threshold, weak=cfg.weak_augment,
                                                 generator=env.generator(streams.DGD_PERTURB, step))
             loss, parts = loss + cfg.unlabelled_weight * extra, {**parts, **more}
-        if use_unlabelled:
+        if use_codes:
             gen = env.generator(streams.DGD_PERTURB, step)
             z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size,
                                    env.generator(streams.DGD_UNLABELLED, step)).to(env.device)]
