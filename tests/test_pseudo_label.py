@@ -82,3 +82,14 @@ def test_a_pseudo_label_dgd_student_spends_no_latent_noise_and_builds_no_vae(tin
     assert "ε1" not in s["epsilon_covers"] and not any("VAE" in p for p in s["not_covered"])
     parts = s["student_training"]["history"][-1]
     assert "pseudo_label" in parts and 0.0 <= parts["confident_share"] <= 1.0
+
+
+def test_without_the_strong_view_the_label_is_learnt_on_the_sample_itself():
+    torch.manual_seed(0)
+    student = create_model("small-cnn", in_channels=1, num_classes=10, image_size=28).eval()
+    x = torch.rand(16, 1, 28, 28) * 2 - 1
+    loss, parts = pseudo_label_loss(student, x, threshold=0.0, weak="none", strong=False,
+                                    generator=torch.Generator().manual_seed(0))
+    logits = student(x)
+    expected = torch.nn.functional.cross_entropy(logits, logits.argmax(1))
+    assert parts["confident_share"] == 1.0 and torch.isclose(loss, expected, atol=1e-5)

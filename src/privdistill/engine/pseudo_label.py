@@ -43,14 +43,17 @@ def strong_view(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def pseudo_label_loss(student: nn.Module, x: torch.Tensor, *, threshold: float, weak: str,
-                      generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+                      generator: torch.Generator, strong: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean over the batch of 1[max p(weak view) >= threshold] * CE(student(strong view), argmax p(weak view)).
     `x` is a float batch in [-1, 1] on the student's device; `weak` an `augment_batch` kind ("shift",
-    "flip-shift"). Returns the loss and its parts: the loss and the share of the batch above the threshold."""
+    "flip-shift", "none"); `strong=False` learns the label on the weak view itself (plain pseudo-labelling, Lee
+    2013). Returns the loss and its parts: the loss and the share of the batch above the threshold."""
+    weak_x = augment_batch(x, weak, generator)
     with torch.no_grad():
-        probs = F.softmax(student(augment_batch(x, weak, generator)).float(), dim=1)
+        probs = F.softmax(student(weak_x).float(), dim=1)
         confidence, labels = probs.max(dim=1)
         keep = (confidence >= threshold).float()
-    per_input = F.cross_entropy(student(strong_view(x, generator)).float(), labels, reduction="none")
+    per_input = F.cross_entropy(student(strong_view(x, generator) if strong else weak_x).float(), labels,
+                                reduction="none")
     loss = (per_input * keep).mean()
     return loss, {"pseudo_label": float(loss.detach()), "confident_share": float(keep.mean())}

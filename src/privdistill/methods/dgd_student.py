@@ -42,6 +42,7 @@ class StudentConfig(StudentTraining):
     threshold: float = 0.95  # pseudo-label: the confidence a pseudo-label needs (FixMatch's τ)
     unlabelled_weight: float = 1.0  # pseudo-label: λu
     weak_augment: str = "shift"  # pseudo-label: the weak view (shift | flip-shift | none: the sample itself)
+    strong_view: bool = True  # pseudo-label: learn on the strong view (FixMatch); false: on the weak view
     tangent: bool = True
     normal: bool = True
     perturbation: str = "adversarial"  # adversarial (TNAR) | random (DGD text)
@@ -49,7 +50,8 @@ class StudentConfig(StudentTraining):
     normal_eps: float = 2.0
     xi: float = 1e-2
     # runs started before the pseudo-label options stay resumable
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("objective", "threshold", "unlabelled_weight", "weak_augment")
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("objective", "threshold", "unlabelled_weight", "weak_augment",
+                                                  "strong_view")
 
     def validate(self) -> None:
         super().validate()
@@ -92,7 +94,8 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
             with env.autocast():
                 extra, more = pseudo_label_loss(student, env.place_batch(to_float(unlabelled[pick])),
                                                 threshold=cfg.threshold, weak=cfg.weak_augment,
-                                                generator=env.generator(streams.DGD_PERTURB, step))
+                                                generator=env.generator(streams.DGD_PERTURB, step),
+                                                strong=cfg.strong_view)
             loss, parts = loss + cfg.unlabelled_weight * extra, {**parts, **more}
         if use_codes:
             gen = env.generator(streams.DGD_PERTURB, step)
