@@ -114,14 +114,14 @@ class DGDMethod(Method):
         cfg: DGDConfig = ctx.section("dgd")
         e2e.check_source_labels(ctx, cfg.source_labels)
         source = [e2e.source_event(ctx)] if e2e.is_end_to_end(ctx) else []  # the DP source's share, then the votes'
-        latent = cfg.latent_noise and ctx.section("student").reads_latent_codes  # ε1 only where codes are read
-        queries = plan_queries(cfg, ctx.budget, fixed=source, latent_noise=latent)
+        reads_codes = ctx.section("student").reads_latent_codes  # ε1 is spent only where the codes are read
+        queries = plan_queries(cfg, ctx.budget, fixed=source, reads_codes=reads_codes)
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
                      else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
             raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
         events = {QUERIES_KEY: vote_event(cfg, queries), **({e2e.SOURCE_KEY: source[0]} if source else {})}
-        if latent:
+        if cfg.latent_noise and reads_codes:
             events[LATENT_KEY] = LatentLaplace(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
                                                clip=cfg.latent_clip)
         private = ctx.data.train if cfg.inputs == "generator" else holdout_split(ctx.data, cfg.holdout, ctx.env)[0]
@@ -187,7 +187,7 @@ class DGDMethod(Method):
                                num_classes=data.num_classes, image_size=data.image_size[0])
         query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
-        unlabelled = rest_images if student_cfg.objective == "pseudo-label" and student_cfg.unsupervised else None
+        unlabelled = rest_images if student_cfg.reads_unqueried_samples else None
         student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=ctx.run,
                                              test=data.test, unlabelled=unlabelled)
         return Trained(student=student, generator=generator, baseline_accuracy=baseline_accuracy,
@@ -220,16 +220,16 @@ def vote_event(cfg: DGDConfig, count: int) -> LNMaxQueries | GNMaxQueries:
             else GNMaxQueries(sigma=cfg.gaussian_sigma, count=count))
 
 
-def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, latent_noise: bool | None = None) -> int:
+def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, reads_codes: bool = True) -> int:
     """|D̂s|: as given, or the most queries whose ε under the budget's accounting fits its target (the paper
-    accounting adds ε1 of the latent noise to the vote channel; the strict one prices the vote channel)."""
+    accounting adds ε1 of the latent noise, where the student reads the codes, to the vote channel; the strict one
+    prices the vote channel)."""
     if cfg.queries > 0:
         return cfg.queries
     if budget.epsilon is None:
         raise ConfigError("give either dgd.queries (|D̂s|) or a target budget.epsilon (--epsilon)")
     fixed = list(fixed or []) + ([LatentLaplace(epsilon1=cfg.epsilon1)]
-                                 if (cfg.latent_noise if latent_noise is None else latent_noise)
-                                 and budget.accounting == "paper" else [])
+                                 if cfg.latent_noise and reads_codes and budget.accounting == "paper" else [])
     n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
                                 accounting=budget.accounting, fixed=fixed)
     if n < 1:

@@ -67,6 +67,10 @@ class StudentConfig(StudentTraining):
     def reads_latent_codes(self) -> bool:  # Eq. 1's unlabelled part: the VAE and its noisy latent codes
         return self.unsupervised and self.objective == "dgd"
 
+    @property
+    def reads_unqueried_samples(self) -> bool:  # the pseudo-label objective's unlabelled part: the samples themselves
+        return self.unsupervised and self.objective == "pseudo-label"
+
 
 # ------------------------------------------------------------------------------------ student learning
 def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module | None,
@@ -82,14 +86,15 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
                                   autocast=env.autocast) if vae is not None else None
     codes = codes.to(env.device)
     use_codes = cfg.unsupervised and len(codes) > 0 and perturber is not None
+    use_pseudo_labels = unlabelled is not None and len(unlabelled) > 0
     for step in loop:
         x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step)))
-        if unlabelled is not None:  # FixMatch's supervised term reads the labelled samples' weak views
+        if use_pseudo_labels:  # FixMatch's supervised term reads the labelled samples' weak views
             x = augment_batch(x, cfg.weak_augment, env.generator(streams.DGD_LABELLED, step, 1))
         with env.autocast():
             loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
         parts = {"ce": float(loss.detach())}
-        if unlabelled is not None and len(unlabelled):
+        if use_pseudo_labels:
             pick = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(streams.DGD_UNLABELLED, step))
             with env.autocast():
                 extra, more = pseudo_label_loss(student, env.place_batch(to_float(unlabelled[pick])),
