@@ -43,6 +43,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
 from privdistill.engine.holdout import holdout_size, holdout_split
+from privdistill.engine.query_selection import QUERY_SELECTIONS, split_pool
 from privdistill.engine.synthesis import query_label_agreement, synthesis_agreement
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
@@ -75,7 +76,10 @@ class DGDConfig:
     secure_noise: bool = False
     variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
     source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("source_labels",)
+    # which samples of the pool are queried: random (paper) | balanced | diverse | confident | uncertain, the
+    # others read the model the generator was fitted to (engine/query_selection.py; ours, not the paper's)
+    query_selection: str = "random"
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("source_labels", "query_selection")
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -88,6 +92,11 @@ class DGDConfig:
             raise ConfigError("dgd noise scales, epsilon1, latent_clip and holdout must be > 0")
         if self.holdout >= 1:
             self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
+        if self.query_selection not in QUERY_SELECTIONS:
+            raise ConfigError(f"dgd.query_selection must be one of {', '.join(QUERY_SELECTIONS)}")
+        if self.query_selection != "random" and self.inputs != "generator":
+            raise ConfigError("dgd.query_selection other than random reads the generator's source model; "
+                              "dgd.inputs=private-holdout has none")
 
 
 # the ledger keys of the two mechanism uses a run spends budget on
@@ -154,7 +163,7 @@ class DGDMethod(Method):
         else:  # Fig. 7: a held-out slice of D plays the public unlabelled data; teachers learn on the rest
             private, public = holdout_split(data, cfg.holdout, env)
             teachers, teachers_stage = stages.teachers_on(private, ctx.section("teachers"))
-            pool, pool_key = public.images, f"holdout:{public.fingerprint()}"
+            pool, pool_key, source = public.images, f"holdout:{public.fingerprint()}", None
         student_cfg: StudentConfig = ctx.section("student")
         vae = None
         if student_cfg.reads_latent_codes:  # Eq. 1's energies decode the unqueried samples' latent codes
@@ -162,9 +171,11 @@ class DGDMethod(Method):
             refs.update(vae=vae_stage.ref())
         refs.update(teachers=teachers_stage.ref())
 
-        # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes
-        perm = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))
-        query_images, rest_images = pool[perm[:queries]], pool[perm[queries:]]
+        # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes; the paper
+        # draws the queries at random, a selection rule reads only what the generator was fitted to
+        queried, unqueried = split_pool(pool, queries, cfg.query_selection, reader=source, env=env,
+                                        rng=env.generator(streams.DGD_SPLIT), num_classes=data.num_classes)
+        query_images, rest_images = pool[queried], pool[unqueried]
         noise_seed, fresh = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}
 
         def answer_queries() -> LedgerAnswer:
@@ -199,7 +210,8 @@ class DGDMethod(Method):
         pathways = dgd_pathways(aggregation=cfg.aggregation, source_is_dp=dp,
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
                                 fitted_to=ctx.section("generator").describe_source(source),
-                                latent_codes=ctx.section("student").reads_latent_codes)
+                                latent_codes=ctx.section("student").reads_latent_codes,
+                                query_selection=cfg.query_selection)
         e2e.add_source_label_pathway(pathways, cfg.source_labels)
         latent = LATENT_KEY in plan.details["events"]  # spent ε1: a student with Eq. 1's energies, latent noise on
         covers = ("the whole student: DP source + teacher votes (strict)" if dp else
@@ -207,7 +219,8 @@ class DGDMethod(Method):
         return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
                       fields={"epsilon_covers": covers, "queries": plan.details["queries"],
                               "aggregation": cfg.aggregation, "inputs": cfg.inputs, "latent_noise": latent,
-                              "student_objective": ctx.section("student").objective, "variant": cfg.variant})
+                              "student_objective": ctx.section("student").objective,
+                              "query_selection": cfg.query_selection, "variant": cfg.variant})
 
 
 def run_dgd(request: RunRequest, *, cache: bool = True) -> RunResult:

@@ -53,8 +53,9 @@ PRIVATE = "private training data"
 # ------------------------------------------------------------------------------------ method helpers
 def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                  fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
-                 latent_codes: bool = True) -> dict[str, list[Pathway]]:
-    """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
+                 latent_codes: bool = True, query_selection: str = "random") -> dict[str, list[Pathway]]:
+    """DGD (and DGD+ with ``aggregation="gaussian"``). ``query_selection``: how the queried samples are chosen
+    (random, or a rule that reads what the generator was fitted to: the same pathway, named). ``latent_codes``: the student reads the VAE's noisy
     codes (Eq. 1's energies), not only the samples themselves. ``inputs``: "generator" (the method) or
     "held-out-private" (Fig. 7 variant: a held-out slice of the private set replaces the generator).
     ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models).
@@ -72,7 +73,8 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
         student += [
             Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
                     "the student's inputs (queried and unlabelled)", source_is_dp, why),
-            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried (and kept, when verified)",
+            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried (and kept, when verified)"
+                    + ("" if query_selection == "random" else f"; {query_selection} selection reads {fitted_to}"),
                     "the student's query set", source_is_dp, why if source_is_dp else ""),
         ]
         if latent_codes:

@@ -1,0 +1,138 @@
+"""Probe (issue 24): does the choice of which synthetic samples DGD queries teach its student more?
+
+DGD's strict ε fixes how many samples its teachers label (2,547 Gaussian votes, σ = 40, at strict ε 9.34), not
+which: the paper draws them at random from the pool. For each rule of engine/query_selection.py (and `active`,
+rounds in which the student trained on the labels so far picks the samples it is least sure of), this script
+selects the queries from a DGD pool, releases their labels through the real GNMax mechanism, trains a paper-CNN
+student on them alone (DGD's supervised part, 500 steps of 128) and reports its test accuracy, with how many
+released labels equal the teachers' noiseless plurality. `--noiseless` adds a student on the plurality itself
+(what the samples hold, apart from the vote noise). The rules read the pool and the baseline (the generator's
+source, outside DGD's ε as the generator is); `active` reads the student, post-processing of released labels.
+Evaluation only: the private teachers' votes are read for a simulation and nothing is released.
+
+    flock /tmp/privdistill-cpu.lock python scripts/query_selection_probe.py --synthetic STAGE --teachers STAGE \
+        --baseline STAGE --rules random,balanced,diverse,confident,uncertain,active --seeds 0 \
+        --out docs/diagnostics/query-selection-probe-mnist.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from privdistill.config import ClassifierTraining, RunOptions
+from privdistill.data import load_data
+from privdistill.data.dataset import ImageDataset
+from privdistill.engine import Env, RunDir
+from privdistill.engine.ensemble import TeacherEnsemble
+from privdistill.engine.query_selection import select_queries
+from privdistill.engine.synthesis import label_balance
+from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
+from privdistill.models import create_model
+from privdistill.privacy import mechanisms
+
+
+def train_student(images, labels, data, env: Env, steps: int, seed: int = 0):
+    torch.manual_seed(seed)
+    model = create_model("paper-cnn", kind="classifier", in_channels=data.train.channels,
+                         num_classes=data.train.num_classes, image_size=data.train.image_size[0])
+    cfg = ClassifierTraining(steps=steps, batch_size=128, lr=1e-3, eval_every_epochs=1e9)
+    train_classifier(model, ImageDataset(images, labels, data.train.num_classes, name="probe"), cfg=cfg, env=env)
+    return model
+
+
+class Votes:
+    """The teachers' vote counts on pool samples, counted once per sample (the slow part: 250 CNNs)."""
+
+    def __init__(self, teachers: TeacherEnsemble, pool: torch.Tensor, env: Env):
+        self.teachers, self.pool, self.env, self.known = teachers, pool, env, {}
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        todo = [i for i in idx.tolist() if i not in self.known]
+        if todo:
+            counts = torch.cat(list(self.teachers.iter_votes(self.pool[todo], self.env)))
+            self.known.update(zip(todo, counts))
+        return torch.stack([self.known[i] for i in idx.tolist()])
+
+
+def active_queries(pool, count, rounds, votes, sigma, noise, data, env, rng, reader, steps) -> tuple:
+    """`rounds` rounds of count / rounds queries: the first balanced by the reader, each later one the unqueried
+    samples the student trained on the labels so far answers with the narrowest margin, count / (rounds K) per
+    class the student predicts."""
+    k = data.train.num_classes
+    idx = select_queries(pool, count // rounds, "balanced", reader=reader, env=env, rng=rng, num_classes=k)
+    labels = mechanisms.gnmax(votes(idx), sigma=sigma, generator=noise)
+    for r in range(1, rounds):
+        student = train_student(pool[idx], labels, data, env, steps)
+        rest = torch.ones(len(pool), dtype=torch.bool)
+        rest[idx] = False
+        rest = rest.nonzero().squeeze(1)
+        need = count // rounds if r < rounds - 1 else count - len(idx)
+        pick = rest[select_queries(pool[rest], need, "uncertain", reader=student, env=env, rng=rng, num_classes=k)]
+        idx = torch.cat([idx, pick])
+        labels = torch.cat([labels, mechanisms.gnmax(votes(pick), sigma=sigma, generator=noise)])
+    return idx, labels
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="mnist")
+    ap.add_argument("--synthetic", required=True, help="synthetic stage directory (DGD's pool)")
+    ap.add_argument("--teachers", required=True, help="teachers stage directory")
+    ap.add_argument("--baseline", required=True, help="baseline stage directory (the generator's source)")
+    ap.add_argument("--queries", type=int, default=2547)
+    ap.add_argument("--sigma", type=float, default=40.0)
+    ap.add_argument("--rules", default="random,balanced,diverse,confident,uncertain,active")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of the active rule")
+    ap.add_argument("--student-steps", type=int, default=500)
+    ap.add_argument("--noiseless", action="store_true", help="also a student on the noiseless plurality")
+    ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per rule and seed (appended)")
+    args = ap.parse_args()
+
+    env = Env.from_options(RunOptions(precision="bf16", progress=False))  # bf16 where the CPU has it
+    data = load_data(args.dataset, None, seed=0)
+    k = data.train.num_classes
+    pool = next(iter(load_file(str(Path(args.synthetic) / "synthetic.safetensors")).values()))
+    teachers = TeacherEnsemble.load(Path(args.teachers) / "teachers.safetensors", env.device)
+    baseline = RunDir(args.baseline).load_weights("model").eval()
+    votes = Votes(teachers, pool, env)
+    for seed in args.seeds:
+        for rule in args.rules.split(","):
+            t0 = time.perf_counter()
+            rng, noise = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(1000 + seed)
+            if rule == "active":
+                idx, labels = active_queries(pool, args.queries, args.rounds, votes, args.sigma, noise, data, env,
+                                             rng, baseline, args.student_steps)
+            else:
+                idx = select_queries(pool, args.queries, rule, reader=baseline, env=env, rng=rng, num_classes=k)
+                labels = mechanisms.gnmax(votes(idx), sigma=args.sigma, generator=noise)
+            counts = votes(idx)
+            plurality = counts.argmax(1)
+            base = predict_logits(baseline, pool[idx], env).argmax(1)
+            student = train_student(pool[idx], labels, data, env, args.student_steps)
+            row = {"rule": rule, "seed": seed, "queries": len(idx), "sigma": args.sigma,
+                   "labels_equal_plurality": round(float((labels == plurality).float().mean()), 4),
+                   "labels_equal_baseline": round(float((labels == base).float().mean()), 4),
+                   "plurality_equal_baseline": round(float((plurality == base).float().mean()), 4),
+                   "mean_top_vote_share": round(float(counts.max(1).values.float().mean() / teachers.num_teachers),
+                                                4),
+                   "label_balance": round(label_balance(labels, k), 4),
+                   "student_test_accuracy": round(evaluate(student, data.test, env), 4)}
+            if args.noiseless:
+                clean = train_student(pool[idx], plurality, data, env, args.student_steps)
+                row["noiseless_student_test_accuracy"] = round(evaluate(clean, data.test, env), 4)
+            row.update(minutes=round((time.perf_counter() - t0) / 60, 1), device=env.describe(),
+                       note="evaluation only: reads the private teachers' votes for a simulation")
+            print(json.dumps(row), flush=True)
+            with args.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Which synthetic samples to spend a label budget on (issue 24; ours, not a paper's).
+
+DGD queries |D̂s| samples of its pool, drawn at random by the paper; its strict ε fixes how many (2,547 Gaussian
+votes at ε ≈ 9.3) but not which. Between random draws of the same size a student moves by several points
+(docs/results.md, "DGD+"), so the choice is a lever that costs no privacy when it reads only what is already
+outside the ε: the pool and the model the generator was fitted to (the non-private baseline under DGD's
+accounting, on the same uncovered pathway as the generator; in end-to-end mode the DP source, so the choice is
+post-processing and the guarantee is unchanged). The private teachers are never read here.
+
+Rules (`dgd.query_selection`):
+    random     a uniform draw (the paper)
+    balanced   count / K samples of each class as the reader labels them, uniform within a class
+    diverse    per class as `balanced`, the reader's feature-space k-center greedy cover (Sener & Savarese 2018,
+               "Active learning for CNNs: a core-set approach"): samples that differ from those already chosen
+    confident  per class, the samples the reader labels with the widest margin (fewer flipped noisy votes?)
+    uncertain  per class, the narrowest margin (samples near the reader's decision boundaries)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from privdistill.data.dataset import to_float
+from privdistill.engine.context import Env
+from privdistill.errors import ConfigError
+
+QUERY_SELECTIONS = ("random", "balanced", "diverse", "confident", "uncertain")
+
+
+def select_queries(pool: torch.Tensor, count: int, rule: str, *, reader: nn.Module | None, env: Env,
+                   rng: torch.Generator, num_classes: int, feature_dim: int = 64) -> torch.Tensor:
+    """Indices of `count` distinct samples of `pool` (uint8 images) to query, chosen by `rule`. Every rule but
+    `random` reads `reader`."""
+    return split_pool(pool, count, rule, reader=reader, env=env, rng=rng, num_classes=num_classes,
+                      feature_dim=feature_dim)[0]
+
+
+@torch.no_grad()
+def split_pool(pool: torch.Tensor, count: int, rule: str, *, reader: nn.Module | None, env: Env,
+               rng: torch.Generator, num_classes: int, feature_dim: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(queried, unqueried) indices of `pool`: `count` chosen by `rule`, and the rest in a random order. Both
+    come from one permutation drawn from `rng` first, so `random` is exactly the paper's split of that stream."""
+    if rule not in QUERY_SELECTIONS:
+        raise ConfigError(f"query selection must be one of {', '.join(QUERY_SELECTIONS)}, got {rule!r}")
+    if not 0 <= count <= len(pool):
+        raise ConfigError(f"cannot select {count} queries from a pool of {len(pool)}")
+    order = torch.randperm(len(pool), generator=rng)
+    if rule == "random":
+        return order[:count], order[count:]
+    if reader is None:
+        raise ConfigError(f"query selection {rule!r} reads the generator's source model; this run has none "
+                          "(e.g. dgd.inputs=private-holdout): use random")
+    logits, features = _read(reader, pool[order], env)
+    labels = logits.argmax(1)
+    top2 = logits.softmax(1).topk(min(2, num_classes), dim=1).values
+    margin = top2[:, 0] - (top2[:, 1] if num_classes > 1 else 0)
+    if rule == "diverse":  # a random projection keeps distances (Johnson-Lindenstrauss) at a fraction of the cost
+        projection = torch.randn(features.shape[1], feature_dim, generator=rng) / feature_dim ** 0.5
+        features = nn.functional.normalize(features @ projection, dim=1)
+    chosen = []
+    for label, quota in _class_quotas(labels, count, num_classes).items():
+        members = (labels == label).nonzero().squeeze(1)  # positions in `order`, already a random order
+        if rule == "balanced":
+            picked = members[:quota]
+        elif rule in ("confident", "uncertain"):
+            picked = members[margin[members].argsort(descending=rule == "confident")[:quota]]
+        else:
+            picked = members[k_center_greedy(features[members], quota)]
+        chosen.append(picked)
+    positions = torch.cat(chosen) if chosen else torch.empty(0, dtype=torch.long)
+    rest = torch.ones(len(pool), dtype=torch.bool)
+    rest[positions] = False
+    return order[positions], order[rest]
+
+
+def k_center_greedy(points: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of k of `points` [n, d], each the one farthest from those chosen before (the first: index 0, the
+    caller's random order), a 2-approximation of the minimax cover (Gonzalez 1985)."""
+    if k <= 0:
+        return torch.empty(0, dtype=torch.long)
+    chosen = [0]
+    nearest = torch.cdist(points, points[:1]).squeeze(1)
+    for _ in range(k - 1):
+        nxt = int(nearest.argmax())
+        chosen.append(nxt)
+        nearest = torch.minimum(nearest, torch.cdist(points, points[nxt:nxt + 1]).squeeze(1))
+    return torch.tensor(chosen)
+
+
+def _class_quotas(labels: torch.Tensor, count: int, num_classes: int) -> dict[int, int]:
+    """count split as evenly as the classes allow: a class with fewer samples than its share gives them all and
+    its shortfall goes to the others (largest first)."""
+    available = torch.bincount(labels, minlength=num_classes).tolist()
+    quotas, left = {k: 0 for k in range(num_classes)}, count
+    open_classes = [k for k in range(num_classes) if available[k]]
+    while left and open_classes:
+        share = max(1, left // len(open_classes))
+        for k in sorted(open_classes, key=lambda c: -available[c]):
+            give = min(share, available[k] - quotas[k], left)
+            quotas[k] += give
+            left -= give
+        open_classes = [k for k in open_classes if quotas[k] < available[k]]
+    return {k: q for k, q in quotas.items() if q}
+
+
+def _read(reader: nn.Module, images: torch.Tensor, env: Env, batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reader's logits and penultimate features (its logits where it exposes no `features`)."""
+    was_training = reader.training
+    reader.eval()
+    logits, features = [], []
+    for start in range(0, len(images), batch):
+        x = env.place_batch(to_float(images[start:start + batch]))
+        with env.autocast():
+            if hasattr(reader, "features") and hasattr(reader, "classifier"):
+                f = reader.features(x)
+                out = reader.classifier(f)
+            else:
+                out = f = reader(x)
+        logits.append(out.float().cpu())
+        features.append(f.float().flatten(1).cpu())
+    reader.train(was_training)
+    return torch.cat(logits), torch.cat(features)
