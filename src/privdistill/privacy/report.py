@@ -54,10 +54,11 @@ PRIVATE = "private training data"
 def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                  fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
                  latent_codes: bool = True, query_selection: str = "random") -> dict[str, list[Pathway]]:
-    """DGD (and DGD+ with ``aggregation="gaussian"``). ``query_selection``: how the queried samples are chosen
-    (random, or a rule that reads what the generator was fitted to: the same pathway, named). ``latent_codes``: the student reads the VAE's noisy
-    codes (Eq. 1's energies), not only the samples themselves. ``inputs``: "generator" (the method) or
-    "held-out-private" (Fig. 7 variant: a held-out slice of the private set replaces the generator).
+    """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
+    codes (Eq. 1's energies), not only the samples themselves. ``query_selection``: how the queried samples are
+    chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
+    ``inputs``: "generator" (the method) or "held-out-private" (Fig. 7 variant: a held-out slice of the private
+    set replaces the generator).
     ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models).
     ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
     the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
