@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per rule and seed (appended)")
     args = ap.parse_args()
 
-    env = Env.from_options(RunOptions(precision="bf16", progress=False))  # bf16 where the CPU has it
+    env = Env.from_options(RunOptions(precision="auto", progress=False))  # bf16 where the CPU has it natively
     data = load_data(args.dataset, None, seed=0)
     k = data.train.num_classes
     pool = next(iter(load_file(str(Path(args.synthetic) / "synthetic.safetensors")).values()))

@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    env = Env.from_options(RunOptions(precision="bf16", progress=False))
+    env = Env.from_options(RunOptions(precision="auto", progress=False))
     data = load_data(args.dataset, None, seed=0)
     k = data.train.num_classes
     num_teachers = TeacherEnsemble.load(Path(args.teachers) / "teachers.safetensors").num_teachers
