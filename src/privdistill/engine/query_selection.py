@@ -23,6 +23,7 @@ from torch import nn
 
 from privdistill.data.dataset import to_float
 from privdistill.engine.context import Env
+from privdistill.engine.datafree import logits_and_features
 from privdistill.errors import ConfigError
 
 QUERY_SELECTIONS = ("random", "balanced", "diverse", "confident", "uncertain")
@@ -51,7 +52,7 @@ def split_pool(pool: torch.Tensor, count: int, rule: str, *, reader: nn.Module |
     if reader is None:
         raise ConfigError(f"query selection {rule!r} reads the generator's source model; this run has none "
                           "(e.g. dgd.inputs=private-holdout): use random")
-    logits, features = _read(reader, pool[order], env)
+    logits, features = _read(reader, pool[order], env, features=rule == "diverse")  # only the cover reads features
     labels = logits.argmax(1)
     top2 = logits.softmax(1).topk(min(2, num_classes), dim=1).values
     margin = top2[:, 0] - (top2[:, 1] if num_classes > 1 else 0)
@@ -104,20 +105,19 @@ def _class_quotas(labels: torch.Tensor, count: int, num_classes: int) -> dict[in
     return {k: q for k, q in quotas.items() if q}
 
 
-def _read(reader: nn.Module, images: torch.Tensor, env: Env, batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reader's logits and penultimate features (its logits where it exposes no `features`)."""
+def _read(reader: nn.Module, images: torch.Tensor, env: Env, *, features: bool,
+          batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The reader's logits and, where asked, its backbone features (datafree.logits_and_features: the input of
+    its last linear layer, or a source ensemble's members' features side by side)."""
     was_training = reader.training
     reader.eval()
-    logits, features = [], []
+    logits, feats = [], []
     for start in range(0, len(images), batch):
         x = env.place_batch(to_float(images[start:start + batch]))
         with env.autocast():
-            if hasattr(reader, "features") and hasattr(reader, "classifier"):
-                f = reader.features(x)
-                out = reader.classifier(f)
-            else:
-                out = f = reader(x)
+            out, f = logits_and_features(reader, x)
         logits.append(out.float().cpu())
-        features.append(f.float().flatten(1).cpu())
+        if features:
+            feats.append(f.float().flatten(1).cpu())
     reader.train(was_training)
-    return torch.cat(logits), torch.cat(features)
+    return torch.cat(logits), (torch.cat(feats) if features else None)
