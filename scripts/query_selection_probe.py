@@ -6,8 +6,10 @@ rounds in which the student trained on the labels so far picks the samples it is
 selects the queries from a DGD pool, releases their labels through the real GNMax mechanism, trains a paper-CNN
 student on them alone (DGD's supervised part, 500 steps of 128) and reports its test accuracy, with how many
 released labels equal the teachers' noiseless plurality. `--noiseless` adds a student on the plurality itself
-(what the samples hold, apart from the vote noise). The rules read the pool and the baseline (the generator's
-source, outside DGD's ε as the generator is); `active` reads the student, post-processing of released labels.
+(what the samples hold, apart from the vote noise); `--augment` and `--label-smoothing` (comma-separated) train one
+student per recipe on the same released labels; `--sigma` alone sizes the queries to the strict `--epsilon`. The
+rules read the pool and the baseline (the generator's source, outside DGD's ε as the generator is); `active` reads
+the student, post-processing of released labels.
 Evaluation only: the private teachers' votes are read for a simulation and nothing is released.
 
     flock /tmp/privdistill-cpu.lock python scripts/query_selection_probe.py --synthetic STAGE --teachers STAGE \
@@ -35,13 +37,17 @@ from privdistill.engine.synthesis import label_balance
 from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
 from privdistill.models import create_model
 from privdistill.privacy import mechanisms
+from privdistill.privacy.calibration import max_queries
+from privdistill.privacy.events import GNMaxQueries
 
 
-def train_student(images, labels, data, env: Env, steps: int, seed: int = 0):
+def train_student(images, labels, data, env: Env, steps: int, seed: int = 0, augment: str = "none",
+                  label_smoothing: float = 0.0):
     torch.manual_seed(seed)
     model = create_model("paper-cnn", kind="classifier", in_channels=data.train.channels,
                          num_classes=data.train.num_classes, image_size=data.train.image_size[0])
-    cfg = ClassifierTraining(steps=steps, batch_size=128, lr=1e-3, eval_every_epochs=1e9)
+    cfg = ClassifierTraining(steps=steps, batch_size=128, lr=1e-3, eval_every_epochs=1e9, augment=augment,
+                             label_smoothing=label_smoothing)
     train_classifier(model, ImageDataset(images, labels, data.train.num_classes, name="probe"), cfg=cfg, env=env)
     return model
 
@@ -85,13 +91,18 @@ def main() -> None:
     ap.add_argument("--synthetic", required=True, help="synthetic stage directory (DGD's pool)")
     ap.add_argument("--teachers", required=True, help="teachers stage directory")
     ap.add_argument("--baseline", required=True, help="baseline stage directory (the generator's source)")
-    ap.add_argument("--queries", type=int, default=2547)
+    ap.add_argument("--queries", type=int, default=0, help="how many samples the teachers label; 0: as many as "
+                    "GNMax at --sigma answers within --epsilon (strict), 2,547 at the defaults")
+    ap.add_argument("--epsilon", type=float, default=9.34, help="strict ε of the votes (δ 1e-5)")
     ap.add_argument("--sigma", type=float, default=40.0)
     ap.add_argument("--rules", default="random,balanced,diverse,confident,uncertain,active")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--rounds", type=int, default=4, help="rounds of the active rule")
     ap.add_argument("--student-steps", type=int, default=500)
     ap.add_argument("--noiseless", action="store_true", help="also a student on the noiseless plurality")
+    ap.add_argument("--augment", default="none", help="the student's augmentations of its labelled samples "
+                    "(comma-separated: one student each)")
+    ap.add_argument("--label-smoothing", default="0", help="the student's label smoothings (comma-separated)")
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per rule and seed (appended)")
     args = ap.parse_args()
 
@@ -102,9 +113,12 @@ def main() -> None:
     teachers = TeacherEnsemble.load(Path(args.teachers) / "teachers.safetensors", env.device)
     baseline = RunDir(args.baseline).load_weights("model").eval()
     votes = Votes(teachers, pool, env)
+    if args.queries <= 0:
+        args.queries = max_queries(GNMaxQueries(sigma=args.sigma, count=1), target_epsilon=args.epsilon, delta=1e-5)
+    recipes = [{"augment": a, "label_smoothing": float(ls)} for a in args.augment.split(",")
+               for ls in args.label_smoothing.split(",")]
     for seed in args.seeds:
         for rule in args.rules.split(","):
-            t0 = time.perf_counter()
             rng, noise = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(1000 + seed)
             if rule == "active":
                 idx, labels = active_queries(pool, args.queries, args.rounds, votes, args.sigma, noise, data, env,
@@ -112,27 +126,35 @@ def main() -> None:
             else:
                 idx = select_queries(pool, args.queries, rule, reader=baseline, env=env, rng=rng, num_classes=k)
                 labels = mechanisms.gnmax(votes(idx), sigma=args.sigma, generator=noise)
-            counts = votes(idx)
-            plurality = counts.argmax(1)
-            base = predict_logits(baseline, pool[idx], env).argmax(1)
-            student = train_student(pool[idx], labels, data, env, args.student_steps)
-            row = {"rule": rule, "seed": seed, "queries": len(idx), "sigma": args.sigma,
-                   "labels_equal_plurality": round(float((labels == plurality).float().mean()), 4),
-                   "labels_equal_baseline": round(float((labels == base).float().mean()), 4),
-                   "plurality_equal_baseline": round(float((plurality == base).float().mean()), 4),
-                   "mean_top_vote_share": round(float(counts.max(1).values.float().mean() / teachers.num_teachers),
-                                                4),
-                   "label_balance": round(label_balance(labels, k), 4),
-                   "student_test_accuracy": round(evaluate(student, data.test, env), 4)}
-            if args.noiseless:
-                clean = train_student(pool[idx], plurality, data, env, args.student_steps)
-                row["noiseless_student_test_accuracy"] = round(evaluate(clean, data.test, env), 4)
-            row.update(minutes=round((time.perf_counter() - t0) / 60, 1), device=env.describe(),
-                       note="evaluation only: reads the private teachers' votes for a simulation")
-            print(json.dumps(row), flush=True)
-            with args.out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            for fit in recipes:  # several student recipes on the same released labels
+                t0 = time.perf_counter()
+                row = probe_row(pool, idx, labels, votes, baseline, data, env, args, fit)
+                row.update(rule=rule, seed=seed, minutes=round((time.perf_counter() - t0) / 60, 1),
+                           device=env.describe(), note="evaluation only: reads the private teachers' votes")
+                print(json.dumps(row), flush=True)
+                with args.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
 
+
+def probe_row(pool, idx, labels, votes, baseline, data, env, args, fit) -> dict:
+    """How the released labels of `idx` compare with the teachers' plurality and the baseline, and what a student
+    trained on them (and, with --noiseless, on the plurality) scores on the test set."""
+    k = data.train.num_classes
+    counts = votes(idx)
+    plurality = counts.argmax(1)
+    base = predict_logits(baseline, pool[idx], env).argmax(1)
+    student = train_student(pool[idx], labels, data, env, args.student_steps, **fit)
+    row = {"queries": len(idx), "sigma": args.sigma, **fit, "student_steps": args.student_steps,
+           "labels_equal_plurality": round(float((labels == plurality).float().mean()), 4),
+           "labels_equal_baseline": round(float((labels == base).float().mean()), 4),
+           "plurality_equal_baseline": round(float((plurality == base).float().mean()), 4),
+           "mean_top_vote_share": round(float(counts.max(1).values.float().mean() / votes.teachers.num_teachers), 4),
+           "label_balance": round(label_balance(labels, k), 4),
+           "student_test_accuracy": round(evaluate(student, data.test, env), 4)}
+    if args.noiseless:
+        clean = train_student(pool[idx], plurality, data, env, args.student_steps, **fit)
+        row["noiseless_student_test_accuracy"] = round(evaluate(clean, data.test, env), 4)
+    return row
 
 if __name__ == "__main__":
     main()
