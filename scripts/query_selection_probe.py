@@ -156,5 +156,6 @@ def probe_row(pool, idx, labels, votes, baseline, data, env, args, fit) -> dict:
         row["noiseless_student_test_accuracy"] = round(evaluate(clean, data.test, env), 4)
     return row
 
+
 if __name__ == "__main__":
     main()

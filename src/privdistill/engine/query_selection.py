@@ -52,13 +52,12 @@ def split_pool(pool: torch.Tensor, count: int, rule: str, *, reader: nn.Module |
     if reader is None:
         raise ConfigError(f"query selection {rule!r} reads the generator's source model; this run has none "
                           "(e.g. dgd.inputs=private-holdout): use random")
-    logits, features = _read(reader, pool[order], env, features=rule == "diverse")  # only the cover reads features
+    # only the cover reads features, through a random projection that keeps distances (Johnson-Lindenstrauss) at a
+    # fraction of the cost and memory: a large pool's backbone features would not fit (960,000 x 6,272 floats)
+    logits, features = _read(reader, pool[order], env, project_to=feature_dim if rule == "diverse" else 0, rng=rng)
     labels = logits.argmax(1)
     top2 = logits.softmax(1).topk(min(2, num_classes), dim=1).values
     margin = top2[:, 0] - (top2[:, 1] if num_classes > 1 else 0)
-    if rule == "diverse":  # a random projection keeps distances (Johnson-Lindenstrauss) at a fraction of the cost
-        projection = torch.randn(features.shape[1], feature_dim, generator=rng) / feature_dim ** 0.5
-        features = nn.functional.normalize(features @ projection, dim=1)
     chosen = []
     for label, quota in _class_quotas(labels, count, num_classes).items():
         members = (labels == label).nonzero().squeeze(1)  # positions in `order`, already a random order
@@ -105,19 +104,23 @@ def _class_quotas(labels: torch.Tensor, count: int, num_classes: int) -> dict[in
     return {k: q for k, q in quotas.items() if q}
 
 
-def _read(reader: nn.Module, images: torch.Tensor, env: Env, *, features: bool,
+def _read(reader: nn.Module, images: torch.Tensor, env: Env, *, project_to: int, rng: torch.Generator,
           batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The reader's logits and, where asked, its backbone features (datafree.logits_and_features: the input of
-    its last linear layer, or a source ensemble's members' features side by side)."""
+    """The reader's logits and, where `project_to` > 0, its backbone features (datafree.logits_and_features: the
+    input of its last linear layer, or a source ensemble's members' features side by side) through one random
+    projection to `project_to` dimensions drawn from `rng` at the first batch, each row then of unit norm."""
     was_training = reader.training
     reader.eval()
-    logits, feats = [], []
+    logits, feats, projection = [], [], None
     for start in range(0, len(images), batch):
         x = env.place_batch(to_float(images[start:start + batch]))
         with env.autocast():
             out, f = logits_and_features(reader, x)
         logits.append(out.float().cpu())
-        if features:
-            feats.append(f.float().flatten(1).cpu())
+        if project_to:
+            f = f.float().flatten(1).cpu()
+            if projection is None:
+                projection = torch.randn(f.shape[1], project_to, generator=rng) / project_to ** 0.5
+            feats.append(nn.functional.normalize(f @ projection, dim=1))
     reader.train(was_training)
-    return torch.cat(logits), (torch.cat(feats) if features else None)
+    return torch.cat(logits), (torch.cat(feats) if project_to else None)
