@@ -25,8 +25,7 @@ Readings of what the paper leaves open (each configurable):
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
 - The student (Eq. 1) is in methods/dgd_student.py, with our pseudo-labelling alternative to its energies.
 - The paper draws D̂s at random from the pool (the default); `dgd.query_selection` chooses it instead, reading only
-  the generator's source (engine/query_selection.py; ours: a k-center cover teaches more for the same ε, and
-  more still from a larger pool, `dgd.num_synthetic`: the cover spreads further at no ε).
+  the generator's source (engine/query_selection.py; ours: a k-center cover teaches more for the same ε).
 - Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
   generator's data (teachers are trained on the rest); compare with PATE.
 """
