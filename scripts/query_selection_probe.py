@@ -126,9 +126,11 @@ def main() -> None:
             else:
                 idx = select_queries(pool, args.queries, rule, reader=baseline, env=env, rng=rng, num_classes=k)
                 labels = mechanisms.gnmax(votes(idx), sigma=args.sigma, generator=noise)
+            stats, plurality = label_stats(pool, idx, labels, votes, baseline, k, env)
             for fit in recipes:  # several student recipes on the same released labels
                 t0 = time.perf_counter()
-                row = probe_row(pool, idx, labels, votes, baseline, data, env, args, fit)
+                row = {"queries": len(idx), "sigma": args.sigma, **fit, "student_steps": args.student_steps, **stats,
+                       **student_rows(pool[idx], labels, plurality, data, env, args, fit)}
                 row.update(rule=rule, seed=seed, minutes=round((time.perf_counter() - t0) / 60, 1),
                            device=env.describe(), note="evaluation only: reads the private teachers' votes")
                 print(json.dumps(row), flush=True)
@@ -136,26 +138,28 @@ def main() -> None:
                     f.write(json.dumps(row) + "\n")
 
 
-def probe_row(pool, idx, labels, votes, baseline, data, env, args, fit) -> dict:
-    """How the released labels of `idx` compare with the teachers' plurality and the baseline, and what a student
-    trained on them (and, with --noiseless, on the plurality) scores on the test set."""
-    k = data.train.num_classes
+def label_stats(pool, idx, labels, votes, baseline, k, env) -> tuple[dict, torch.Tensor]:
+    """How the released labels of `idx` compare with the teachers' noiseless plurality and the baseline (once per
+    selection, whatever the student recipes), and that plurality."""
     counts = votes(idx)
     plurality = counts.argmax(1)
     base = predict_logits(baseline, pool[idx], env).argmax(1)
-    student = train_student(pool[idx], labels, data, env, args.student_steps, **fit)
-    row = {"queries": len(idx), "sigma": args.sigma, **fit, "student_steps": args.student_steps,
-           "labels_equal_plurality": round(float((labels == plurality).float().mean()), 4),
-           "labels_equal_baseline": round(float((labels == base).float().mean()), 4),
-           "plurality_equal_baseline": round(float((plurality == base).float().mean()), 4),
-           "mean_top_vote_share": round(float(counts.max(1).values.float().mean() / votes.teachers.num_teachers), 4),
-           "label_balance": round(label_balance(labels, k), 4),
-           "student_test_accuracy": round(evaluate(student, data.test, env), 4)}
+    return {"labels_equal_plurality": round(float((labels == plurality).float().mean()), 4),
+            "labels_equal_baseline": round(float((labels == base).float().mean()), 4),
+            "plurality_equal_baseline": round(float((plurality == base).float().mean()), 4),
+            "mean_top_vote_share": round(float(counts.max(1).values.float().mean() / votes.teachers.num_teachers), 4),
+            "label_balance": round(label_balance(labels, k), 4)}, plurality
+
+
+def student_rows(images, labels, plurality, data, env, args, fit) -> dict:
+    """Test accuracy of a student trained with recipe `fit` on the released labels (and, with --noiseless, on the
+    teachers' plurality)."""
+    student = train_student(images, labels, data, env, args.student_steps, **fit)
+    row = {"student_test_accuracy": round(evaluate(student, data.test, env), 4)}
     if args.noiseless:
-        clean = train_student(pool[idx], plurality, data, env, args.student_steps, **fit)
+        clean = train_student(images, plurality, data, env, args.student_steps, **fit)
         row["noiseless_student_test_accuracy"] = round(evaluate(clean, data.test, env), 4)
     return row
-
 
 if __name__ == "__main__":
     main()
