@@ -10,7 +10,7 @@ non-private baseline and the private labels freely).
 
     flock /tmp/privdistill-cpu.lock python scripts/teacher_agreement.py \
         --baseline runs/baseline-mnist-quick --synthetic ~/.cache/privdistill/stages/synthetic-<key> \
-        --steps 90 300 900 --teachers 10 --out docs/diagnostics/teacher-agreement-mnist.json
+        --steps 90 300 900 --teachers 10 [--augment none affine] --out docs/diagnostics/teacher-agreement-mnist.json
     (--generator DIR instead of --synthetic samples another generator, e.g. SRR's BatchNorm-statistics one)
 """
 
@@ -58,10 +58,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=[90, 900])
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.002)
+    ap.add_argument("--augment", nargs="+", default=["none"],
+                    help="teachers' augmentations (engine/augment.py names): a row per augmentation and length")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    env = Env.from_options(RunOptions(precision="bf16", progress=False))
+    env = Env.from_options(RunOptions(precision="auto", progress=False))
     data = load_data(args.dataset, None, seed=0)
     baseline = RunDir.existing(args.baseline).load_weights("model", device=env.device).eval()
     if args.synthetic:
@@ -77,8 +79,8 @@ def main() -> None:
                            lr=args.lr, lr_schedule="linear", trainer="loop")
     parts = make_partitions(data.train, full)[:args.teachers]
     rows = []
-    for steps in args.steps:
-        cfg = replace(full, num_teachers=args.teachers, steps=steps)
+    for augment, steps in [(a, s) for a in args.augment for s in args.steps]:
+        cfg = replace(full, num_teachers=args.teachers, steps=steps, augment=augment)
         t0 = time.perf_counter()
         ensemble, _ = train_teachers(data.train, cfg, env, parts=parts)
         seconds = time.perf_counter() - t0
@@ -89,9 +91,12 @@ def main() -> None:
         agree_test = (test_pred == base_test).float().mean(1)
         pairwise = torch.stack([(synth_pred[i] == synth_pred[j]).float().mean()
                                 for i in range(len(synth_pred)) for j in range(i + 1, len(synth_pred))])
-        row = {"steps": steps, "epochs_per_teacher": round(steps * args.batch_size / len(parts[0]), 1),
+        plurality = torch.mode(test_pred, dim=0).values
+        row = {"augment": augment, "steps": steps,
+               "epochs_per_teacher": round(steps * args.batch_size / len(parts[0]), 1),
                "train_seconds": round(seconds, 1),
                "teacher_test_accuracy_mean": round(float(test_acc.mean()), 4),
+               "plurality_test_accuracy": round(float((plurality == test_labels).float().mean()), 4),
                "agreement_with_baseline_on_test_mean": round(float(agree_test.mean()), 4),
                "agreement_with_baseline_on_synthetic_mean": round(float(agree.mean()), 4),
                "agreement_with_baseline_on_synthetic_min_max": [round(float(agree.min()), 4),
