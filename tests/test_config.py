@@ -124,6 +124,22 @@ def test_named_overlays_compose_with_plus(tmp_path, monkeypatch):
         resolve_sections(sections, preset="quick", config_file="staged-prior+nosuch.yaml")
 
 
+def test_affine_teachers_overlay_changes_only_the_teachers_training():
+    """`--config adversarial+affine-teachers` (issue 24): DGD's teachers train on affine copies at rate 0.005, and
+    nothing else moves: the generator stays the adversarial overlay's, the teachers' number and steps the preset's."""
+    from privdistill.config import resolve_sections
+    from privdistill.engine.datafree import GeneratorTraining
+    from privdistill.engine.ensemble import TeacherTraining
+
+    sections = {"teachers": TeacherTraining, "generator": GeneratorTraining}
+    plain = resolve_sections(sections, preset="quick", dataset="mnist", config_file="adversarial")
+    both = resolve_sections(sections, preset="quick", dataset="mnist", config_file="adversarial+affine-teachers")
+    assert (both["teachers"].augment, both["teachers"].lr) == ("affine", 0.005)
+    assert both["generator"] == plain["generator"]
+    assert (both["teachers"].num_teachers, both["teachers"].steps) == (plain["teachers"].num_teachers,
+                                                                        plain["teachers"].steps)
+
+
 def test_the_config_help_names_every_packaged_overlay():
     from importlib import resources
 
