@@ -11,8 +11,9 @@ non-private baseline and the private labels freely).
     flock /tmp/privdistill-cpu.lock python scripts/teacher_agreement.py \
         --baseline runs/baseline-mnist-quick --synthetic ~/.cache/privdistill/stages/synthetic-<key> \
         --steps 90 300 900 --teachers 10 [--augment none affine] --out docs/diagnostics/teacher-agreement-mnist.json
-    (--generator DIR instead of --synthetic samples another generator, e.g. SRR's BatchNorm-statistics one;
-    with neither, nor --baseline, only the teachers' accuracy and their plurality's on real test images)
+    (--generator DIR instead of --synthetic samples another generator, e.g. SRR's BatchNorm-statistics one.
+    Without --baseline and samples it reports only the teachers' accuracy, and their plurality's, on real test
+    images: `--dataset fashion-mnist --steps 90 --augment none shift flip-shift affine`.)
 """
 
 from __future__ import annotations
