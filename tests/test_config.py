@@ -140,6 +140,23 @@ def test_affine_teachers_overlay_changes_only_the_teachers_training():
                                                                         plain["teachers"].steps)
 
 
+def test_scatter_teachers_overlay_fits_ridge_heads_and_leaves_the_rest():
+    """`--config adversarial+scatter-teachers` (issue 24): DGD's teachers become closed-form ridge heads on the fixed
+    ScatterNet transform; their number and partitions, and the generator, stay the preset's and the overlay's."""
+    from privdistill.config import resolve_sections
+    from privdistill.engine.datafree import GeneratorTraining
+    from privdistill.engine.ensemble import TeacherTraining
+
+    sections = {"teachers": TeacherTraining, "generator": GeneratorTraining}
+    plain = resolve_sections(sections, preset="quick", dataset="fashion-mnist", config_file="adversarial")
+    both = resolve_sections(sections, preset="quick", dataset="fashion-mnist",
+                            config_file="adversarial+scatter-teachers")
+    assert (both["teachers"].model, both["teachers"].fit, both["teachers"].ridge) == ("scatter-linear", "ridge", 0.01)
+    assert both["generator"] == plain["generator"]
+    assert (both["teachers"].num_teachers, both["teachers"].partition_seed) == (plain["teachers"].num_teachers,
+                                                                                plain["teachers"].partition_seed)
+
+
 def test_the_config_help_names_every_packaged_overlay():
     from importlib import resources
 

@@ -20,8 +20,8 @@ Preset = Annotated[
 ]
 ConfigFile = Annotated[
     Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets, or a "
-                                 "named overlay (synthesis, adversarial, verified, affine-teachers, teacher-generator, "
-                                 "staged-prior, scatternet, scatternet-prior); compose with + "
+                                 "named overlay (synthesis, adversarial, verified, affine-teachers, scatter-teachers, "
+                                 "teacher-generator, staged-prior, scatternet, scatternet-prior); compose with + "
                                  "(adversarial+staged-prior: the later one wins)")
 ]
 Overrides = Annotated[

@@ -33,6 +33,7 @@ from privdistill.engine.augment import augment_batch
 from privdistill.engine.context import Env
 from privdistill.engine.optim import make_optimizer, set_lr
 from privdistill.engine.progress import progress_bar
+from privdistill.engine.ridge_teachers import check_ridge_model, fit_ridge_heads
 from privdistill.engine.run import safetensors_bytes
 from privdistill.errors import ConfigError, DataError, ModelError
 from privdistill.models import create_model
@@ -67,8 +68,12 @@ class TeacherTraining:
     # that teachers read synthetic samples alike. Off by default (the papers' teachers).
     augment: str = "none"  # one of config.AUGMENTATIONS (engine/augment.py)
     input_noise: float = 0.0  # std of Gaussian noise added to each training image (in [-1, 1] units)
+    # sgd: the papers' teachers, `steps` of Adam | ridge: a closed-form ridge head on a fixed ScatterNet transform
+    # (model scatter-linear; engine/ridge_teachers.py): steps, batch, rate and augmentation do not apply
+    fit: str = "sgd"
+    ridge: float = 0.01  # fit=ridge: λ in (1/n) ‖Xw − Y‖² + λ ‖w‖², n the partition size
 
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment", "input_noise")
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment", "input_noise", "fit", "ridge")
 
     def validate(self) -> None:
         check_augment(self.augment, "teachers.augment")
@@ -76,6 +81,12 @@ class TeacherTraining:
             raise ConfigError("teachers.input_noise must be >= 0")
         if self.num_teachers < 1:
             raise ConfigError(f"num_teachers must be >= 1, got {self.num_teachers}")
+        if self.fit not in ("sgd", "ridge") or not self.ridge > 0:
+            raise ConfigError(f"teachers.fit must be sgd or ridge and teachers.ridge > 0, got {self.fit!r}, "
+                              f"{self.ridge}")
+        if self.fit == "ridge" and (self.augment != "none" or self.input_noise):
+            raise ConfigError("teachers.fit=ridge fits each head once on its partition's images as they are: "
+                              "teachers.augment and teachers.input_noise apply to sgd only")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ConfigError("steps, batch_size and lr must be positive")
         if self.trainer not in ("auto", "vectorized", "loop"):
@@ -125,6 +136,8 @@ class TeacherEnsemble(nn.Module):
         convolutions (measured: 250 paper CNNs on 500 images, 111 s vmap vs 40 s loop with channels-last
         inputs, 23 s under bf16 autocast). Callers choose the precision with their autocast context."""
         params, buffers = self.stacked()
+        if self.shares_features:
+            return self._head_logits(x, params)
         if vectorized is None:
             vectorized = x.device.type != "cpu"
         if not vectorized:
@@ -150,6 +163,19 @@ class TeacherEnsemble(nn.Module):
             b = {k: v[start:start + chunk] for k, v in buffers.items()}
             out.append(vmap(one, in_dims=(0, 0, None))(p, b, x).float())
         return torch.cat(out)
+
+    @property
+    def shares_features(self) -> bool:
+        """Whether the teachers share a fixed feature transform and differ only in their heads (e.g. ridge teachers
+        on a ScatterNet): then the transform runs once per batch, not once per teacher."""
+        return (hasattr(self.base[0], "scatter") and not self.buffer_names
+                and all(name.startswith("head.") for name in self.names))
+
+    def _head_logits(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        module = self._scratch_module(x.device, torch.contiguous_format)
+        features = module.scatter(x)
+        heads = {name[len("head."):]: value for name, value in params.items()}
+        return vmap(lambda p, f: functional_call(module.head, p, (f,)), in_dims=(0, None))(heads, features).float()
 
     def _scratch_module(self, device: torch.device, layout: torch.memory_format) -> nn.Module:
         key = (str(device), str(layout))
@@ -351,6 +377,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
         warnings.warn(f"{len(lacking)} of {cfg.num_teachers} partitions lack some class (partition {first[0]} has no "
                       f"example of class(es) {first[1]}): those teachers can never vote for it. Use fewer teachers.",
                       EnsembleWarning, stacklevel=2)
+    if cfg.fit == "ridge":
+        return _fit_ridge(train, cfg, env, parts, len(lacking))
     sizes = torch.tensor([len(p) for p in parts])
     padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
     for i, p in enumerate(parts):
@@ -391,6 +419,21 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
              "partition_sizes": [int(sizes.min()), int(sizes.max())],
              "partitions_missing_classes": len(lacking)}
     return ensemble, stats
+
+
+def _fit_ridge(train: ImageDataset, cfg: TeacherTraining, env: Env, parts: list[torch.Tensor],
+               lacking: int) -> tuple[TeacherEnsemble, dict]:
+    """`teachers.fit=ridge`: each teacher a closed-form ridge head on the fixed transform (engine/ridge_teachers.py)."""
+    template = _init_teachers(cfg, train, 1, 0, env)[0]
+    check_ridge_model(template, cfg.model)
+    started = time.perf_counter()
+    params, fit_stats = fit_ridge_heads(template, train, parts, cfg.ridge, env)
+    wall = time.perf_counter() - started
+    sizes = [len(p) for p in parts]
+    return TeacherEnsemble(template, params), {
+        "num_teachers": cfg.num_teachers, "trainer": "ridge", "wall_seconds": round(wall, 3),
+        "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
+        "partition_sizes": [min(sizes), max(sizes)], "partitions_missing_classes": lacking, **fit_stats}
 
 
 def _train_chunk_vectorized(models, train, partitions, sizes, rng_ids, cfg: TeacherTraining, env: Env, bar, *,
