@@ -73,3 +73,13 @@ def test_ridge_fit_needs_a_fixed_transform_and_a_linear_head(tiny_npz):
     data = load_data(f"npz:{tiny_npz}")
     with pytest.raises(ConfigError, match="paper-cnn"):
         train_teachers(data.train, TeacherTraining(**{**RIDGE, "model": "paper-cnn"}), Env.cpu(seed=0))
+
+
+def test_ridge_fit_is_refused_on_ray_rather_than_silently_trained_by_sgd(tiny_npz):
+    from privdistill.engine.distributed import ClientEnsemble, train_teachers_ray
+
+    data = load_data(f"npz:{tiny_npz}")
+    with pytest.raises(ConfigError, match="does not run on Ray"):
+        train_teachers_ray(data.train, TeacherTraining(**RIDGE), Env.cpu(seed=0))
+    with pytest.raises(ConfigError, match="does not run on Ray"):
+        ClientEnsemble.launch("npz", data.train, TeacherTraining(**RIDGE), Env.cpu(seed=0))
