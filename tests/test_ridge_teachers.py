@@ -6,7 +6,13 @@ import torch
 from privdistill.data import load_data
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import Env
-from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
+from privdistill.engine.ensemble import (
+    TeacherEnsemble,
+    TeacherTraining,
+    ensemble_accuracy,
+    make_partitions,
+    train_teachers,
+)
 from privdistill.errors import ConfigError
 
 RIDGE = dict(num_teachers=3, model="scatter-linear", fit="ridge", ridge=0.01, batch_size=8)
@@ -30,8 +36,6 @@ def test_ridge_teachers_learn_their_partitions_and_vote_as_their_modules(tiny_np
     assert torch.allclose(TeacherEnsemble.load(tmp_path / "t.safetensors").logits(x), fast, atol=1e-6)
 
     # optimality of teacher 0: d/dw [(1/n) ||Xw - Y||^2 + λ ||w||^2] = 0 at its (weight, bias)
-    from privdistill.engine.ensemble import make_partitions
-
     part = make_partitions(data.train, TeacherTraining(**RIDGE))[0]
     member = ensemble.member(0)
     feats = torch.cat([member.scatter(to_float(data.train.images[part])).flatten(1), torch.ones(len(part), 1)], 1)
@@ -48,8 +52,6 @@ def test_one_replaced_record_changes_one_ridge_teacher(tiny_npz):
     env = Env.cpu(seed=0)
     before, _ = train_teachers(data.train, TeacherTraining(**RIDGE), env)
     images, labels = data.train.images.clone(), data.train.labels.clone()
-    from privdistill.engine.ensemble import make_partitions
-
     record = int(make_partitions(data.train, TeacherTraining(**RIDGE))[1][0])
     images[record] = 255 - images[record]
     labels[record] = (labels[record] + 1) % data.num_classes
