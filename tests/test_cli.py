@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from fabricate import write_cifar10
@@ -51,19 +52,33 @@ def test_train_record_and_eval(tiny_npz, tmp_path, monkeypatch):
     assert "built for other data" in str(result.exception) and "in_channels 1 (data: 3)" in str(result.exception)
 
 
-def test_user_errors_print_one_line_and_exit_2(tmp_path):
-    for args, message in ((["train", "baseline", "--dataset", "imagenet"], "unknown dataset"),
-                          (["train", "baseline", "--dataset", "mnist", "--set", "baseline.lr=0"], "lr must be > 0"),
-                          (["eval", str(tmp_path)], "not a run directory"),
-                          (["bench", "report", "--results", str(tmp_path / "none")], "no results directory"),
-                          (["train", "baseline", "--dataset", "mnist", "--run-dir", str(tmp_path / "typo"),
-                            "--resume"], "--resume needs the --run-dir of an earlier run"),
-                          (["train", "baseline", "--dataset", "mnist", "--device", "mps"], "not supported"),
-                          (["teachers", "train", "-n", "0"], "Invalid value for '--num-teachers'"),
-                          (["teachers", "train", "--laplace-scale", "-1"], "--laplace-scale must be > 0")):
-        proc = subprocess.run([sys.executable, "-m", "privdistill", *args], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2, proc.stderr
-        assert message in proc.stderr and "Traceback" not in proc.stderr
+def test_user_errors_print_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """Each user error is one line on stderr and exit status 2, never a traceback. The cases run in this process
+    through the entry point's `main()` (a new interpreter costs seconds of imports each); the first also runs as
+    `python -m privdistill`, the way a user meets it."""
+    from privdistill.cli import main
+
+    cases = ((["train", "baseline", "--dataset", "imagenet"], "unknown dataset"),
+             (["train", "baseline", "--dataset", "mnist", "--set", "baseline.lr=0"], "lr must be > 0"),
+             (["eval", str(tmp_path)], "not a run directory"),
+             (["bench", "report", "--results", str(tmp_path / "none")], "no results directory"),
+             (["train", "baseline", "--dataset", "mnist", "--run-dir", str(tmp_path / "typo"), "--resume"],
+              "--resume needs the --run-dir of an earlier run"),
+             (["train", "baseline", "--dataset", "mnist", "--device", "mps"], "not supported"),
+             (["teachers", "train", "-n", "0"], "Invalid value for '--num-teachers'"),
+             (["teachers", "train", "--laplace-scale", "-1"], "--laplace-scale must be > 0"))
+    args, message = cases[0]
+    proc = subprocess.run([sys.executable, "-m", "privdistill", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+    monkeypatch.setenv("PRIVDISTILL_KEEP_FREED_MEMORY", "0")  # main() would tune this test process's malloc
+    for args, message in cases:
+        monkeypatch.setattr(sys, "argv", ["privdistill", *args])
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        stderr = capsys.readouterr().err
+        assert exit_.value.code == 2, (args, stderr)
+        assert message in stderr and "Traceback" not in stderr, (args, stderr)
 
 
 def test_dry_run_prices_the_plan_and_trains_nothing(tiny_npz, tmp_path, monkeypatch):
