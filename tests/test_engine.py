@@ -205,7 +205,7 @@ def test_git_commit_outside_a_checkout_comes_from_the_environment(monkeypatch):
 
 _PAGE_FAULT_PROBE = """
 import resource, sys, torch
-from privdistill.engine.device import keep_freed_memory
+from privdistill.cli.process import keep_freed_memory
 print(keep_freed_memory())
 torch.set_num_threads(1)
 net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),

@@ -114,24 +114,27 @@ def _quiet_library_warnings() -> None:
 
 
 def main() -> None:
-    from privdistill.engine.device import keep_freed_memory
+    from privdistill.cli.process import keep_freed_memory
 
     keep_freed_memory()  # before any tensor exists; see its docstring for the measured cost of not doing it
     _quiet_library_warnings()
     _mount_subcommands()
-    from privdistill.methods.runner import DryRunPlan
-
     try:
         app()
-    except DryRunPlan as plan:
-        from privdistill.cli.display import show_plan
-
-        show_plan(plan.info)
     except PrivdistillError as err:
         from rich.console import Console
 
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Exception as exc:
+        # Imported only here: methods.runner brings torch, which `--help` and the one-line errors do without.
+        from privdistill.methods.runner import DryRunPlan
+
+        if not isinstance(exc, DryRunPlan):
+            raise
+        from privdistill.cli.display import show_plan
+
+        show_plan(exc.info)
 
 
 if __name__ == "__main__":

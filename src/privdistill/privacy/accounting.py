@@ -25,12 +25,9 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
-import dp_accounting
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant as _rdp
-from scipy.optimize import minimize_scalar
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy import pate
@@ -47,6 +44,12 @@ from privdistill.privacy.events import (
     SRRLabels,
     as_events,
 )
+
+if TYPE_CHECKING:
+    import dp_accounting
+
+# dp-accounting (and through it scipy.stats) is imported where an ε is computed, not here: the command line imports
+# this module to print its help, and that import alone took 2.5 s on the 2-core AMD EPYC.
 
 REPLACE_ONE = "replace-one: substitute one record of the private training set"
 CHANGE_LABEL = "change one record's label (label-DP; inputs are not protected)"
@@ -223,6 +226,9 @@ def _rdp_of(dp_event: dp_accounting.DpEvent, relation: str = "add-remove") -> np
     two neighbouring outputs), for which dp-accounting's add/remove formulas are exactly the RDP of a
     shift by one unit; randomized response needs dp-accounting's REPLACE_ONE relation.
     """
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
     rel = (dp_accounting.NeighboringRelation.REPLACE_ONE if relation == "replace-one"
            else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
     acc = _rdp.RdpAccountant(orders=ORDERS, neighboring_relation=rel)
@@ -234,16 +240,22 @@ def _rdp_of(dp_event: dp_accounting.DpEvent, relation: str = "add-remove") -> np
 
 @functools.lru_cache(maxsize=4096)
 def _laplace_unit(noise_multiplier: float) -> np.ndarray:
+    import dp_accounting
+
     return _rdp_of(dp_accounting.LaplaceDpEvent(noise_multiplier))
 
 
 @functools.lru_cache(maxsize=4096)
 def _gaussian_unit(noise_multiplier: float) -> np.ndarray:
+    import dp_accounting
+
     return _rdp_of(dp_accounting.GaussianDpEvent(noise_multiplier))
 
 
 @functools.lru_cache(maxsize=4096)
 def _rr_unit(epsilon: float, buckets: int) -> np.ndarray:
+    import dp_accounting
+
     # dp-accounting's RR: keep the input with prob 1-p, else uniform over the k buckets; the
     # likelihood ratio is k/p - k + 1 = e^eps  <=>  p = k / (e^eps + k - 1).
     p = buckets / (math.exp(epsilon) + buckets - 1.0) if epsilon < 700 else 0.0
@@ -253,6 +265,8 @@ def _rr_unit(epsilon: float, buckets: int) -> np.ndarray:
 
 def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> tuple[float, float | None]:
     """(epsilon, optimal order) from an RDP curve at ORDERS (dp-accounting's conversion)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
     if np.all(rdp == 0):
         return 0.0, None
     if np.any(np.isinf(rdp)) and np.all(np.isinf(rdp)):
@@ -263,6 +277,7 @@ def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> tuple[float, float | None]:
 
 @functools.lru_cache(maxsize=256)
 def pld_poisson_gaussian_replace_one(noise_multiplier: float, q: float, steps: int, delta: float) -> float:
+    import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
     if steps == 0:
@@ -567,6 +582,8 @@ def dpdfd_theorem3(coefficient: float, delta: float) -> tuple[float, float | Non
     vals = coefficient * lam + np.log1p(-1.0 / lam) - (log_delta + np.log(lam)) / (lam - 1.0)
     i = int(np.argmin(vals))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    from scipy.optimize import minimize_scalar
+
     res = minimize_scalar(f, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
     best_x = res.x if res.fun < vals[i] else grid[i]
     return max(0.0, float(min(res.fun, vals[i]))), 1.0 + math.exp(best_x)
