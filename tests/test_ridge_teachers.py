@@ -11,6 +11,7 @@ from privdistill.engine.ensemble import (
     TeacherTraining,
     ensemble_accuracy,
     make_partitions,
+    plan_teachers,
     train_teachers,
 )
 from privdistill.errors import ConfigError
@@ -73,8 +74,12 @@ def test_ridge_fit_refuses_what_it_cannot_do():
 
 def test_ridge_fit_needs_a_fixed_transform_and_a_linear_head(tiny_npz):
     data = load_data(f"npz:{tiny_npz}")
+    wrong = TeacherTraining(**{**RIDGE, "model": "paper-cnn"})
+    with pytest.raises(ConfigError, match="paper-cnn"):  # in a method's plan, before any stage trains
+        plan_teachers(data.train, wrong, distribution="gaussian", scale=1.0, option="dgd noise")
     with pytest.raises(ConfigError, match="paper-cnn"):
-        train_teachers(data.train, TeacherTraining(**{**RIDGE, "model": "paper-cnn"}), Env.cpu(seed=0))
+        train_teachers(data.train, wrong, Env.cpu(seed=0))
+    plan_teachers(data.train, TeacherTraining(**RIDGE), distribution="gaussian", scale=1.0, option="dgd noise")
 
 
 def test_ridge_fit_is_refused_on_ray_rather_than_silently_trained_by_sgd(tiny_npz):

@@ -278,6 +278,11 @@ def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: st
     from privdistill.privacy.vote_noise import vote_noise_note
 
     make_partitions(train, cfg)
+    if cfg.fit == "ridge":  # refused now, before any stage trains, rather than when the teachers' stage starts
+        with torch.random.fork_rng():  # the template's initialisation must not move the run's random state
+            template = create_model(cfg.model, kind="classifier", in_channels=train.channels,
+                                    num_classes=train.num_classes, image_size=train.image_size[0])
+        check_ridge_model(template, cfg.model)
     return vote_noise_note(cfg.num_teachers, train.num_classes, distribution=distribution, scale=scale, option=option,
                            threshold=threshold, sigma1=sigma1)
 
