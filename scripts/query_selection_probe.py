@@ -6,7 +6,8 @@ rounds in which the student trained on the labels so far picks the samples it is
 selects the queries from a DGD pool, releases their labels through the real GNMax mechanism, trains a paper-CNN
 student on them alone (DGD's supervised part, 500 steps of 128) and reports its test accuracy, with how many
 released labels equal the teachers' noiseless plurality. `--noiseless` adds a student on the plurality itself
-(what the samples hold, apart from the vote noise); `--augment` and `--label-smoothing` (comma-separated) train one
+(what the samples hold, apart from the vote noise), `--baseline-labels` one on the baseline's labels of the same
+queries (what they would hold if every teacher read them as the generator's source); `--augment` and `--label-smoothing` (comma-separated) train one
 student per recipe on the same released labels; `--sigma` alone sizes the queries to the strict `--epsilon`. The
 rules read the pool and the baseline (the generator's source, outside DGD's ε as the generator is); `active` reads
 the student, post-processing of released labels.
@@ -100,6 +101,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="rounds of the active rule")
     ap.add_argument("--student-steps", type=int, default=500)
     ap.add_argument("--noiseless", action="store_true", help="also a student on the noiseless plurality")
+    ap.add_argument("--baseline-labels", action="store_true", help="also a student on the baseline's labels of the "
+                    "same queries: what the samples would teach if every teacher read them as the generator's source")
     ap.add_argument("--augment", default="none", help="the student's augmentations of its labelled samples "
                     "(comma-separated: one student each)")
     ap.add_argument("--label-smoothing", default="0", help="the student's label smoothings (comma-separated)")
@@ -126,11 +129,11 @@ def main() -> None:
             else:
                 idx = select_queries(pool, args.queries, rule, reader=baseline, env=env, rng=rng, num_classes=k)
                 labels = mechanisms.gnmax(votes(idx), sigma=args.sigma, generator=noise)
-            stats, plurality = label_stats(pool, idx, labels, votes, baseline, k, env)
+            stats, plurality, base = label_stats(pool, idx, labels, votes, baseline, k, env)
             for fit in recipes:  # several student recipes on the same released labels
                 t0 = time.perf_counter()
                 row = {"queries": len(idx), "sigma": args.sigma, **fit, "student_steps": args.student_steps, **stats,
-                       **student_rows(pool[idx], labels, plurality, data, env, args, fit)}
+                       **student_rows(pool[idx], labels, plurality, base, data, env, args, fit)}
                 row.update(rule=rule, seed=seed, minutes=round((time.perf_counter() - t0) / 60, 1),
                            device=env.describe(), note="evaluation only: reads the private teachers' votes")
                 print(json.dumps(row), flush=True)
@@ -138,9 +141,9 @@ def main() -> None:
                     f.write(json.dumps(row) + "\n")
 
 
-def label_stats(pool, idx, labels, votes, baseline, k, env) -> tuple[dict, torch.Tensor]:
+def label_stats(pool, idx, labels, votes, baseline, k, env) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """How the released labels of `idx` compare with the teachers' noiseless plurality and the baseline (once per
-    selection, whatever the student recipes), and that plurality."""
+    selection, whatever the student recipes), that plurality and the baseline's labels."""
     counts = votes(idx)
     plurality = counts.argmax(1)
     base = predict_logits(baseline, pool[idx], env).argmax(1)
@@ -148,17 +151,20 @@ def label_stats(pool, idx, labels, votes, baseline, k, env) -> tuple[dict, torch
             "labels_equal_baseline": round(float((labels == base).float().mean()), 4),
             "plurality_equal_baseline": round(float((plurality == base).float().mean()), 4),
             "mean_top_vote_share": round(float(counts.max(1).values.float().mean() / votes.teachers.num_teachers), 4),
-            "label_balance": round(label_balance(labels, k), 4)}, plurality
+            "label_balance": round(label_balance(labels, k), 4)}, plurality, base
 
 
-def student_rows(images, labels, plurality, data, env, args, fit) -> dict:
+def student_rows(images, labels, plurality, base, data, env, args, fit) -> dict:
     """Test accuracy of a student trained with recipe `fit` on the released labels (and, with --noiseless, on the
-    teachers' plurality)."""
+    teachers' plurality; with --baseline-labels, on the baseline's labels)."""
     student = train_student(images, labels, data, env, args.student_steps, **fit)
     row = {"student_test_accuracy": round(evaluate(student, data.test, env), 4)}
     if args.noiseless:
         clean = train_student(images, plurality, data, env, args.student_steps, **fit)
         row["noiseless_student_test_accuracy"] = round(evaluate(clean, data.test, env), 4)
+    if args.baseline_labels:
+        source = train_student(images, base, data, env, args.student_steps, **fit)
+        row["baseline_labels_student_test_accuracy"] = round(evaluate(source, data.test, env), 4)
     return row
 
 if __name__ == "__main__":
