@@ -7,10 +7,10 @@ selects the queries from a DGD pool, releases their labels through the real GNMa
 student on them alone (DGD's supervised part, 500 steps of 128) and reports its test accuracy, with how many
 released labels equal the teachers' noiseless plurality. `--noiseless` adds a student on the plurality itself
 (what the samples hold, apart from the vote noise), `--baseline-labels` one on the baseline's labels of the same
-queries (what they would hold if every teacher read them as the generator's source); `--augment` and `--label-smoothing` (comma-separated) train one
-student per recipe on the same released labels; `--sigma` alone sizes the queries to the strict `--epsilon`. The
-rules read the pool and the baseline (the generator's source, outside DGD's ε as the generator is); `active` reads
-the student, post-processing of released labels.
+queries (what they would hold if every teacher read them as the generator's source); `--augment` and
+`--label-smoothing` (comma-separated) train one student per recipe on the same released labels; `--sigma` alone
+sizes the queries to the strict `--epsilon`. The rules read the pool and the baseline (the generator's source,
+outside DGD's ε as the generator is); `active` reads the student, post-processing of released labels.
 Evaluation only: the private teachers' votes are read for a simulation and nothing is released.
 
     flock /tmp/privdistill-cpu.lock python scripts/query_selection_probe.py --synthetic STAGE --teachers STAGE \
