@@ -569,6 +569,8 @@ def dpdfd_theorem3(coefficient: float, delta: float) -> tuple[float, float | Non
     Returns (epsilon, optimal lambda). The minimum is taken over a dense grid of log(lambda - 1)
     refined by a bounded scalar search.
     """
+    from scipy.optimize import minimize_scalar
+
     if coefficient <= 0:
         return 0.0, None
     log_delta = math.log(delta)
@@ -582,8 +584,6 @@ def dpdfd_theorem3(coefficient: float, delta: float) -> tuple[float, float | Non
     vals = coefficient * lam + np.log1p(-1.0 / lam) - (log_delta + np.log(lam)) / (lam - 1.0)
     i = int(np.argmin(vals))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    from scipy.optimize import minimize_scalar
-
     res = minimize_scalar(f, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
     best_x = res.x if res.fun < vals[i] else grid[i]
     return max(0.0, float(min(res.fun, vals[i]))), 1.0 + math.exp(best_x)
