@@ -280,19 +280,21 @@ def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: st
     make_partitions(train, cfg)
     if cfg.fit == "ridge":  # refused now, before any stage trains, rather than when the teachers' stage starts
         with torch.random.fork_rng():  # the template's initialisation must not move the run's random state
-            template = create_model(cfg.model, kind="classifier", in_channels=train.channels,
-                                    num_classes=train.num_classes, image_size=train.image_size[0])
-        check_ridge_model(template, cfg.model)
+            check_ridge_model(_new_teacher(cfg, train), cfg.model)
     return vote_noise_note(cfg.num_teachers, train.num_classes, distribution=distribution, scale=scale, option=option,
                            threshold=threshold, sigma1=sigma1)
+
+
+def _new_teacher(cfg: TeacherTraining, train: ImageDataset) -> nn.Module:
+    return create_model(cfg.model, kind="classifier", in_channels=train.channels, num_classes=train.num_classes,
+                        image_size=train.image_size[0])
 
 
 def _init_teachers(cfg: TeacherTraining, train: ImageDataset, count: int, first: int, env: Env) -> list[nn.Module]:
     models = []
     for i in range(first, first + count):
         torch.manual_seed(env.generator(streams.TEACHER_INIT, i).initial_seed())
-        models.append(create_model(cfg.model, kind="classifier", in_channels=train.channels,
-                                   num_classes=train.num_classes, image_size=train.image_size[0]))
+        models.append(_new_teacher(cfg, train))
     return models
 
 
