@@ -154,8 +154,13 @@ def test_generator_losses_and_training_reduce_the_objective(tiny):
     gen, stats = train_generator(teacher, cfg, env, channels=1, image_size=28)
     first_rounds = stats["final"]
     assert stats["alpha"] == 5.0 and stats["beta"] == 0.1 and first_rounds["round"] == 3
+    before = {k: v.clone() for k, v in gen.state_dict().items()}
     images = generate(gen, 50, env)
     assert images.shape == (50, 1, 28, 28) and images.dtype == torch.uint8
+    # sampling runs BatchNorm in train mode but leaves the generator as trained (running statistics included),
+    # so a released generator is the same whether its samples were drawn in the run or read from the cache
+    after = gen.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "generate() changed the generator's buffers"
     raw = generate(gen, 50, env, quantise=False)  # same latent stream: the floats behind those bytes
     assert raw.dtype == torch.float32 and torch.equal(to_uint8(raw), images)
     x = torch.rand(8, 1, 28, 28) * 2 - 1

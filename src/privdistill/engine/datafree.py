@@ -439,16 +439,24 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
     caller's `latents` [n, latent_dim] (a method that keeps its own latent stream, SRR's stage codes).
 
     The generator stays in train mode, as while it was trained: its BatchNorm layers normalise with batch
-    statistics (running statistics are updated but never used in this mode)."""
+    statistics. Their running statistics, which train mode would update, are put back afterwards: sampling
+    leaves the generator as it was, so a released generator does not depend on whether its samples were drawn
+    in the same run or read from the stage cache."""
     generator.train()
+    buffers = {name: b.clone() for name, b in generator.named_buffers()}
     out = []
-    for i, start in enumerate(range(0, n, batch_size)):
-        m = min(batch_size, n - start)
-        if latents is not None:
-            z = latents[start:start + m]
-        else:
-            z = draw_latent(generator, m, env.generator(streams.SYNTHETIC, stream, i))
-        with env.autocast():
-            x = generator(z.to(env.device)).float()
-        out.append((to_uint8(x) if quantise else x).cpu())
+    try:
+        for i, start in enumerate(range(0, n, batch_size)):
+            m = min(batch_size, n - start)
+            if latents is not None:
+                z = latents[start:start + m]
+            else:
+                z = draw_latent(generator, m, env.generator(streams.SYNTHETIC, stream, i))
+            with env.autocast():
+                x = generator(z.to(env.device)).float()
+            out.append((to_uint8(x) if quantise else x).cpu())
+    finally:
+        with torch.no_grad():
+            for name, b in generator.named_buffers():
+                b.copy_(buffers[name])
     return torch.cat(out).contiguous()
