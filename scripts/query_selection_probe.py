@@ -43,14 +43,28 @@ from privdistill.privacy.events import GNMaxQueries
 
 
 def train_student(images, labels, data, env: Env, steps: int, seed: int = 0, augment: str = "none",
-                  label_smoothing: float = 0.0):
+                  label_smoothing: float = 0.0, soft_targets: torch.Tensor | None = None,
+                  soft_loss: str = "cross-entropy"):
     torch.manual_seed(seed)
     model = create_model("paper-cnn", kind="classifier", in_channels=data.train.channels,
                          num_classes=data.train.num_classes, image_size=data.train.image_size[0])
     cfg = ClassifierTraining(steps=steps, batch_size=128, lr=1e-3, eval_every_epochs=1e9, augment=augment,
                              label_smoothing=label_smoothing)
-    train_classifier(model, ImageDataset(images, labels, data.train.num_classes, name="probe"), cfg=cfg, env=env)
+    train_classifier(model, ImageDataset(images, labels, data.train.num_classes, name="probe"), cfg=cfg, env=env,
+                     soft_targets=soft_targets, soft_loss=soft_loss)
     return model
+
+
+def project_to_simplex(v: torch.Tensor) -> torch.Tensor:
+    """Each row's Euclidean projection onto the probability simplex (Duchi et al. 2008): max(v - tau, 0) with the
+    one tau that makes the row sum to 1. On a noisy vote share it subtracts the noise floor: classes the noise
+    alone lifted fall to 0."""
+    u = v.sort(dim=1, descending=True).values
+    css = u.cumsum(1) - 1
+    ks = torch.arange(1, v.shape[1] + 1, dtype=v.dtype)
+    rho = (u - css / ks > 0).sum(1, keepdim=True)  # the number of classes kept
+    tau = css.gather(1, rho - 1) / rho.to(v.dtype)
+    return (v - tau).clamp_min(0)
 
 
 class Votes:
@@ -106,6 +120,9 @@ def main() -> None:
     ap.add_argument("--augment", default="none", help="the student's augmentations of its labelled samples "
                     "(comma-separated: one student each)")
     ap.add_argument("--label-smoothing", default="0", help="the student's label smoothings (comma-separated)")
+    ap.add_argument("--soft", default="", help="students on soft targets made from the same noisy histogram "
+                    "(comma-separated scales s: the simplex projection of s * noisy counts / teachers, 'brier': the "
+                    "noisy share itself under a squared-error loss, 'clean': the noiseless vote share)")
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per rule and seed (appended)")
     args = ap.parse_args()
 
@@ -128,8 +145,13 @@ def main() -> None:
                                              rng, baseline, args.student_steps)
             else:
                 idx = select_queries(pool, args.queries, rule, reader=baseline, env=env, rng=rng, num_classes=k)
-                labels = mechanisms.gnmax(votes(idx), sigma=args.sigma, generator=noise)
+                # the noisy histogram GNMax draws; its argmax is exactly mechanisms.gnmax with this noise stream
+                noisy = mechanisms.noisy_histogram(votes(idx), distribution="gaussian", scale=args.sigma,
+                                                   generator=noise)
+                labels = noisy.argmax(1)
             stats, plurality, base = label_stats(pool, idx, labels, votes, baseline, k, env)
+            if args.soft and rule != "active":
+                stats["soft"] = soft_rows(pool[idx], labels, noisy, votes(idx), data, env, args)
             for fit in recipes:  # several student recipes on the same released labels
                 t0 = time.perf_counter()
                 row = {"queries": len(idx), "sigma": args.sigma, **fit, "student_steps": args.student_steps, **stats,
@@ -152,6 +174,27 @@ def label_stats(pool, idx, labels, votes, baseline, k, env) -> tuple[dict, torch
             "plurality_equal_baseline": round(float((plurality == base).float().mean()), 4),
             "mean_top_vote_share": round(float(counts.max(1).values.float().mean() / votes.teachers.num_teachers), 4),
             "label_balance": round(label_balance(labels, k), 4)}, plurality, base
+
+
+def soft_rows(images, labels, noisy, counts, data, env, args) -> dict:
+    """Test accuracy of students trained on soft targets made from the released noisy histogram (post-processing
+    of it, at the same data-independent ε as its argmax) or, for 'clean', from the noiseless counts."""
+    n = counts.sum(1, keepdim=True).double()  # the number of teachers
+    row = {}
+    for spec in args.soft.split(","):
+        if spec == "clean":
+            target = counts.double() / n
+        elif spec == "brier":
+            target = noisy.double() / n
+        else:
+            target = project_to_simplex(float(spec) * noisy.double() / n)
+        student = train_student(images, labels, data, env, args.student_steps, soft_targets=target.float(),
+                                soft_loss="brier" if spec == "brier" else "cross-entropy")
+        row[spec] = {"student_test_accuracy": round(evaluate(student, data.test, env), 4),
+                     "mean_classes_kept": round(float((target > 0).double().sum(1).mean()), 3),
+                     "target_argmax_equal_released": round(float((target.argmax(1) == labels).double().mean()), 4)}
+        print(spec, row[spec], flush=True)
+    return row
 
 
 def student_rows(images, labels, plurality, base, data, env, args, fit) -> dict:

@@ -235,3 +235,40 @@ def test_source_labels_are_free_only_with_a_dp_source(tiny_npz, tmp_path):
     with pytest.raises(ConfigError, match="only a DP source"):
         run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"),
                            overrides=TINY + ["dgd.queries=40", "dgd.source_labels=true"]))
+
+
+def test_histogram_release_records_the_noisy_histogram_at_the_argmax_s_epsilon(tiny_npz, tmp_path):
+    """`dgd.release=histogram`: the ledger records each query's whole noisy vote histogram, whose argmax is the
+    label the default release gives for the same noise; the ε is the same; the student fits the noisy vote share
+    (its own loss in the history); the privacy report says what was released; a resume replays the histogram."""
+    common = TINY + ["run.device=cpu", "dgd.aggregation=gaussian", "dgd.gaussian_sigma=2",
+                     "student.unsupervised=false"]
+    runs = {}
+    for release in ("argmax", "histogram"):
+        run_dir = tmp_path / release
+        runs[release] = (run_dir, DGD(f"npz:{tiny_npz}", queries=40, overrides=common + [f"dgd.release={release}"],
+                                      run_dir=str(run_dir)).fit())
+
+    def answers(run_dir):  # the recorded answers, as a resumed run reads them back
+        from privdistill.privacy.ledger import LedgerView, PrivacyLedger
+
+        event = dict(LedgerView.read(run_dir).spends)["dgd/queries"]
+        return torch.as_tensor(PrivacyLedger.in_run_dir(run_dir).spend("dgd/queries", event, lambda: pytest.fail()))
+
+    labels, histogram = answers(runs["argmax"][0]), answers(runs["histogram"][0])
+    assert labels.shape == (40,) and histogram.shape == (40, 10) and histogram.is_floating_point()
+    assert torch.equal(histogram.argmax(1), labels), "the same noise: the histogram's argmax is GNMax's label"
+    assert bool((histogram != histogram.round()).any()), "the noisy counts themselves, not the votes"
+    a, h = runs["argmax"][1].summary, runs["histogram"][1].summary
+    assert h["epsilon_strict"] == a["epsilon_strict"] and h["epsilon_paper"] == a["epsilon_paper"]
+    assert h["release"] == "histogram" and a["release"] == "argmax"
+    history = h["student_training"]["history"]
+    assert "share_sq_error" in history[-1] and "ce" not in history[-1]
+    privacy = json.loads((runs["histogram"][0] / "privacy.json").read_text())
+    assert "noisy vote histograms" in json.dumps(privacy)
+    again = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(runs["histogram"][0]), resume=True,
+                               overrides=common + ["dgd.release=histogram", "dgd.queries=40"]))
+    for x, y in zip(runs["histogram"][1].student.state_dict().values(), again.student.state_dict().values()):
+        assert torch.equal(x, y)
+    with pytest.raises(ConfigError, match="dgd.release"):
+        DGDConfig(release="logits").validate()

@@ -66,6 +66,23 @@ def test_noisy_argmax_shapes_and_float_votes():
         assert int(out.min()) >= 0 and int(out.max()) < 10
 
 
+def test_noisy_histogram_is_what_the_noisy_argmax_reads():
+    """The released histogram and GNMax / LNMax on the same noise stream: its argmax is their label; its noise has
+    the mechanism's scale; bad input is refused like theirs."""
+    votes = torch.tensor([[120, 80, 50], [10, 200, 40]]).repeat(5000, 1)
+    for dist, scale, argmax in (("gaussian", 40.0, M.gnmax), ("laplace", 40.0, M.lnmax)):
+        kw = {"sigma": scale} if dist == "gaussian" else {"scale": scale}
+        noisy = M.noisy_histogram(votes, distribution=dist, scale=scale, generator=gen(5))
+        assert noisy.shape == votes.shape and noisy.is_floating_point()
+        assert torch.equal(noisy.argmax(1), argmax(votes, generator=gen(5), **kw))
+        want = scale if dist == "gaussian" else scale * math.sqrt(2)
+        assert float((noisy - votes).std()) == pytest.approx(want, rel=0.03)
+    with pytest.raises(PrivacyError, match="distribution"):
+        M.noisy_histogram(votes, distribution="uniform", scale=1.0, generator=gen())
+    with pytest.raises(PrivacyError, match="negative"):
+        M.noisy_histogram(-votes, distribution="gaussian", scale=1.0, generator=gen())
+
+
 def test_confident_gnmax_answer_rate_and_labels():
     votes = torch.tensor([[160, 40, 0], [100, 90, 10]]).repeat(20000, 1)
     labels, answered = M.confident_gnmax(votes, threshold=150, sigma1=20, sigma2=10, generator=gen(5))

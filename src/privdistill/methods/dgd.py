@@ -26,6 +26,12 @@ Readings of what the paper leaves open (each configurable):
 - The student (Eq. 1) is in methods/dgd_student.py, with our pseudo-labelling alternative to its energies.
 - The paper draws D̂s at random from the pool (the default); `dgd.query_selection` chooses it instead, reading only
   the generator's source (engine/query_selection.py; ours: a k-center cover teaches more for the same ε).
+- The paper releases each query's noisy argmax. `dgd.release=histogram` (ours) releases the whole noisy vote
+  histogram votes + noise instead, and the student fits its supervised term to the noisy vote share (counts /
+  teachers) by squared error. The data-independent analyses of LNMax and GNMax already price that histogram (one
+  changed teacher moves it by (+1, -1); the argmax is post-processing of it), so every ε is unchanged; PATE's
+  data-dependent bounds, which price the argmax only, do not apply. The squared error is unbiased for the noise
+  (it averages out over the queries); cross-entropy to a target with negative entries would be unbounded.
 - Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
   generator's data (teachers are trained on the rest); compare with PATE.
 """
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import ClassifierTraining
@@ -81,7 +88,8 @@ class DGDConfig:
     # which samples of the pool are queried: random (paper) | balanced | diverse | confident | uncertain, the
     # others read the model the generator was fitted to (engine/query_selection.py; ours, not the paper's)
     query_selection: str = "random"
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("source_labels", "query_selection")
+    release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("source_labels", "query_selection", "release")
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -94,6 +102,8 @@ class DGDConfig:
             raise ConfigError("dgd noise scales, epsilon1, latent_clip and holdout must be > 0")
         if self.holdout >= 1:
             self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
+        if self.release not in ("argmax", "histogram"):
+            raise ConfigError(f"dgd.release must be argmax or histogram, got {self.release!r}")
         if self.query_selection not in QUERY_SELECTIONS:
             raise ConfigError(f"dgd.query_selection must be one of {', '.join(QUERY_SELECTIONS)}")
         if self.query_selection != "random" and self.inputs != "generator":
@@ -184,7 +194,10 @@ class DGDMethod(Method):
             fresh["answer"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
             return fresh["answer"]
 
-        labels = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY], answer_queries)).long()
+        released = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY], answer_queries))
+        # the noisy vote share (histogram release) or the noisy label; the share's argmax is GNMax's/LNMax's label
+        share = released.float() / teachers.num_teachers if cfg.release == "histogram" else None
+        labels = share.argmax(1) if share is not None else released.long()
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
             answer = fresh.get("answer")
             diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
@@ -201,8 +214,10 @@ class DGDMethod(Method):
         query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
         unlabelled = rest_images if student_cfg.reads_unqueried_samples else None
+        if share is not None:  # samples the DP source labelled (dgd.source_labels) keep their label as a one-hot
+            share = torch.cat([share, F.one_hot(labels[len(share):], data.num_classes).float()])
         student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=ctx.run,
-                                             test=data.test, unlabelled=unlabelled)
+                                             test=data.test, unlabelled=unlabelled, vote_share=share)
         return Trained(student=student, generator=generator, baseline_accuracy=baseline_accuracy,
                        fields={"stages": refs, "student_training": train_stats, **diagnostics})
 
@@ -213,7 +228,7 @@ class DGDMethod(Method):
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
                                 fitted_to=ctx.section("generator").describe_source(source),
                                 latent_codes=ctx.section("student").reads_latent_codes,
-                                query_selection=cfg.query_selection)
+                                query_selection=cfg.query_selection, release=cfg.release)
         e2e.add_source_label_pathway(pathways, cfg.source_labels)
         latent = LATENT_KEY in plan.details["events"]  # spent ε1: a student with Eq. 1's energies, latent noise on
         covers = ("the whole student: DP source + teacher votes (strict)" if dp else
@@ -222,7 +237,8 @@ class DGDMethod(Method):
                       fields={"epsilon_covers": covers, "queries": plan.details["queries"],
                               "aggregation": cfg.aggregation, "inputs": cfg.inputs, "latent_noise": latent,
                               "student_objective": ctx.section("student").objective,
-                              "query_selection": cfg.query_selection, "variant": cfg.variant})
+                              "query_selection": cfg.query_selection, "release": cfg.release,
+                              "variant": cfg.variant})
 
 
 def run_dgd(request: RunRequest, *, cache: bool = True) -> RunResult:
@@ -255,11 +271,11 @@ def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, read
 def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env, seed: int) -> LedgerAnswer:
     votes = torch.cat(list(teachers.iter_votes(images, env)))
     gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
-    if cfg.aggregation == "laplace":
-        labels = mechanisms.lnmax(votes, scale=cfg.laplace_scale, generator=gen)
-    else:
-        labels = mechanisms.gnmax(votes, sigma=cfg.gaussian_sigma, generator=gen)
-    return LedgerAnswer(answers=labels, votes=votes)
+    distribution, scale = (("laplace", cfg.laplace_scale) if cfg.aggregation == "laplace"
+                           else ("gaussian", cfg.gaussian_sigma))
+    noisy = mechanisms.noisy_histogram(votes, distribution=distribution, scale=scale, generator=gen)
+    # Eq. 3 (LNMax) or GNMax: the argmax of the noisy histogram; or, with dgd.release=histogram, the histogram
+    return LedgerAnswer(answers=noisy.float() if cfg.release == "histogram" else noisy.argmax(1), votes=votes)
 
 
 def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,

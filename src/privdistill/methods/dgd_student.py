@@ -75,10 +75,16 @@ class StudentConfig(StudentTraining):
 # ------------------------------------------------------------------------------------ student learning
 def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module | None,
                   cfg: StudentConfig, env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None,
-                  unlabelled: torch.Tensor | None = None) -> tuple[nn.Module, dict]:
+                  unlabelled: torch.Tensor | None = None,
+                  vote_share: torch.Tensor | None = None) -> tuple[nn.Module, dict]:
     """Semi-supervised student (DGD Eq. 1): CE on the labelled queries + tangent/normal/entropy energy on
     decoded latent codes; or, given `unlabelled` images, CE + pseudo-labels on them (`student.objective`).
+    Given the released noisy `vote_share` [queries, classes] (`dgd.release=histogram`), the supervised term is
+    the squared error between the student's softmax and it instead of CE (methods/dgd.py says why).
     Resumable from `student-checkpoint`."""
+    if vote_share is not None and tuple(vote_share.shape) != (len(labelled), labelled.num_classes):
+        raise ConfigError(f"vote_share must be [{len(labelled)}, {labelled.num_classes}], got "
+                          f"{tuple(vote_share.shape)}")
     loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, env=env, title="DGD student", log_stage="student",
                        eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, run=run, test=test)
     student = loop.student
@@ -88,12 +94,18 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
     use_codes = cfg.unsupervised and len(codes) > 0 and perturber is not None
     use_pseudo_labels = unlabelled is not None and len(unlabelled) > 0
     for step in loop:
-        x, y = labelled.batch(sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step)))
+        idx = sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step))
+        x, y = labelled.batch(idx)
         if use_pseudo_labels:  # FixMatch's supervised term reads the labelled samples' weak views
             x = augment_batch(x, cfg.weak_augment, env.generator(streams.DGD_LABELLED, step, 1))
         with env.autocast():
-            loss = cfg.supervised_weight * F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
-        parts = {"ce": float(loss.detach())}
+            logits = student(env.place_batch(x)).float()
+        if vote_share is None:
+            loss = cfg.supervised_weight * F.cross_entropy(logits, y.to(env.device))
+            parts = {"ce": float(loss.detach())}
+        else:
+            loss = cfg.supervised_weight * (logits.softmax(1) - vote_share[idx].to(env.device)).square().sum(1).mean()
+            parts = {"share_sq_error": float(loss.detach())}
         if use_pseudo_labels:
             pick = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(streams.DGD_UNLABELLED, step))
             with env.autocast():

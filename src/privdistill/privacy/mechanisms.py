@@ -33,6 +33,7 @@ __all__ = [
     "make_generator",
     "noise_source",
     "SecureNoise",
+    "noisy_histogram",
     "lnmax",
     "gnmax",
     "confident_gnmax",
@@ -168,14 +169,28 @@ def gnmax(votes: torch.Tensor, *, sigma: float, generator: torch.Generator) -> t
     return _noisy_argmax(votes, "gnmax", generator, "gaussian", sigma)
 
 
+def noisy_histogram(votes: torch.Tensor, *, distribution: str, scale: float, generator: NoiseSource,
+                    what: str = "noisy_histogram") -> torch.Tensor:
+    """``votes + noise`` on every count (Laplace of scale ``scale``, or Gaussian of standard deviation ``scale``).
+
+    The whole noisy histogram is what LNMax's and GNMax's data-independent analyses price (one changed teacher
+    moves the counts by (+1, -1)); their argmax is post-processing of it. So releasing the histogram itself costs
+    the same ε under those analyses, but not under PATE's data-dependent bounds, which price the argmax only.
+    """
+    votes = _check_votes(votes, what)
+    _check_generator(generator, votes, what)
+    if distribution not in ("laplace", "gaussian"):
+        raise PrivacyError(f"{what}: distribution must be 'laplace' or 'gaussian', got {distribution!r}")
+    scale = check_positive("Laplace scale" if distribution == "laplace" else "sigma", scale)
+    return _noisy(_counts(votes), distribution=distribution, scale=scale, generator=generator,
+                  dtype=_float_dtype(votes))
+
+
 def _noisy_argmax(votes: torch.Tensor, what: str, generator: NoiseSource, distribution: str,
                   scale: float) -> torch.Tensor:
     """argmax_k(votes_k + noise) per row (ties, possible with discrete secure noise: the lowest class index, a
     fixed post-processing rule)."""
-    votes = _check_votes(votes, what)
-    _check_generator(generator, votes, what)
-    noisy = _noisy(_counts(votes), distribution=distribution, scale=scale, generator=generator,
-                   dtype=_float_dtype(votes))
+    noisy = noisy_histogram(votes, distribution=distribution, scale=scale, generator=generator, what=what)
     return torch.argmax(noisy, dim=1)
 
 

@@ -53,19 +53,25 @@ PRIVATE = "private training data"
 # ------------------------------------------------------------------------------------ method helpers
 def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                  fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
-                 latent_codes: bool = True, query_selection: str = "random") -> dict[str, list[Pathway]]:
+                 latent_codes: bool = True, query_selection: str = "random",
+                 release: str = "argmax") -> dict[str, list[Pathway]]:
     """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
     codes (Eq. 1's energies), not only the samples themselves. ``query_selection``: how the queried samples are
     chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
     ``inputs``: "generator" (the method) or "held-out-private" (Fig. 7 variant: a held-out slice of the private
     set replaces the generator).
     ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models).
+    ``release``: "argmax" (the noisy label, the paper) or "histogram" (the whole noisy vote histogram, priced
+    alike by the data-independent analysis).
     ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
     the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
     check_choice("aggregation", aggregation, ("laplace", "gaussian"))
     check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
+    check_choice("release", release, ("argmax", "histogram"))
     agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
-    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {agg} labels of the queried samples",
+    released = f"{agg} labels" if release == "argmax" else (
+        f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
+    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of the queried samples",
                        "labels of the student's supervised set", True,
                        "the vote channel: what epsilon prices")]
     if inputs == "generator":
