@@ -259,6 +259,11 @@ def test_histogram_release_records_the_noisy_histogram_at_the_argmax_s_epsilon(t
     assert labels.shape == (40,) and histogram.shape == (40, 10) and histogram.is_floating_point()
     assert torch.equal(histogram.argmax(1), labels), "the same noise: the histogram's argmax is GNMax's label"
     assert bool((histogram != histogram.round()).any()), "the noisy counts themselves, not the votes"
+    from privdistill.privacy.ledger import PrivacyLedger
+
+    # PATE's data-dependent bound prices an argmax only: a histogram run keeps no votes for it
+    assert PrivacyLedger.in_run_dir(runs["argmax"][0]).vote_stats()[0] is not None
+    assert PrivacyLedger.in_run_dir(runs["histogram"][0]).vote_stats()[0] is None
     a, h = runs["argmax"][1].summary, runs["histogram"][1].summary
     assert h["epsilon_strict"] == a["epsilon_strict"] and h["epsilon_paper"] == a["epsilon_paper"]
     assert h["release"] == "histogram" and a["release"] == "argmax"

@@ -191,17 +191,16 @@ class DGDMethod(Method):
         noise_seed, fresh = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}
 
         def answer_queries() -> LedgerAnswer:
-            fresh["answer"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
-            return fresh["answer"]
+            answer, fresh["votes"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
+            return answer
 
         released = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY], answer_queries))
         # the noisy vote share (histogram release) or the noisy label; the share's argmax is GNMax's/LNMax's label
         share = released.float() / teachers.num_teachers if cfg.release == "histogram" else None
         labels = share.argmax(1) if share is not None else released.long()
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
-            answer = fresh.get("answer")
             diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
-                baseline, query_images, labels, None if answer is None else answer.votes, env),
+                baseline, query_images, labels, fresh.get("votes"), env),
                 "query_agreement_note": "evaluation only: compares the teachers' labels on the queried synthetic "
                                         "samples with the non-private baseline's; not covered by any epsilon"})
         codes = (_latent_codes(vae, rest_images, cfg, env, ledger, plan.details["events"].get(LATENT_KEY), noise_seed)
@@ -268,14 +267,19 @@ def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, read
     return n
 
 
-def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env, seed: int) -> LedgerAnswer:
+def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env,
+               seed: int) -> tuple[LedgerAnswer, torch.Tensor]:
+    """The release for the ledger and the teachers' vote counts. The ledger keeps the votes (for PATE's optional
+    data-dependent bound) only beside an argmax release: that bound does not price a released histogram."""
     votes = torch.cat(list(teachers.iter_votes(images, env)))
     gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
     distribution, scale = (("laplace", cfg.laplace_scale) if cfg.aggregation == "laplace"
                            else ("gaussian", cfg.gaussian_sigma))
     noisy = mechanisms.noisy_histogram(votes, distribution=distribution, scale=scale, generator=gen)
     # Eq. 3 (LNMax) or GNMax: the argmax of the noisy histogram; or, with dgd.release=histogram, the histogram
-    return LedgerAnswer(answers=noisy.float() if cfg.release == "histogram" else noisy.argmax(1), votes=votes)
+    if cfg.release == "histogram":
+        return LedgerAnswer(answers=noisy.float()), votes
+    return LedgerAnswer(answers=noisy.argmax(1), votes=votes), votes
 
 
 def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,
