@@ -122,7 +122,8 @@ def main() -> None:
     ap.add_argument("--label-smoothing", default="0", help="the student's label smoothings (comma-separated)")
     ap.add_argument("--soft", default="", help="students on soft targets made from the same noisy histogram "
                     "(comma-separated scales s: the simplex projection of s * noisy counts / teachers, 'brier': the "
-                    "noisy share itself under a squared-error loss, 'clean': the noiseless vote share)")
+                    "noisy share itself under a squared-error loss, 'shrink': the noisy share shrunk towards a "
+                    "cross-fitted student's answer (empirical Bayes), 'clean': the noiseless vote share)")
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per rule and seed (appended)")
     args = ap.parse_args()
 
@@ -186,15 +187,40 @@ def soft_rows(images, labels, noisy, counts, data, env, args) -> dict:
             target = counts.double() / n
         elif spec == "brier":
             target = noisy.double() / n
+        elif spec == "shrink":
+            target, extra = shrunk_share(images, labels, noisy.double() / n, args.sigma / float(n[0]), data, env, args)
+            row["shrink_stats"] = extra
         else:
             target = project_to_simplex(float(spec) * noisy.double() / n)
         student = train_student(images, labels, data, env, args.student_steps, soft_targets=target.float(),
-                                soft_loss="brier" if spec == "brier" else "cross-entropy")
+                                soft_loss="brier" if spec in ("brier", "shrink") else "cross-entropy")
         row[spec] = {"student_test_accuracy": round(evaluate(student, data.test, env), 4),
                      "mean_classes_kept": round(float((target > 0).double().sum(1).mean()), 3),
                      "target_argmax_equal_released": round(float((target.argmax(1) == labels).double().mean()), 4)}
         print(spec, row[spec], flush=True)
     return row
+
+
+def shrunk_share(images, labels, share, noise_std, data, env, args, folds: int = 2) -> tuple[torch.Tensor, dict]:
+    """Empirical-Bayes denoising of the released noisy vote share (post-processing of it, so free): each query's
+    share is shrunk towards a cross-fitted student's softmax on it (a student fitted by squared error to the noisy
+    shares of the other folds), by the one weight w = tau^2 / (tau^2 + noise^2) that a Gaussian prior around the
+    student's answer gives, tau^2 read off the residuals (their mean square per class less the noise's known
+    variance (sigma / teachers)^2). James-Stein's idea with the student as the point it shrinks to."""
+    perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
+    prior = torch.empty_like(share)
+    for f in range(folds):
+        held = perm[f::folds]
+        fit = torch.cat([perm[g::folds] for g in range(folds) if g != f])
+        student = train_student(images[fit], labels[fit], data, env, args.student_steps,
+                                soft_targets=share[fit].float(), soft_loss="brier")
+        prior[held] = predict_logits(student, images[held], env).double().softmax(1)
+    noise_var = float(noise_std) ** 2
+    tau2 = max(float((share - prior).square().mean()) - noise_var, 1e-6)
+    w = tau2 / (tau2 + noise_var)
+    stats = {"weight_on_release": round(w, 4), "tau": round(tau2 ** 0.5, 4), "noise_std": round(noise_std, 4),
+             "prior_argmax_equal_released": round(float((prior.argmax(1) == labels).double().mean()), 4)}
+    return w * share + (1 - w) * prior, stats
 
 
 def student_rows(images, labels, plurality, base, data, env, args, fit) -> dict:
