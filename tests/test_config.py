@@ -147,6 +147,30 @@ def test_teacher_overlays_change_only_the_teachers_training(overlay, dataset, ch
     assert both["teachers"] != plain["teachers"]
 
 
+def test_the_histogram_cover_overlay_is_the_recorded_cells_sets():
+    """`--config adversarial+affine-teachers+histogram-cover` resolves to exactly the `--set` flags of the recorded
+    best DGD+ cells (docs/results.md, "Releasing the noisy vote histogram"), and leaves the teachers and the
+    generator alone."""
+    from privdistill.config import resolve_sections
+    from privdistill.engine.datafree import GeneratorTraining
+    from privdistill.engine.ensemble import TeacherTraining
+    from privdistill.methods.dgd import DGDConfig
+    from privdistill.methods.dgd_student import StudentConfig
+
+    sections = {"dgd": DGDConfig, "student": StudentConfig, "teachers": TeacherTraining,
+                "generator": GeneratorTraining}
+    recorded = {"dgd.query_selection": "diverse", "dgd.num_synthetic": 240000, "dgd.release": "histogram",
+                "student.unsupervised": False}
+    by_hand = resolve_sections(sections, preset="quick", dataset="mnist", config_file="adversarial+affine-teachers",
+                               overrides=recorded)
+    named = resolve_sections(sections, preset="quick", dataset="mnist",
+                             config_file="adversarial+affine-teachers+histogram-cover")
+    assert named == by_hand
+    plain = resolve_sections(sections, preset="quick", dataset="mnist", config_file="adversarial+affine-teachers")
+    assert named["dgd"] != plain["dgd"] and named["dgd"].release == "histogram"
+    assert named["teachers"] == plain["teachers"] and named["generator"] == plain["generator"]
+
+
 def test_the_config_help_names_every_packaged_overlay():
     from importlib import resources
 

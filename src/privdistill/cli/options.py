@@ -20,7 +20,7 @@ Preset = Annotated[
 ]
 ConfigFile = Annotated[
     Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets, or a "
-                                 "named overlay (synthesis, adversarial, verified, affine-teachers, scatter-teachers, "
+                                 "named overlay (synthesis, adversarial, verified, affine-teachers, scatter-teachers, histogram-cover, "
                                  "teacher-generator, staged-prior, scatternet, scatternet-prior); compose with + "
                                  "(adversarial+staged-prior: the later one wins)")
 ]
