@@ -20,9 +20,9 @@ Preset = Annotated[
 ]
 ConfigFile = Annotated[
     Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets, or a "
-                                 "named overlay (synthesis, adversarial, verified, affine-teachers, scatter-teachers, histogram-cover, "
-                                 "teacher-generator, staged-prior, scatternet, scatternet-prior); compose with + "
-                                 "(adversarial+staged-prior: the later one wins)")
+                                 "named overlay (synthesis, adversarial, verified, affine-teachers, scatter-teachers, "
+                                 "histogram-cover, teacher-generator, staged-prior, scatternet, scatternet-prior); "
+                                 "compose with + (adversarial+staged-prior: the later one wins)")
 ]
 Overrides = Annotated[
     Optional[list[str]], typer.Option("--set", "-s", help="override one value: section.key=value (repeatable)")
