@@ -323,3 +323,22 @@ def test_accuracy_vs_epsilon_gives_every_curve_of_a_panel_its_own_colour(tmp_pat
         assert len(set(colours)) == len(colours)
         counts.append(len(colours))
     assert sorted(counts) == [2, 19]
+
+
+def test_accuracy_vs_epsilon_names_instead_of_plots_runs_whose_strict_epsilon_says_nothing(tmp_path, monkeypatch):
+    from privdistill.bench import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi=120: figures.append(fig) or path)
+    rows = [{"method": "dpsgd", "variant": "v", "dataset": "mnist", "target_epsilon": eps, "delta": 1e-5,
+             "epsilon_strict": eps, "epsilon_paper": eps, "test_accuracy": 0.9, "not_covered": []}
+            for eps in (1, 3)]
+    rows += [{"method": "dpdfd", "variant": "strict", "dataset": "mnist", "target_epsilon": eps, "delta": 1e-5,
+              "epsilon_strict": strict, "epsilon_paper": eps, "test_accuracy": 0.5, "not_covered": []}
+             for eps, strict in ((1, 3e4), (10, 7e4))]
+    plots.accuracy_vs_epsilon(rows, tmp_path / "a.png")
+    (fig,) = figures
+    top = fig.axes[0]
+    xs = [x for line in top.get_lines() for x in line.get_xdata()]
+    assert max(xs) <= plots.PLOTTED_MAX_EPSILON and sorted(xs) == [1, 3]
+    assert any("dpdfd (strict)" in t.get_text() for t in top.texts)

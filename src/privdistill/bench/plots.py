@@ -54,6 +54,12 @@ def _colours(names) -> dict[str, tuple]:
     return {name: cmap(i % 20) for i, name in enumerate(sorted(set(names)))}
 
 
+# A guarantee at a strict ε above this bounds the odds ratio by more than e^100: it says nothing. Such runs (DPDFD's
+# single teacher, 3e4-7e4) would squash the axis that DP-SGD and the end-to-end methods share near ε = 1-10, so the
+# top panels name them instead of plotting them (their numbers stay in the tables).
+PLOTTED_MAX_EPSILON = 100.0
+
+
 def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     """Two rows of panels, one column per dataset, never one ε axis for two kinds of ε:
     top, the models that are DP as a whole (privacy.report.guarantee), at their strict ε; bottom, the others
@@ -81,10 +87,17 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     for row, (what, is_whole) in enumerate(panels):
         for ax, ds in zip(axes[row], datasets):
             series: dict[str, list[tuple[float, float]]] = {}
+            vacuous: set[str] = set()
             for r, w in zip(rows, whole):
                 if r["dataset"] == ds and w == is_whole:
                     eps = float(r["epsilon_strict"] if is_whole else r["target_epsilon"])
+                    if is_whole and eps > PLOTTED_MAX_EPSILON:
+                        vacuous.add(_label(r))
+                        continue
                     series.setdefault(_label(r), []).append((eps, 100 * float(r["test_accuracy"])))
+            if vacuous:
+                ax.text(0.02, 0.12, f"not plotted, strict ε > {PLOTTED_MAX_EPSILON:g}: " + ", ".join(sorted(vacuous)),
+                        transform=ax.transAxes, fontsize=7, va="bottom", wrap=True)
             for name, pts in sorted(series.items()):
                 pts.sort()
                 colour = colours[is_whole][name]
