@@ -1,17 +1,22 @@
-"""Secure noise (privacy/secure.py): OpenDP's samplers behind every mechanism. The distributions must be the ones
-the accountants price, integer counts must get exact discrete noise, real values a grid, and OpenDP's own
-privacy map must agree with ours."""
+"""Secure noise (privacy/secure.py): ChaCha20 from OS entropy and vectorised CKS20 samplers behind every mechanism.
+The distributions must be the ones the accountants price (checked by χ² against the exact pmf and against OpenDP's
+exact samplers, the reference), integer counts must get discrete noise, real values a grid whose reachable set does
+not depend on the value, and OpenDP's own privacy map must agree with ours."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy import mechanisms as M
-from privdistill.privacy.secure import GRID_EXPONENT, SecureNoise, privacy_map_check
+from privdistill.privacy import secure as S
+from privdistill.privacy.secure import TALLY, SecureNoise, grid_step, opendp_integers, privacy_map_check
+
+scipy_stats = pytest.importorskip("scipy.stats")
 
 
 def test_integer_counts_get_discrete_laplace_with_the_priced_variance():
@@ -31,16 +36,15 @@ def test_real_values_get_gaussian_noise_on_the_grid_and_a_float_tensor_is_never_
     assert out.dtype == torch.float32 and out.shape == values.shape
     assert abs(float(out.double().std()) / sigma - 1) < 0.03
     assert bool((out.double() != out.double().round()).any()), "real-valued noise, not discrete counts"
-    grid = out.double() * 2.0 ** -GRID_EXPONENT
-    assert bool((grid == grid.round()).all()), "every output lies on the 2^k grid"
+    grid = out.double() / grid_step(sigma)
+    assert bool((grid == grid.round()).all()), "every output lies on the grid"
 
 
 def test_opendp_privacy_map_agrees_with_the_accountants():
     # Laplace on counts: ε = Δ/b exactly; Gaussian: ρ = Δ²/(2σ²) (discrete on the integers; on the grid the
     # rounding adds at most sqrt(d)·2^k to the sensitivity, invisible at this precision)
-    assert privacy_map_check("laplace", 40.0, 10, 2, integer=True) == pytest.approx(2 / 40, rel=1e-9)
-    assert privacy_map_check("gaussian", 40.0, 10, 2, integer=True) == pytest.approx(4 / (2 * 1600), rel=1e-9)
-    assert privacy_map_check("gaussian", 0.002, 2560, 0.001, integer=False) == pytest.approx(1e-6 / 8e-6, rel=1e-6)
+    assert privacy_map_check("laplace", 40.0, 10, 2) == pytest.approx(2 / 40, rel=1e-9)
+    assert privacy_map_check("gaussian", 40.0, 10, 2) == pytest.approx(4 / (2 * 1600), rel=1e-9)
 
 
 def test_noisy_argmax_and_confident_gnmax_take_secure_noise():
@@ -88,3 +92,78 @@ def test_bad_scales_are_refused():
         SecureNoise().add(torch.zeros(3), distribution="gaussian", scale=0.0)
     with pytest.raises(PrivacyError, match="distribution"):
         SecureNoise().add(torch.zeros(3), distribution="cauchy", scale=1.0)
+
+
+def _exact_pmf(distribution: str, scale: float, support: np.ndarray) -> np.ndarray:
+    logw = -np.abs(support) / scale if distribution == "laplace" else -(support ** 2) / (2 * scale * scale)
+    w = np.exp(logw - logw.max())
+    return w / w.sum()
+
+
+@pytest.mark.parametrize("distribution,scale", [("gaussian", 0.6), ("gaussian", 3.0), ("gaussian", 40.0),
+                                                ("laplace", 0.5), ("laplace", 7.3), ("laplace", 40.0)])
+def test_integer_samplers_follow_the_exact_law(distribution, scale):
+    """χ² of 200,000 draws against the exact discrete pmf (support truncated far in the tails), and the same test
+    passed by OpenDP's exact sampler, the reference: the samplers draw the law the accountants price."""
+    n = 200_000
+    draws = SecureNoise().integers(n, distribution=distribution, scale=scale)
+    reference = opendp_integers(4_000, distribution=distribution, scale=scale)
+    half = int((25 if distribution == "laplace" else 8) * scale) + 3
+    support = np.arange(-half, half + 1)
+    pmf = _exact_pmf(distribution, scale, support)
+    for sample in (draws, reference):
+        assert np.abs(sample).max() <= half
+        counts = np.bincount(sample + half, minlength=support.size)
+        expected = pmf * sample.size
+        big = expected >= 5  # pool the thin tails into one cell
+        observed = np.append(counts[big], counts[~big].sum())
+        wanted = np.append(expected[big], expected[~big].sum())
+        keep = wanted > 0
+        _, p = scipy_stats.chisquare(observed[keep], wanted[keep] * observed[keep].sum() / wanted[keep].sum())
+        assert p > 1e-4, f"{distribution}({scale}): χ² p = {p:.2e}"
+    variance = float((pmf * support ** 2).sum())
+    assert abs(draws.var() / variance - 1) < 0.02
+
+
+def test_grid_outputs_do_not_depend_on_the_value_and_the_scale_sets_the_grid():
+    """The floating-point attack needs outputs whose set depends on x: here every output is a multiple of the
+    scale's grid step (a power of two), for any x, and the noise has the priced variance on that grid."""
+    noise = SecureNoise()
+    step = grid_step(0.37)
+    assert step == 2.0 ** (math.floor(math.log2(0.37)) - S.GRID_BITS)
+    for x in (0.0, 1e-3, math.pi, -123.456789):
+        out = noise.add(torch.full((5000,), x, dtype=torch.float64), distribution="laplace", scale=0.37)
+        units = out / step
+        assert bool((units == units.round()).all())
+        assert abs(float((out - x).abs().mean()) / 0.37 - 1) < 0.06  # Laplace: E|noise| = b
+    with pytest.raises(PrivacyError, match="too large"):
+        noise.add(torch.tensor([1e30]), distribution="gaussian", scale=1.0)
+
+
+def test_the_tally_bounds_the_total_variation_of_every_draw():
+    TALLY.reset()
+    SecureNoise().add(torch.zeros(1000, dtype=torch.int64), distribution="gaussian", scale=40.0)
+    SecureNoise().add(torch.zeros(500), distribution="laplace", scale=1.0)
+    assert TALLY.draws == 1500
+    expected = 1000 * S.tv_per_draw("gaussian", 40.0) + 500 * S.tv_per_draw("laplace", 1.0 / grid_step(1.0))
+    assert TALLY.tv == pytest.approx(expected)
+    assert 0 < S.tv_per_draw("gaussian", 40.0) < 1e-13  # a few trials of 2^-50 each
+
+
+def test_the_acceptance_the_bound_uses_is_the_one_measured():
+    """The TV bound counts trials as 1 / acceptance; the acceptance is computed, so check it against a run."""
+    for distribution, scale in (("gaussian", 40.0), ("gaussian", 1.3 / grid_step(1.3)), ("laplace", 5.0)):
+        sampler = S.sampler(distribution, scale)
+        out = np.empty(50_000, dtype=np.int64)
+        words = S.SecureStream().words32(600_000)
+        filled = S._candidates(words, out, 0, sampler.block_bits, sampler.b, sampler.centre, 1 / sampler.two_var,
+                               distribution == "gaussian", sampler.th_hi, sampler.th_lo)
+        assert filled == out.size
+        # candidates used ~ filled / acceptance: at 3+ words each, the words consumed bound it from above
+        assert sampler.acceptance > 0.3
+
+
+def test_the_stream_is_fresh_every_call():
+    stream = S.SecureStream()
+    a, b = stream.words(4), stream.words(4)
+    assert not np.array_equal(a, b)
