@@ -248,13 +248,28 @@ class RunDir:
         return self.path / f"{name}.pt"
 
     def save_checkpoint(self, state: dict[str, Any], name: str = "checkpoint") -> None:
-        atomic_torch_save(self.checkpoint_path(name), state)
+        """Write a checkpoint (`name` ends in "checkpoint": the ledger looks for ``*checkpoint.pt``), stamped with
+        the privacy ledger's mark: how many spends it held. A ledger later found to hold fewer lost a record this
+        checkpoint's state was computed from, and is refused (privacy/ledger.py)."""
+        from privdistill.privacy.ledger import MARK_KEY, ledger_mark
+
+        mark = ledger_mark(self.path)
+        atomic_torch_save(self.checkpoint_path(name), state if mark is None else {**state, MARK_KEY: mark})
 
     def load_checkpoint(self, name: str = "checkpoint") -> dict[str, Any] | None:
         p = self.checkpoint_path(name)
         if not p.is_file():
             return None
-        return torch.load(p, map_location="cpu", weights_only=False)
+        try:
+            return torch.load(p, map_location="cpu", weights_only=False)
+        except OSError:  # the file is there but cannot be opened (permissions): said as such by the CLI
+            raise
+        except Exception as err:  # noqa: BLE001 - a cut or damaged file: torch raises RuntimeError, EOFError, ...
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise RunError(f"{p} cannot be read ({reason[:160]}): it is this run's record of the training done so far "
+                           "(for DP-SGD, Opacus's accountant: the privacy it spent). Resuming without it would train, "
+                           "and spend, again; nothing was changed: restore the file from a backup, or start a new "
+                           "--run-dir") from None
 
     def remove_checkpoint(self, name: str = "checkpoint") -> None:
         self.checkpoint_path(name).unlink(missing_ok=True)

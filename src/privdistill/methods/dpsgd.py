@@ -45,8 +45,9 @@ from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import lr_factor, make_optimizer
+from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import accuracy
-from privdistill.errors import BudgetExceededError, ConfigError
+from privdistill.errors import BudgetExceededError, ConfigError, RunError
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
@@ -281,6 +282,23 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
                     test_inputs=test_inputs)
 
 
+def refuse_lost_record(run: RunDir, start: int, epochs: int) -> None:
+    """DP-SGD's record of what it spent is Opacus's accountant in dpsgd-checkpoint.pt (no ledger). A run that trained
+    past that checkpoint (its model saved, or epochs logged beyond the one a crash before the checkpoint leaves) has
+    lost it: resuming would train, and spend, again while the accountant forgets. Refused before anything trains."""
+    if start >= epochs:
+        return
+    logged = max((int(m.get("epoch") or 0) for m in run.metrics() if m.get("stage") == "dpsgd"), default=0)
+    if run.has_weights("model") or logged > start + 1:
+        where = run.checkpoint_path("dpsgd-checkpoint")
+        held = f"holds {start} epoch(s)" if where.is_file() else "is missing"
+        done = "saved its model" if run.has_weights("model") else f"logged {logged} epoch(s) in metrics.jsonl"
+        raise RunError(f"{where} {held}, but the run {done}: DP-SGD's record of its spend (Opacus's accountant, "
+                       "kept in that checkpoint) is gone or older than the training, and resuming would train, and "
+                       "spend, again. Nothing was changed: restore the checkpoint from a backup, or start a new "
+                       "--run-dir (what this run spent stays spent)")
+
+
 def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tuple[float, list[dict]]:
     """The DP-SGD epochs on the one training loop (a loop step is an epoch, checkpointed with Opacus's
     accountant after each), so a resumed run continues after the last finished epoch; returns (wall seconds,
@@ -300,6 +318,7 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
                         log_stage="dpsgd", modules={"model": p.model},
                         optimizers={"optimizer": p.optimizer.original_optimizer}, eval_every=1, checkpoint_every=1,
                         evaluate=evaluate_epoch, entry_fields=lambda done: {"epoch": done}, mean_parts=False)
+    refuse_lost_record(ctx.run, loop.start, cfg.epochs)
     if loop.start:
         p.engine.accountant.load_state_dict(loop.extra["accountant"])
         if abs(loop.extra["noise_multiplier"] - p.sigma) > 1e-12:

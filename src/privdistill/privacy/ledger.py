@@ -14,8 +14,17 @@
 Every record is flushed and fsync'ed before :meth:`PrivacyLedger.spend` returns the answers, so an
 answer that was used is always on disk. A resumed run asks for the same keys and gets the recorded
 answers back without spending again; a key never recorded is priced against the budget *before* its
-answers are computed. A torn last line (a crash while appending) is ignored with a warning: its
-answers were never returned, so never used.
+answers are computed.
+
+The ledger and the run agree, or the run stops. A spend's side files are written as ``<name>.npy.pending``
+before its line and renamed to ``<name>.npy`` only once the line is on disk, so a committed side file is
+proof of a complete record; every checkpoint of the run directory carries the number of spends the ledger
+held when it was written (:func:`ledger_mark`, stamped by ``RunDir.save_checkpoint``). A torn last line
+(a crash while appending) with neither is harmless: its answers were never returned, so never used; it is
+ignored with a warning and cut off (and its pending side files removed). A committed side file that no
+complete record references, or a checkpoint written after more spends than the ledger holds, means a record
+of answers the run used is gone (a cut or an older ledger): every reader refuses (RunError) and nothing is
+truncated.
 
 The ledger and its side files contain data-dependent statistics of the private data (vote
 histograms): keep them with the run, do not publish them (the privacy report does not include them).
@@ -33,6 +42,7 @@ import re
 import sys
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -50,6 +60,10 @@ LEDGER_NAME = "ledger.jsonl"
 SIDE_DIR = "ledger_answers"
 #: arrays with more elements than this go to a side .npy file instead of the JSON line
 INLINE_LIMIT = 256
+#: a side file's name until its record is on disk (then renamed to the name the record gives)
+PENDING = ".pending"
+#: the key under which a checkpoint carries the ledger's state when it was written (RunDir.save_checkpoint)
+MARK_KEY = "ledger_mark"
 
 
 class LedgerWarning(UserWarning):
@@ -89,6 +103,7 @@ class _Codec:
     def __init__(self, root: Path, side_dir: Path):
         self.root = root
         self.side_dir = side_dir
+        self.pending: list[Path] = []  # side files written for the record being encoded, renamed once it is on disk
 
     def encode(self, value: Any, stem: str) -> Any:
         if isinstance(value, dict):
@@ -116,7 +131,8 @@ class _Codec:
         np.save(buf, arr, allow_pickle=False)
         data = buf.getvalue()
         path = self.side_dir / f"{stem}.npy"
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(_pending(path), data)
+        self.pending.append(_pending(path))
         return {"__array__": kind, "file": path.relative_to(self.root).as_posix(),
                 "sha256": hashlib.sha256(data).hexdigest(), "dtype": arr.dtype.str, "shape": list(arr.shape)}
 
@@ -138,7 +154,8 @@ class _Codec:
             else:
                 path = self.root / value["file"]
                 try:
-                    data = path.read_bytes()
+                    # still pending: the record is on disk, the rename after it was interrupted
+                    data = (path if path.exists() or not _pending(path).exists() else _pending(path)).read_bytes()
                 except OSError as err:
                     raise RunError(f"ledger side file {path} is missing or unreadable ({err}); the recorded "
                                    "answers cannot be restored") from None
@@ -158,6 +175,22 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
+def _pending(path: Path) -> Path:
+    return path.with_name(path.name + PENDING)
+
+
+def _side_files(value: Any) -> set[str]:
+    """The side files (paths relative to the run directory) a record references."""
+    if isinstance(value, dict):
+        out = {value["file"]} if "__array__" in value and isinstance(value.get("file"), str) else set()
+        for v in value.values():
+            out |= _side_files(v)
+        return out
+    if isinstance(value, list):
+        return set().union(*map(_side_files, value)) if value else set()
+    return set()
+
+
 def _vote_summary(votes: np.ndarray) -> dict[str, Any]:
     """Aggregate summaries only (counts of agreement), for the record; the histograms go to a side file."""
     v = np.asarray(votes, dtype=float)
@@ -169,6 +202,87 @@ def _vote_summary(votes: np.ndarray) -> dict[str, Any]:
     return {"queries": int(v.shape[0]), "classes": int(v.shape[1]),
             "mean_top_fraction": float(frac.mean()), "mean_top_gap": float((srt[:, -1] - srt[:, -2]).mean()),
             "unanimous": int(np.sum(srt[:, -2] == 0))}
+
+
+# ========================================================================= ledger and run agreement
+def _checkpoint_marks(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The ledger marks of the run directory's checkpoints (RunDir names them ``*checkpoint.pt``)."""
+    found = sorted(root.glob("*checkpoint.pt"))
+    if not found:
+        return []
+    import torch
+
+    marks = []
+    for path in found:
+        try:  # mmap: the weights are never read, only the small mark beside them
+            state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except Exception:  # noqa: BLE001 - unreadable: RunDir.load_checkpoint refuses it when the run reads it
+            continue
+        mark = state.get(MARK_KEY) if isinstance(state, dict) else None
+        if isinstance(mark, dict) and isinstance(mark.get("spends"), int):
+            marks.append((path, mark))
+    return marks
+
+
+@dataclass
+class _Evidence:
+    """What a run directory holds that proves spends besides the ledger: committed side files (renamed only once
+    their record was on disk) and its checkpoints' ledger marks. Gathered *before* the ledger is read, so a spend
+    completing meanwhile (a report read during a run) is never taken for a missing record."""
+
+    committed: set[str]
+    marks: list[tuple[Path, dict[str, Any]]]
+
+    @classmethod
+    def gather(cls, path: Path) -> "_Evidence":
+        if path.name != LEDGER_NAME:  # a ledger of another name shares its directory's side files: no evidence
+            return cls(set(), [])
+        side = path.parent / SIDE_DIR
+        committed = {f"{SIDE_DIR}/{f.name}" for f in side.glob("*.npy")} if side.is_dir() else set()
+        return cls(committed, _checkpoint_marks(path.parent))
+
+    def check(self, path: Path, spends: list[dict[str, Any]], torn: bytes | None, *, missing: bool = False) -> None:
+        """RunError if the run used answers that no complete spend record of the ledger holds."""
+        referenced = set().union(*(_side_files(rec) for rec in spends))
+        orphans = sorted(self.committed - referenced)
+        past = [(p, m) for p, m in self.marks if m["spends"] > len(spends)]
+        if not orphans and not past:
+            return
+        found = []
+        if orphans:
+            more = f" and {len(orphans) - 3} more" if len(orphans) > 3 else ""
+            found.append(f"{', '.join(orphans[:3])}{more} hold{'s' * (len(orphans) == 1)} the answers of a spend "
+                         "that no complete record references")
+        for p, m in past:
+            last = f", the last {m['last']!r}" if m.get("last") else ""
+            found.append(f"{p.name} was written after {m['spends']} recorded spend(s){last}")
+        state = ("does not exist" if missing else f"holds {len(spends)} complete spend record(s)"
+                 + (f" and its last line is cut ({len(torn)} bytes)" if torn is not None else ""))
+        raise RunError(
+            f"{path} {state}, but {'; '.join(found)}: the record of answers this run has used is missing (the ledger "
+            "was cut, edited or replaced by an older copy). The recorded answers and the checkpoints are the evidence "
+            "of the spend, so nothing was changed and the run is neither resumed nor reported from this ledger: "
+            f"restore {path.name} from a backup (or undo the edit) and try again, or start a new --run-dir (what this "
+            "one spent stays spent); do not delete the answer files or checkpoints to get past this")
+
+
+#: the ledger each run directory is written through in this process (ledger_mark reads its count, not the file)
+_WRITERS: "weakref.WeakValueDictionary[str, PrivacyLedger]" = weakref.WeakValueDictionary()
+
+
+def ledger_mark(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """What a checkpoint of ``run_dir`` records of its ledger (RunDir.save_checkpoint): the number of spends it held
+    when the checkpoint was written, and the last key; None without a ledger. A ledger later found to hold fewer
+    spends than a checkpoint's mark lost a record the run used: every reader refuses it."""
+    path = Path(run_dir) / LEDGER_NAME
+    if not path.exists():
+        return None
+    led = _WRITERS.get(os.path.realpath(path))
+    if led is not None and led._end == path.stat().st_size:
+        keys = led.keys()
+    else:  # no writer here (or the file changed under it): read what is on disk
+        keys = [key for key, _ in LedgerView.read(path).spends]
+    return {"spends": len(keys), "last": keys[-1] if keys else None}
 
 
 # ======================================================================================= the ledger
@@ -195,7 +309,9 @@ class PrivacyLedger:
         self._by_key: dict[str, dict[str, Any]] = {}
         self._events: list[PrivacyEvent] = []
         self._header: dict[str, Any] | None = None
+        self._end = 0  # the file's size as this ledger wrote or read it
         self._load()
+        _WRITERS[os.path.realpath(self.path)] = self
         if self._header is None:
             self._write_header()
         elif self._config_max() != self.max_epsilon:
@@ -207,10 +323,12 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------------------------- loading
     def _load(self) -> None:
+        evidence = _Evidence.gather(self.path)  # before the ledger itself (see _Evidence)
         if not self.path.exists():
+            evidence.check(self.path, [], None, missing=True)
             return
         raw = self.path.read_bytes()
-        good_end = 0
+        good_end, torn, add_newline = 0, None, False
         lines = raw.split(b"\n")
         for i, line in enumerate(lines):
             last = i == len(lines) - 1
@@ -223,22 +341,24 @@ class PrivacyLedger:
                 if not isinstance(rec, dict) or "kind" not in rec:
                     raise ValueError("not a ledger record")
             except (ValueError, UnicodeDecodeError) as err:
-                if last:  # torn by a crash while appending: its answers were never returned
-                    warnings.warn(f"{self.path}: ignoring an incomplete last record ({len(line)} bytes) left by an "
-                                  "interrupted write; its answers were never used", LedgerWarning, stacklevel=3)
+                if last:  # torn while appending: harmless unless the run holds evidence of it (checked below)
+                    torn = line
                     break
                 raise RunError(f"{self.path} line {i + 1} is corrupt ({err}); the ledger cannot be trusted. "
                                "Restore it from a backup; do not delete it (that would forget spent budget)") from None
-            if last:
-                # a complete JSON object without its newline: keep it, and end the file properly
-                good_end += len(line)
-                self._accept(rec, i + 1)
-                self._repair(good_end, add_newline=True)
-                return
-            good_end += len(line) + 1
+            # a complete JSON object without its newline (last) is kept, and the file ended properly
+            add_newline = last
+            good_end += len(line) + (0 if last else 1)
             self._accept(rec, i + 1)
-        if good_end != len(raw):
-            self._repair(good_end)
+        spends = [rec for rec in self._records if rec["kind"] == "spend"]
+        evidence.check(self.path, spends, torn)  # nothing is repaired in a ledger that lost a record
+        if torn is not None:  # a crash while appending: its answers were never returned
+            warnings.warn(f"{self.path}: ignoring an incomplete last record ({len(torn)} bytes) left by an "
+                          "interrupted write; its answers were never used", LedgerWarning, stacklevel=3)
+        if add_newline or good_end != len(raw):
+            self._repair(good_end, add_newline=add_newline)
+        self._end = good_end + (1 if add_newline else 0)
+        self._settle_pending(spends)
 
     def _repair(self, good_end: int, add_newline: bool = False) -> None:
         with open(self.path, "r+b") as f:
@@ -248,6 +368,31 @@ class PrivacyLedger:
                 f.write(b"\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def _settle_pending(self, spends: list[dict[str, Any]]) -> None:
+        """Side files still pending: those of a complete record are committed (the run stopped between its line
+        and the rename), the others removed (a spend interrupted before its line: its answers were never used)."""
+        side = self.root / SIDE_DIR
+        if self.path.name != LEDGER_NAME or not side.is_dir():
+            return
+        referenced = set().union(*(_side_files(rec) for rec in spends))
+        settled = False
+        for pending in side.glob("*.npy" + PENDING):
+            final = pending.with_name(pending.name[:-len(PENDING)])
+            if f"{SIDE_DIR}/{final.name}" in referenced and not final.exists():
+                os.replace(pending, final)
+            else:
+                pending.unlink()
+            settled = True
+        if settled:
+            fsync_dir(side)
+
+    def _commit(self, pending: list[Path]) -> None:
+        """Rename a recorded spend's side files to their final names: from now on they prove the record."""
+        for path in pending:
+            os.replace(path, path.with_name(path.name[:-len(PENDING)]))
+        if pending:
+            fsync_dir(pending[0].parent)
 
     def _accept(self, rec: dict[str, Any], line_no: int) -> None:
         kind = rec["kind"]
@@ -285,6 +430,7 @@ class PrivacyLedger:
             f.write(line.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
+            self._end = f.tell()
         if new:
             fsync_dir(self.path.parent)
         self._records.append(rec)
@@ -399,6 +545,7 @@ class PrivacyLedger:
         self._check_budget([event], f"spending {key!r} ({event.describe()})")
         result = compute_answers()
         extra = result if isinstance(result, LedgerAnswer) else LedgerAnswer(answers=result)
+        self._codec.pending = []
         seq = len(self._events)
         stem = f"{seq:06d}-{_safe(key)}"
         rec: dict[str, Any] = {"kind": "spend", "seq": seq, "key": key, "event": event.to_dict(),
@@ -421,6 +568,7 @@ class PrivacyLedger:
         self._append(rec)
         self._by_key[key] = rec
         self._events.append(event)
+        self._commit(self._codec.pending)  # after the line: a committed side file proves its record
         return extra.answers
 
 
@@ -454,12 +602,14 @@ class LedgerView:
         path = Path(path)
         if path.is_dir() or path.suffix != ".jsonl":
             path = path / LEDGER_NAME
+        evidence = _Evidence.gather(path)  # before the ledger itself (see _Evidence)
         if not path.exists():
+            evidence.check(path, [], None, missing=True)
             if missing_ok:
                 return cls([], None)
             raise RunError(f"no privacy ledger at {path}")
         spends: list[tuple[str, PrivacyEvent]] = []
-        header, seen = None, set()
+        header, seen, records, torn = None, set(), [], None
         lines = path.read_bytes().split(b"\n")
         for i, line in enumerate(lines):
             if not line.strip():
@@ -468,7 +618,7 @@ class LedgerView:
                 rec = json.loads(line.decode("utf-8"))
             except (ValueError, UnicodeDecodeError):
                 if i == len(lines) - 1:
-                    warnings.warn(f"{path}: ignoring an incomplete last record", LedgerWarning, stacklevel=3)
+                    torn = line
                     break
                 raise RunError(f"{path} line {i + 1} is corrupt; the ledger cannot be trusted") from None
             if rec.get("kind") == "header":
@@ -484,6 +634,10 @@ class LedgerView:
                     raise RunError(f"{path} line {i + 1}: key {rec['key']!r} is recorded twice (two processes "
                                    "wrote this ledger, or it was edited); the ledger cannot be trusted")
                 seen.add(rec["key"])
+                records.append(rec)
+        evidence.check(path, records, torn)
+        if torn is not None:  # a crash while appending, and nothing of the run says its answers were used
+            warnings.warn(f"{path}: ignoring an incomplete last record", LedgerWarning, stacklevel=3)
         return cls(spends, header)
 
     def __contains__(self, key: str) -> bool:
