@@ -214,3 +214,64 @@ def test_dpsgd_refuses_epochs_logged_past_its_checkpoint_but_not_a_crash_before_
         refuse_lost_record(run, 0, 3)
     refuse_lost_record(run, 1, 3)
     refuse_lost_record(run, 3, 3)  # finished: nothing left to train
+
+
+# ---------------------------------------------------------------------------------- an unwritable run directory
+@pytest.mark.parametrize("failing", ["checkpoint", "ledger"])
+def test_a_run_directory_that_turns_unwritable_ends_in_one_line_and_loses_nothing(tiny_npz, tmp_path, monkeypatch,
+                                                                                  capsys, failing):
+    """Stage 2 of an SRR run cannot write (as when its directory turns read-only mid-run: chmod does not stop root,
+    so the write is made to fail): one line naming the file and the run directory, exit status 2, no traceback; the
+    ledger holds exactly the spends whose answers were used, and a resume finishes the run without spending again."""
+    import errno
+
+    from privdistill.privacy.ledger import LEDGER_NAME
+
+    monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    args = ["srr", "-d", f"npz:{tiny_npz}", "--run-dir", run_dir]
+    for item in SRR_TINY + ["srr.stages=2"]:
+        args += ["--set", item]
+    real_append, real_save = PrivacyLedger._append, RunDir.save_checkpoint
+    target = {"checkpoint": run_dir / "srr-checkpoint.pt", "ledger": run_dir / LEDGER_NAME}[failing]
+
+    def refuse(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    def append(self, rec):  # stage 2's record cannot be appended
+        if rec.get("key") == "stage-2":
+            refuse(self.path)
+        return real_append(self, rec)
+
+    def save(self, state, name="checkpoint"):  # the checkpoint after stage 1 cannot be written
+        refuse(self.checkpoint_path(name))
+
+    monkeypatch.setattr(PrivacyLedger, "_append", append) if failing == "ledger" else \
+        monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    code, err = cli(monkeypatch, capsys, *args)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    line = " ".join(err.split())
+    assert f"cannot write {target}: Permission denied" in line
+    assert f"The run directory {run_dir} is not writable" in line and "--resume" in line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # consistent: nothing torn, no record missing
+        assert [k for k, _ in LedgerView.read(run_dir).spends] == ["stage-1"]
+    before = [r for r in PrivacyLedger(run_dir, accounting="paper").records() if r["kind"] == "spend"]
+    monkeypatch.setattr(PrivacyLedger, "_append", real_append)
+    monkeypatch.setattr(RunDir, "save_checkpoint", real_save)
+    code, err = cli(monkeypatch, capsys, *args, "--resume")
+    assert code == 0, err
+    after = [r for r in PrivacyLedger(run_dir, accounting="paper").records() if r["kind"] == "spend"]
+    assert after[:len(before)] == before and [r["key"] for r in after] == ["stage-1", "stage-2"]
+
+
+def test_only_a_refused_write_becomes_the_one_line_message(tmp_path):
+    import errno
+
+    from privdistill.cli import unwritable_message
+
+    assert unwritable_message(FileNotFoundError(errno.ENOENT, "No such file", str(tmp_path / "x"))) is None
+    assert unwritable_message(PermissionError(errno.EACCES, "Permission denied")) is None  # no file named
+    full = unwritable_message(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.npz")))
+    assert full == f"cannot access {tmp_path / 'x.npz'}: No space left on device (check its permissions and the free " \
+                   "space of its disk)"

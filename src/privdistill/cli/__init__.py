@@ -113,6 +113,37 @@ def _quiet_library_warnings() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
+# An operating-system refusal to write (or read) a file: the run directory became unwritable or its disk filled up.
+_UNWRITABLE = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT")
+
+
+def unwritable_message(err: OSError) -> str | None:
+    """The one-line message for an OSError that says a file could not be written (permissions, a read-only or full
+    file system), naming the file and, when it lies in one, the run directory; None for any other OSError."""
+    import errno
+    import os
+    from pathlib import Path
+
+    codes = {getattr(errno, name) for name in _UNWRITABLE if hasattr(errno, name)}
+    if err.errno not in codes or not err.filename:
+        return None
+    path = Path(os.fsdecode(err.filename))
+    run = None
+    for folder in [path, *path.parents][:4]:  # the file, or one of its run directory's folders (ledger_answers/)
+        try:
+            if (folder / "config.yaml").is_file() and (folder / ".lock").exists():
+                run = folder
+                break
+        except OSError:
+            continue
+    if run is None:
+        return f"cannot access {path}: {err.strerror or err} (check its permissions and the free space of its disk)"
+    return (f"cannot write {path}: {err.strerror or err}. The run directory {run} is not writable (permissions, a "
+            "read-only or full disk); what the run recorded before this point is consistent (the privacy ledger "
+            "records each spend before its answers are used, checkpoints are replaced atomically): make it writable, "
+            "or free space, and continue with --resume")
+
+
 def main() -> None:
     from privdistill.cli.process import keep_freed_memory
 
@@ -125,6 +156,15 @@ def main() -> None:
         from rich.console import Console
 
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except OSError as err:
+        message = unwritable_message(err)
+        if message is None:
+            raise
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Exception as exc:
         # Imported only here: methods.runner brings torch, which `--help` and the one-line errors do without.
