@@ -14,6 +14,7 @@ from privdistill.engine import Env, RunDir, record_result
 from privdistill.engine.run import lock_run_dir, unlock_run_dir
 from privdistill.errors import RunError
 from privdistill.methods.sizing import fit_to_data
+from privdistill.privacy._checks import check_delta_for_records
 
 
 @dataclass
@@ -57,6 +58,8 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
                                           overrides=request.overrides)
     resolved, notes = fit_to_data(resolved, data, preset_values=preset_values, chosen=chosen)
+    if "budget" in resolved:  # δ against the N private records, before any work (no run directory yet)
+        check_delta_for_records(resolved["budget"].delta, len(data.train))
     config = {"method": method, "dataset": dataset, "preset": request.preset,
               **{name: keyed_config(section) for name, section in resolved.items()}}
     run_dir = request.run_dir or str(

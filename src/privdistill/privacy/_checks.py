@@ -7,6 +7,7 @@ with a message that names the argument, the value received and what is allowed.
 from __future__ import annotations
 
 import math
+import warnings
 from numbers import Integral, Real
 from typing import Any
 
@@ -53,6 +54,29 @@ def check_delta(value: Any, name: str = "delta") -> float:
     if not 0.0 < value < 1.0:
         raise PrivacyError(f"{name} must lie strictly between 0 and 1, got {value!r}")
     return value
+
+
+class DeltaWarning(UserWarning):
+    """δ is below 1/N but not well below it (above 1/(10 N)): allowed, and said."""
+
+
+def check_delta_for_records(delta: float, records: int) -> None:
+    """δ against the N private training records, before any work: δ ≥ 1/N is refused (PrivacyError), δ above
+    1/(10 N) warned. A mechanism that publishes each record outright with probability δ is (0, δ)-DP: at δ ≥ 1/N it
+    would expose about δN ≥ 1 whole records while meeting the guarantee, which then protects nothing."""
+    if records <= 0:
+        return
+    exposed = delta * records
+    if delta >= 1.0 / records:
+        raise PrivacyError(f"delta {delta:g} is not below 1/N = {1.0 / records:.3g} for the N = {records} private "
+                           "training records: a mechanism that publishes each record outright with probability delta "
+                           f"meets (epsilon, delta)-DP and would expose about {exposed:.3g} of them, so the guarantee "
+                           f"would protect nothing; choose --delta well below 1/N, at most 1/(10 N) = "
+                           f"{0.1 / records:.3g}")
+    if delta > 0.1 / records:
+        warnings.warn(f"delta {delta:g} is above 1/(10 N) = {0.1 / records:.3g} for the N = {records} private "
+                      f"training records: the guarantee would allow publishing about {exposed:.2g} whole records; "
+                      "a delta well below 1/N is the usual choice (--delta)", DeltaWarning, stacklevel=3)
 
 
 def check_count(name: str, value: Any, *, minimum: int = 0) -> int:
