@@ -72,9 +72,10 @@ def show_plan(info: dict[str, Any]) -> None:
                   f"records): nothing was trained, nothing spent.", highlight=False)
     for event, times in _runs(info["events"]):  # SRR's 20 stages spend 20 equal events: one line
         console.print(f"  would spend: {f'{times} x ' if times > 1 else ''}{event}", highlight=False)
-    eps = info["epsilon"]
-    if eps:
-        console.print(f"  epsilon at delta {info['delta']:g}: strict {_fmt(eps['strict'])}, paper {_fmt(eps['paper'])} "
-                      f"(target {_fmt(info['target_epsilon'])}, privacy scope: {info['privacy']})", highlight=False)
+    eps = info["epsilon"]  # of the whole run, as its summary will state it (the ledger's pricing, or the method's)
+    console.print(f"  epsilon at delta {info['delta']:g}: strict {_fmt(eps['strict'])}, paper {_fmt(eps['paper'])} "
+                  f"(budget under {info['accounting']}: target {_fmt(info['target_epsilon'])}, max "
+                  f"{_fmt(info['max_epsilon'])}; privacy scope: {info['privacy']})", highlight=False)
+    console.print(f"  covers: {info['covers']}", highlight=False)
     for note in info["notes"]:
         console.print(f"  note: {note}", highlight=False)

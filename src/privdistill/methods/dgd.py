@@ -64,7 +64,7 @@ from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
-from privdistill.privacy.report import dgd_pathways
+from privdistill.privacy.report import Pathway, dgd_pathways
 
 
 @dataclass
@@ -220,7 +220,7 @@ class DGDMethod(Method):
         return Trained(student=student, generator=generator, baseline_accuracy=baseline_accuracy,
                        fields={"stages": refs, "student_training": train_stats, **diagnostics})
 
-    def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
+    def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
         cfg, dp = ctx.section("dgd"), e2e.is_end_to_end(ctx)
         source = "DP source (DP-SGD)" if dp else "non-private baseline classifier"
         pathways = dgd_pathways(aggregation=cfg.aggregation, source_is_dp=dp,
@@ -229,6 +229,11 @@ class DGDMethod(Method):
                                 latent_codes=ctx.section("student").reads_latent_codes,
                                 query_selection=cfg.query_selection, release=cfg.release)
         e2e.add_source_label_pathway(pathways, cfg.source_labels)
+        return pathways
+
+    def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
+        cfg, dp = ctx.section("dgd"), e2e.is_end_to_end(ctx)
+        pathways = self.pathways(ctx, plan)
         latent = LATENT_KEY in plan.details["events"]  # spent ε1: a student with Eq. 1's energies, latent noise on
         covers = ("the whole student: DP source + teacher votes (strict)" if dp else
                   "the teacher-vote channel only (strict)" + ("; paper adds ε1 for the latent noise" if latent else ""))

@@ -73,6 +73,7 @@ from privdistill.methods.runner import Context, Method, Plan, Report, RunResult,
 from privdistill.models import create_model
 from privdistill.privacy.events import DPDFDSteps
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
+from privdistill.privacy.report import Pathway
 
 CHECKPOINT = "dpdfd-checkpoint"
 
@@ -273,13 +274,16 @@ class DPDFDMethod(Method):
                                "stopped": result.stopped, "stages": log["stages"],
                                "stage_seconds": round(log["stage_seconds"], 1), "history": result.loop.history})
 
+    def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
+        return pathways(ctx.section("dpdfd"))  # dpdfd_plan's (a method's name is not in scope)
+
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg: DPDFDConfig = ctx.section("dpdfd")
         budget, steps = ctx.budget, plan.details["steps"]
         statement = privacy_statement(cfg, {name: r.value for name, r in ledger.epsilon_both().items()}, budget.delta)
         generator_init = cfg.generator_init if cfg.algorithm != 3 else None
         return Report(
-            pathways=pathways(cfg), secure_noise=cfg.secure_noise, noise_option="dpdfd.secure_noise",
+            pathways=self.pathways(ctx, plan), secure_noise=cfg.secure_noise, noise_option="dpdfd.secure_noise",
             statement=statement, extra={"algorithm": cfg.algorithm, "generator_init": generator_init},
             fields={"planned_steps": steps.steps, "steps_allowed": steps_allowed(steps.event, budget),
                     "variant": auto_variant(cfg, budget.accounting), "algorithm": cfg.algorithm,

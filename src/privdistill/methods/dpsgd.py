@@ -2,8 +2,9 @@
 with per-sample gradient clipping and Gaussian noise, Poisson sampling, at a target (ε, δ).
 
     noise multiplier σ   calibrated to the target ε under the budget's accounting: `strict` (the default) on
-                         dp-accounting's replace-one PLD ε; `paper` by Opacus's
-                         `make_private_with_epsilon` under `dpsgd.accountant` ("rdp" by default, or "prv")
+                         dp-accounting's replace-one PLD ε; `paper` by Opacus's search (that of
+                         `make_private_with_epsilon`) under `dpsgd.accountant` ("rdp" by default, or "prv"), on
+                         the run's T steps; computed in the plan, so a dry run prints the σ and ε of the run
     per step             Poisson batch (rate q = 1 / steps per epoch), clip each example's gradient to C,
                          add N(0, σ²C²), optimiser step
     reported             ε of the same (σ, q, T) under Opacus's RDP and PRV accountants (add/remove-one, the
@@ -29,7 +30,6 @@ per-sample gradients, their norms and the clipping in bf16, so a clipped gradien
 
 from __future__ import annotations
 
-import math
 import secrets
 import warnings
 from dataclasses import dataclass
@@ -49,15 +49,13 @@ from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import accuracy
 from privdistill.errors import BudgetExceededError, ConfigError, RunError
 from privdistill.methods.common import MethodAPI, RunRequest
+from privdistill.methods.dpsgd_plan import OPACUS_ACCOUNTANTS, epsilons, plan_dpsgd, steps_per_epoch  # noqa: F401
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.models.scatternet import LINEAR_SCATTERNETS, ScatterNet
-from privdistill.privacy.accounting import strict_noise_multiplier
 from privdistill.privacy.ledger import LedgerView
 from privdistill.privacy.report import PRIVATE, Pathway
 from privdistill.privacy.secure import use_secure_noise
-
-OPACUS_ACCOUNTANTS = ("rdp", "prv")
 
 
 @dataclass
@@ -106,33 +104,6 @@ class DPSGDConfig:
                               "features are computed once, so its augment applies only to those copies")
 
 
-# ----------------------------------------------------------------------------------------- accounting
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    """Opacus's convention: sample rate q = 1 / len(data_loader) = 1 / ceil(n / batch_size)."""
-    return max(1, math.ceil(n / batch_size))
-
-
-def epsilons(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> dict[str, float]:
-    """ε of `steps` Poisson-sampled Gaussian steps under Opacus's RDP and PRV accountants (add/remove-one)
-    and dp-accounting's PLD with the replace-one relation (the project's strict relation)."""
-    from opacus.accountants import create_accountant
-
-    from privdistill.privacy.accounting import pld_poisson_gaussian_replace_one
-
-    out: dict[str, float] = {}
-    if steps == 0:
-        return {"rdp": 0.0, "prv": 0.0, "replace_one": 0.0}
-    for name in OPACUS_ACCOUNTANTS:
-        acc = create_accountant(name)
-        acc.history = [(noise_multiplier, sample_rate, steps)]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "optimal order is the largest alpha" at tiny ε
-            out[name] = float(acc.get_epsilon(delta=delta))
-    out["replace_one"] = pld_poisson_gaussian_replace_one(float(noise_multiplier), float(sample_rate), int(steps),
-                                                           float(delta))
-    return out
-
-
 def dpsgd_pathways() -> dict[str, list[Pathway]]:
     return {"model": [Pathway(PRIVATE, "per-example gradients clipped to C + N(0, sigma^2 C^2), Poisson-sampled "
                               "batches (DP-SGD)", "model weights", True,
@@ -171,9 +142,7 @@ class DPSGDMethod(Method):
         if ctx.budget.limit is not None and ctx.budget.epsilon > ctx.budget.limit:  # σ is calibrated to the target
             raise BudgetExceededError(f"the target ε {ctx.budget.epsilon:g} exceeds --max-epsilon "
                                       f"{ctx.budget.limit:g}: nothing was trained")
-        per_epoch = steps_per_epoch(len(ctx.data.train), cfg.batch_size)
-        return Plan(remaining=[], details={"per_epoch": per_epoch, "total": per_epoch * cfg.epochs,
-                                           "sample_rate": 1.0 / per_epoch})
+        return plan_dpsgd(cfg, ctx.budget, len(ctx.data.train))  # σ, T and the ε of the run (dpsgd_plan.py)
 
     def train(self, ctx: Context, plan: Plan, ledger: None) -> Trained:
         cfg: DPSGDConfig = ctx.section("dpsgd")
@@ -184,12 +153,18 @@ class DPSGDMethod(Method):
         return Trained(student=private.model, wall_seconds=wall,
                        fields={"history": history, "_accountant": private.engine.accountant, "_sigma": private.sigma})
 
+    def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
+        return dpsgd_pathways()
+
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: None) -> Report:
         cfg, budget = ctx.section("dpsgd"), ctx.budget
         accountant, sigma = trained.fields.pop("_accountant"), trained.fields.pop("_sigma")
         history = trained.fields.pop("history")
         steps_taken = sum(s for _, _, s in accountant.history)
-        eps = epsilons(sigma, plan.details["sample_rate"], steps_taken, budget.delta)
+        planned = steps_taken == plan.details["total"] and sigma == plan.details["sigma"]
+        # the plan priced these very steps (what its dry run printed); otherwise the steps Opacus recorded
+        eps = plan.details["epsilons"] if planned else epsilons(sigma, plan.details["sample_rate"], steps_taken,
+                                                                 budget.delta)
         accounting = {
             "noise_multiplier": round(sigma, 6), "sample_rate": plan.details["sample_rate"], "steps": steps_taken,
             "accountant": cfg.accountant, "max_grad_norm": cfg.max_grad_norm, "expected_batch_size": cfg.batch_size,
@@ -202,7 +177,7 @@ class DPSGDMethod(Method):
                          "replace-one, the relation of every other method here",
         }
         return Report(
-            pathways=dpsgd_pathways(), secure_noise=cfg.secure_mode, noise_option="dpsgd.secure_mode",
+            pathways=self.pathways(ctx, plan), secure_noise=cfg.secure_mode, noise_option="dpsgd.secure_mode",
             extra={"dpsgd_accounting": accounting, "delta": budget.delta},
             # epsilon_paper: Opacus's own figure, whichever accountant σ was calibrated on
             epsilon={"paper": eps[cfg.accountant], "strict": eps["replace_one"]},
@@ -228,14 +203,14 @@ def run_dpsgd(request: RunRequest) -> RunResult:
 
 
 def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
-    """The model, made private by Opacus with σ calibrated to the target under the budget's accounting
-    (paper: Opacus's make_private_with_epsilon under `dpsgd.accountant`; strict: the replace-one PLD ε)."""
+    """The model, made private by Opacus with the plan's σ, calibrated to the target under the budget's accounting
+    (`noise_multiplier`: paper, Opacus's search under `dpsgd.accountant`; strict, the replace-one PLD ε)."""
     try:
         from opacus import PrivacyEngine
         from opacus.validators import ModuleValidator
     except ImportError as err:  # pragma: no cover - opacus is an optional extra
         raise ConfigError("DP-SGD needs Opacus: pip install 'privdistill[dpsgd]'") from err
-    env, data, budget = ctx.env, ctx.data, ctx.budget
+    env, data = ctx.env, ctx.data
     torch.manual_seed(env.generator(streams.DPSGD_INIT).initial_seed())
     model = create_model(cfg.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
                          image_size=data.image_size[0]).to(env.device)  # trained in fp32: no autocast
@@ -266,13 +241,8 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
         engine = PrivacyEngine(accountant=cfg.accountant, secure_mode=False)
     common = dict(module=trainable, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.max_grad_norm,
                   poisson_sampling=True, noise_generator=noise_gen, grad_sample_mode=cfg.grad_sample_mode)
-    if budget.accounting == "paper":
-        dp_model, dp_optimizer, dp_loader = engine.make_private_with_epsilon(
-            **common, target_epsilon=budget.epsilon, target_delta=budget.delta, epochs=cfg.epochs)
-    else:
-        sigma = strict_noise_multiplier(target_epsilon=budget.epsilon, delta=budget.delta,
-                                        sample_rate=plan.details["sample_rate"], steps=plan.details["total"])
-        dp_model, dp_optimizer, dp_loader = engine.make_private(**common, noise_multiplier=sigma)
+    # σ as planned (and printed by a dry run): calibrated on the run's T steps under the budget's accounting
+    dp_model, dp_optimizer, dp_loader = engine.make_private(**common, noise_multiplier=plan.details["sigma"])
     dp_loader.batch_sampler.generator = sample_gen  # the generator re-seeded at every epoch below
     dp_optimizer.generator = noise_gen
     if cfg.secure_mode:

@@ -212,12 +212,15 @@ class PATEMethod(Method):
                                              "build_seconds")},
             "student_training": train_stats})
 
+    def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
+        return pathways(ctx.section("pate").aggregation)  # the module's function (a method's name is not in scope)
+
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg: PATEConfig = ctx.section("pate")
         strict = ledger.epsilon_both()["strict"]
         dependent = ledger.epsilon(accounting="strict", data_dependent=True)
         name = {"lnmax": "LNMax", "gnmax": "GNMax", "confident-gnmax": "Confident-GNMax"}[cfg.aggregation]
-        return Report(pathways=pathways(cfg.aggregation), secure_noise=cfg.secure_noise,
+        return Report(pathways=self.pathways(ctx, plan), secure_noise=cfg.secure_noise,
                       noise_option="pate.secure_noise", fields={
                           "epsilon_realised_answered_only": realised_answered_only(strict),
                           "epsilon_data_dependent": None if dependent.data_dependent is None

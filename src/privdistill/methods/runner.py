@@ -27,6 +27,7 @@ from privdistill.engine.stages import Stages
 from privdistill.engine.trainer import evaluate
 from privdistill.errors import ConfigError, RunError
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
+from privdistill.methods.dry_run import check_own_budget, dry_run_info
 from privdistill.privacy.events import PrivacyEvent
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway, noise_source, write_privacy_json
@@ -150,6 +151,10 @@ class Plan:
     remaining: list[PrivacyEvent]
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)  # the method's own numbers (queries, T, sigma, ...)
+    # a method that keeps its own record (uses_ledger False) states its spend here, as its report will: what it
+    # spends (noise, counts; "describe": in words) and ε by accounting (DP-SGD: σ, q, T; Opacus's ε, replace-one PLD)
+    spends: list[dict[str, Any]] = field(default_factory=list)
+    epsilon: dict[str, float] | None = None
 
 
 @dataclass
@@ -194,6 +199,11 @@ class Method:
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger | None) -> Report:
         raise NotImplementedError
 
+    def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
+        """Every pathway from the private data to each released artifact, and whether ε covers it: from the
+        configuration and the plan alone, so that a dry run states what its ε covers as the run's report will."""
+        raise NotImplementedError
+
     def summary_name(self, ctx: Context) -> str:
         """The method name written into summary.json (DGD with Gaussian votes is "dgd+")."""
         return self.name
@@ -218,17 +228,6 @@ class DryRunPlan(Exception):
         self.info = info
 
 
-def _dry_run_info(method: Method, ctx: Context, plan: Plan) -> dict[str, Any]:
-    from privdistill.privacy.accounting import both
-
-    eps = both(plan.remaining, delta=ctx.budget.delta) if plan.remaining else {}
-    return {"method": method.name, "dataset": ctx.dataset, "train_records": len(ctx.data.train),
-            "run_dir": str(ctx.run.path),
-            "events": [e.describe() for e in plan.remaining],
-            "epsilon": {name: r.value for name, r in eps.items()}, "delta": ctx.budget.delta,
-            "target_epsilon": ctx.budget.epsilon, "privacy": ctx.budget.privacy, "notes": list(plan.notes)}
-
-
 def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
     prep = prepare_run(method.name, request, {"budget": Budget, **method.sections})
     budget: Budget = prep.sections["budget"]
@@ -244,8 +243,9 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
                             delta=budget.delta) if method.uses_ledger else None)
     if ledger is not None:
         ledger.check_can_start(plan.remaining)
+    check_own_budget(method, budget, plan)  # a method without the ledger: its plan's ε (methods/dry_run.py)
     if request.dry_run:
-        raise DryRunPlan(_dry_run_info(method, ctx, plan))
+        raise DryRunPlan(dry_run_info(method, ctx, plan, ledger))
 
     trained = method.train(ctx, plan, ledger)
     student = trained.student

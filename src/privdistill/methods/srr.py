@@ -80,7 +80,7 @@ from privdistill.methods.srr_plan import SRRConfig, epsilon_per_label, label_eve
 from privdistill.methods.srr_training import SRRTraining, StageSchedule, label_stats, stage_key
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.mechanisms import candidate_sets, noise_source, release_labels
-from privdistill.privacy.report import srr_notes, srr_pathways
+from privdistill.privacy.report import Pathway, srr_end_to_end_pathways, srr_notes, srr_pathways
 
 
 # ======================================================================================= the method
@@ -162,15 +162,20 @@ class SRRMethod(Method):
                        wall_seconds=srr.loop.elapsed + time.perf_counter() - ctx.started,
                        fields=srr.summary_fields(loop.wall_seconds))
 
+    def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
+        if e2e.is_end_to_end(ctx):
+            return srr_end_to_end_pathways()
+        # label-dp: no generator is trained or released, so the pathways name the student only
+        fitted_to = ctx.section("srr_generator").describe_source("non-private teacher")
+        return srr_pathways(setting=ctx.section("srr").setting, fitted_to=fitted_to)
+
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg: SRRConfig = ctx.section("srr")
         total, epsilon = plan.details["num_labels"], plan.details["epsilon_per_label"]
         if e2e.is_end_to_end(ctx):
             return e2e.srr_report(ctx, total, ledger)
         notes = srr_notes(setting=cfg.setting, mechanism=cfg.mechanism, labels=total, epsilon=epsilon)
-        # label-dp: no generator is trained or released, so the pathways name the student only
-        fitted_to = ctx.section("srr_generator").describe_source("non-private teacher")
-        return Report(pathways=srr_pathways(setting=cfg.setting, fitted_to=fitted_to), secure_noise=cfg.secure_noise,
+        return Report(pathways=self.pathways(ctx, plan), secure_noise=cfg.secure_noise,
                       noise_option="srr.secure_noise",
                       extra={"setting": cfg.setting, "mechanism": cfg.mechanism, "epsilon_per_label": epsilon,
                              "delta": ctx.budget.delta, "labels": total},

@@ -469,9 +469,11 @@ class PrivacyLedger:
                        accounting=self.accounting if accounting is None else accounting, stats=stats,
                        breakdown=False)
 
-    def epsilon_both(self, *, delta: float | None = None) -> dict[str, EpsilonResult]:
-        """Both accountings, events of the same setting merged (one breakdown row per mechanism)."""
-        return both(merge_events(self._events), delta=self.delta if delta is None else delta)
+    def epsilon_both(self, *, delta: float | None = None,
+                     planned: Sequence[PrivacyEvent] = ()) -> dict[str, EpsilonResult]:
+        """Both accountings, events of the same setting merged (one breakdown row per mechanism). ``planned``: events
+        not spent yet, priced as if recorded (a dry run's ε is what its run will report, priced the same way)."""
+        return both(merge_events(self._events + as_events(planned)), delta=self.delta if delta is None else delta)
 
     def remaining(self, *, delta: float | None = None, accounting: str | None = None) -> float | None:
         """max_epsilon minus the epsilon spent (None without a max_epsilon; never negative)."""
