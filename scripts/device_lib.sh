@@ -1,4 +1,4 @@
-# Sourced by the lent-GPU scripts (device_session.sh, device_probe_*.sh): what each of them needs on the bare,
+# Sourced by the lent-GPU scripts (device_session.sh, experiments/device_probe_*.sh): what each of them needs on the bare,
 # offline machine, written once. Reads the ignored .gpu/ folder the call carries (docs/developing.md).
 
 device_env() {  # what privdistill needs in the environment there (a sourcing script's exports, also after a

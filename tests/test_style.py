@@ -19,7 +19,7 @@ def test_ruff_passes():
     ruff = _ruff()
     if ruff is None:
         pytest.skip("ruff is not installed (pip install -e '.[test]')")
-    done = subprocess.run([ruff, "check", "--no-cache", "src", "tests", "scripts"], cwd=ROOT,
+    done = subprocess.run([ruff, "check", "--no-cache", "src", "tests", "scripts", "experiments"], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 

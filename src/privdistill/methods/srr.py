@@ -54,7 +54,7 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
   `released_label_likelihood`): post-processing of the release, no privacy cost.
 - ``label_copies`` K (ours, off in the presets; data-free): a stage's samples are joined by K - 1 augmented copies
   (``copy_augment``, a shift of up to 2 pixels by default), each labelled through the mechanism on its own: more
-  hard labels near each sample teach more than more samples (scripts/ceiling_probe.py, `aug-hard`). N counts
+  hard labels near each sample teach more than more samples (experiments/ceiling_probe.py, `aug-hard`). N counts
   every label, so the strict ε composes over the copies too; the paper's ε stays per label, and under it the
   independent noise on near-duplicate samples partly averages out, which that accounting does not price.
 - Student: the paper uses DataLens' network for the data-free setting and ResNet-18 for the label-sensitive

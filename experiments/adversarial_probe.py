@@ -11,7 +11,7 @@ accuracy is the set's ceiling (`ceiling` for the bank, `final_ceiling` for the f
 only: no private image is read, nothing is released. The engine's own loop (`generator.adversarial_weight`)
 does the same per step; this script exists to compare the objectives cheaply.
 
-    flock /tmp/privdistill-cpu.lock python scripts/adversarial_probe.py --teacher RUN_DIR --cond --bn 3 --adv 3 \\
+    flock /tmp/privdistill-cpu.lock python experiments/adversarial_probe.py --teacher RUN_DIR --cond --bn 3 --adv 3 \\
         --steps 800 --out docs/diagnostics/adversarial-probe-fashion-mnist.jsonl
 """
 

@@ -6,7 +6,7 @@ probability (what `student.objective=pseudo-label` would learn), and how often i
 confident ones) equals the 250 teachers' noiseless plurality and the non-private baseline's label. Evaluation
 only: it reads the private teachers and the baseline, so nothing it prints is covered by any ε or released.
 
-    flock /tmp/privdistill-cpu.lock python scripts/pseudo_label_probe.py RUN [RUN ...] --synthetic STAGE \
+    flock /tmp/privdistill-cpu.lock python experiments/pseudo_label_probe.py RUN [RUN ...] --synthetic STAGE \
         --teachers STAGE --baseline STAGE --queries 2547 --out docs/diagnostics/pseudo-label-probe-mnist.json
 """
 

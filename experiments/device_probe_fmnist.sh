@@ -4,7 +4,7 @@
 # and SRR (ε = 1) cells move with what the papers' accountings leave free: DPDFD's clip norm C (its printed bound
 # misses a factor C², so a smaller C buys less noise at the same paper ε) and SRR's number of labels (ε per label,
 # no composition). Every probe's summary keeps both ε. Packs the probes' run directories into $OUT/probe.tgz.
-# usage: bash scripts/device_probe_fmnist.sh DEADLINE_SECONDS
+# usage: bash experiments/device_probe_fmnist.sh DEADLINE_SECONDS
 T0=$(date +%s); DEADLINE=${1:-560}; PROBE_MIN_LEFT=40
 source scripts/device_lib.sh
 bash scripts/device_session.sh 200 baseline-fashion-mnist dpsgd-fashion-mnist-eps1 2>&1

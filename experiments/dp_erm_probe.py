@@ -18,7 +18,7 @@ features. DP-SGD's strict ε = 3 cell on Fashion-MNIST is held by its number of 
 Noise draws `draws` (3) per setting; "eps" lists the strict targets (and 0: no noise, the ceiling at that λ).
 Keys beyond the whitening probe's feature keys (features, prior, k, m; `project`): mechanism, lam, tol (1e-7).
 
-    python scripts/dp_erm_probe.py fashion-mnist \\
+    python experiments/dp_erm_probe.py fashion-mnist \\
         '[{"mechanism": "output", "features": "prior", "prior": "dead-leaves-textured", "k": 800, "m": 100000,
            "lam": 1e-3, "eps": [0, 3]}]' --fine
 """

@@ -21,7 +21,7 @@ rate linearly; compare rows of one script, not across); `--student MODEL` names 
 data-independent representation carry what it learns on synthetic samples to real images better?).
 Evaluation only: no private image is read but the test set, nothing is released. One JSON line per regime:
 
-    flock /tmp/privdistill-cpu.lock python scripts/ceiling_probe.py generator-c7aabe888541b1ff fashion-mnist \\
+    flock /tmp/privdistill-cpu.lock python experiments/ceiling_probe.py generator-c7aabe888541b1ff fashion-mnist \\
         hard,soft,fresh,fresh-soft,aug-soft >> docs/diagnostics/ceiling-probe-fashion-mnist.jsonl
 """
 

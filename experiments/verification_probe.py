@@ -8,7 +8,7 @@ share kept, the kept samples per class, and the share on which the plurality of 
 DGD teachers on the first 10 of the teachers' own parts) gives the baseline's label. Evaluation only: nothing
 is released, no ε is spent.
 
-    flock /tmp/privdistill-cpu.lock python scripts/verification_probe.py --dataset mnist \
+    flock /tmp/privdistill-cpu.lock python experiments/verification_probe.py --dataset mnist \
         --out docs/diagnostics/verification-probe-mnist.json
 """
 

@@ -6,7 +6,7 @@ runs' released students and ledgers are unchanged, so re-training them would onl
 the ε figures are a function of the recorded events alone. Each rewritten summary keeps the figures it had under
 `reaccounted.before`.
 
-    python scripts/reaccount_pate.py results/quick/pate-*-confident-gnmax.json
+    python experiments/reaccount_pate.py results/quick/pate-*-confident-gnmax.json
 """
 
 from __future__ import annotations

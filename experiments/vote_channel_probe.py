@@ -9,7 +9,7 @@ the strict ε of the channel reaches the target, then trains a paper-CNN student
 (DGD's student without its unsupervised terms) and reports its real test accuracy. Evaluation only: nothing is
 released (the votes are the private teachers', read here for a simulation).
 
-    flock /tmp/privdistill-cpu.lock python scripts/vote_channel_probe.py --generator STAGE --teachers STAGE \
+    flock /tmp/privdistill-cpu.lock python experiments/vote_channel_probe.py --generator STAGE --teachers STAGE \
         --pool 10000 --epsilon 9.34 --out docs/diagnostics/vote-channel-probe-mnist.json
 """
 

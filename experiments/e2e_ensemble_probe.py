@@ -5,7 +5,7 @@ samples; both are DP as a whole under the run's one strict ε, so any mixture of
 (no further ε). This prints the test accuracy of w * student + (1 - w) * teacher softmax for a few weights, and how
 often the two disagree. If no mixture beats the teacher, the student adds nothing a user of the teacher lacks.
 
-    python scripts/e2e_ensemble_probe.py runs/srr-fmnist-eps3-e2e-multiscale-prior-soft-n180k fashion-mnist
+    python experiments/e2e_ensemble_probe.py runs/srr-fmnist-eps3-e2e-multiscale-prior-soft-n180k fashion-mnist
 """
 
 from __future__ import annotations

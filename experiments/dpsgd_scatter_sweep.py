@@ -7,7 +7,7 @@ calibrated on the strict replace-one PLD ε exactly as `methods/dpsgd.py` does, 
 The settings were compared on the test set, as in Tramèr & Boneh's own search; that selection is not priced by
 any ε (see docs/results.md).
 
-    python scripts/dpsgd_scatter_sweep.py mnist \
+    python experiments/dpsgd_scatter_sweep.py mnist \
         '[{"B": 1024, "E": 5, "eps": 1, "lr": 4, "C": 0.1}, {"B": 1024, "E": 10, "eps": 3, "lr": 4, "C": 0.1}]'
 
 Keys: B expected batch, E epochs, eps strict target, lr, C clip norm; optional model (scatter-linear), mom (0.9),

@@ -8,7 +8,7 @@ lengths and reports, per length, each teacher's accuracy on the real test set an
 baseline on synthetic samples. Evaluation only: nothing here is released and no ε is spent (it reads the
 non-private baseline and the private labels freely).
 
-    flock /tmp/privdistill-cpu.lock python scripts/teacher_agreement.py \
+    flock /tmp/privdistill-cpu.lock python experiments/teacher_agreement.py \
         --baseline runs/baseline-mnist-quick --synthetic ~/.cache/privdistill/stages/synthetic-<key> \
         --steps 90 300 900 --teachers 10 [--augment none affine] --out docs/diagnostics/teacher-agreement-mnist.json
     (--generator DIR instead of --synthetic samples another generator, e.g. SRR's BatchNorm-statistics one.

@@ -6,7 +6,7 @@ so the classes the teacher assigns to the FIRST samples are the only labels the 
 generator has moved. A tanh-last generator starts with near-constant grey images; this script shows how the
 teacher labels them. Evaluation only: reads the non-private baseline, spends no ε, releases nothing.
 
-    python scripts/dpdfd_first_labels.py --teacher runs/baseline-fashion-mnist-quick \
+    python experiments/dpdfd_first_labels.py --teacher runs/baseline-fashion-mnist-quick \
         --out docs/diagnostics/dpdfd-first-labels-fashion-mnist.json
 """
 

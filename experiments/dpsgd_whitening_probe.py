@@ -28,7 +28,7 @@ Features z (each example's GroupNorm'd scattering vector x, scaled to unit norm 
 mean private variance they are left; zA = 0 is the exact (non-private) re-whitening, a ceiling.
 Every projected z is rescaled so that its median norm on the images it was fitted to is sqrt(d), the norm of x.
 
-    python scripts/dpsgd_whitening_probe.py fashion-mnist \
+    python experiments/dpsgd_whitening_probe.py fashion-mnist \
         '[{"features": "raw", "lr": 4}, {"features": "prior", "prior": "dead-leaves", "k": 800, "lr": 1}]'
 
 A third argument `--fine` reads both scattering scales (J = 2 and J = 1 at twice the resolution, models/scatternet.py's

@@ -8,7 +8,7 @@ samples were synthesised for (`agreement_with_source`); the share on which they 
 their pairwise agreement; the class balance; and, with `--ceiling`, the ceiling (test accuracy of a student
 trained only on 10,000 samples labelled by the source). Evaluation only: nothing is released, no ε is spent.
 
-    flock /tmp/privdistill-cpu.lock python scripts/synthesis_proxy.py --dataset mnist --config synthesis \
+    flock /tmp/privdistill-cpu.lock python experiments/synthesis_proxy.py --dataset mnist --config synthesis \
         --ceiling --out docs/diagnostics/synthesis-proxy-mnist-synthesis.json
 """
 

@@ -4,7 +4,7 @@
 # value): whole-pipeline seeds 1 and 2 at ε = 10 (seed 0 ran in the first call), seed 0 at ε = 1, and the preset's
 # C on seed 0's stages at both ε. Installs what device_session.sh installs, then packs each finished run into
 # $OUT/probe2.tgz as it goes.
-# usage: bash scripts/device_probe_dpdfd.sh DEADLINE_SECONDS
+# usage: bash experiments/device_probe_dpdfd.sh DEADLINE_SECONDS
 T0=$(date +%s); DEADLINE=${1:-200}; PROBE_MIN_LEFT=25
 source scripts/device_lib.sh
 device_setup || exit 1

@@ -2,7 +2,7 @@
 
 Paper CNN, Adam at LR (default 0.05, DGD Sec. IV as printed) decaying linearly over 3000 steps of batch 128,
 on one 240-example partition of MNIST (60,000 / 250 teachers); prints the test accuracy on 2000 test images
-at steps 300, 1000 and 3000. Usage: python scripts/teacher_lr_check.py [LR ...]
+at steps 300, 1000 and 3000. Usage: python experiments/teacher_lr_check.py [LR ...]
 """
 
 import sys

@@ -8,7 +8,7 @@ by the generator's off-manifold samples. This probe reads a finished SRR run's r
 inputs, the labels recorded in its privacy ledger and the candidate sets) and trains students on all of it at
 once, the same way for each kind, testing each on the real test set. Post-processing of the release: no ε spent.
 
-    python scripts/srr_student_probe.py RUN_DIR fashion-mnist '[{"student": "scatter", "epochs": 10},
+    python experiments/srr_student_probe.py RUN_DIR fashion-mnist '[{"student": "scatter", "epochs": 10},
         {"student": "cnn", "epochs": 4}]'
 
 Keys: student ("scatter": scatter-multiscale-prior-linear's features, a linear head; "cnn": the paper CNN), loss

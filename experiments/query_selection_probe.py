@@ -13,7 +13,7 @@ sizes the queries to the strict `--epsilon`. The rules read the pool and the bas
 outside DGD's ε as the generator is); `active` reads the student, post-processing of released labels.
 Evaluation only: the private teachers' votes are read for a simulation and nothing is released.
 
-    flock /tmp/privdistill-cpu.lock python scripts/query_selection_probe.py --synthetic STAGE --teachers STAGE \
+    flock /tmp/privdistill-cpu.lock python experiments/query_selection_probe.py --synthetic STAGE --teachers STAGE \
         --baseline STAGE --rules random,balanced,diverse,confident,uncertain,active --seeds 0 \
         --out docs/diagnostics/query-selection-probe-mnist.jsonl
 """

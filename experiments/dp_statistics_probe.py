@@ -12,7 +12,7 @@ the design of `srr --privacy end-to-end` (docs/results.md, "Strict end to end").
 Reported: the ceiling (a paper CNN trained 3 epochs only on samples labelled by the DP source) against the
 source's own test accuracy. Evaluation only: nothing here is released (the statistics' ε is printed, not spent).
 
-    flock /tmp/privdistill-cpu.lock python scripts/dp_statistics_probe.py --source runs/probe-src-mnist \
+    flock /tmp/privdistill-cpu.lock python experiments/dp_statistics_probe.py --source runs/probe-src-mnist \
         --dataset mnist --noise 30 --out /tmp/probe.json
 """
 

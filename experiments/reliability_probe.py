@@ -2,7 +2,7 @@
 throw-away directory, its answer classified and written to docs/diagnostics/reliability-probe.json (docs/
 reliability.md shows the table).
 
-    python scripts/reliability_probe.py [--out docs/diagnostics/reliability-probe.json] [--doc docs/reliability.md]
+    python experiments/reliability_probe.py [--out docs/diagnostics/reliability-probe.json] [--doc docs/reliability.md]
 
 With --doc, the table between the markers `<!-- probe:begin -->` and `<!-- probe:end -->` of that file is
 rewritten from the rows; rows answered "still running" name the deliberate acceptances listed in DELIBERATE.
@@ -215,7 +215,7 @@ def main() -> None:
                                                                   "still running")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"what": __doc__.split("\n\n")[0], "command":
-                                          "python scripts/reliability_probe.py", "counts": counts, "rows": rows},
+                                          "python experiments/reliability_probe.py", "counts": counts, "rows": rows},
                                          indent=1, ensure_ascii=False) + "\n")
     print(counts)
     if args.doc:

@@ -11,7 +11,7 @@ together, vectorised (one batched matmul for all 250), full batch.
 Reports the plurality's accuracy on the real test set and, for each synthetic stage given, its agreement with
 the baseline's labels (the labels the samples were made for). Evaluation only: nothing is released, no ε spent.
 
-    flock /tmp/privdistill-cpu.lock python scripts/scatter_teachers_probe.py --baseline STAGE_DIR --wd 1e-2 \
+    flock /tmp/privdistill-cpu.lock python experiments/scatter_teachers_probe.py --baseline STAGE_DIR --wd 1e-2 \
         [--synthetic STAGE_DIR ...] [--generator STAGE_DIR ... --cnn-teachers STAGE_DIR] \
         --out docs/diagnostics/scatter-teachers-mnist.json
 
