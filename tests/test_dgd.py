@@ -118,7 +118,8 @@ def test_dgd_refuses_more_queries_than_samples_before_training(tiny_npz, tmp_pat
 def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     run_dir = tmp_path / "run"
     # bit-for-bit replay is what the CPU guarantees; on CUDA cuDNN's default kernels differ in the last bits (H100)
-    result = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY + ["run.device=cpu"], run_dir=str(run_dir)).fit()
+    result = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY + ["run.device=cpu", "run.noise=reproducible"],
+                 run_dir=str(run_dir)).fit()
     s = result.summary
     assert s["queries"] == 40 and s["method"] == "dgd"
     # 40 LNMax queries with b = 40 (ε0 = 0.05 each): strict via RDP, paper via advanced composition + ε1.
@@ -128,7 +129,7 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     assert 0.0 <= agree["noisy_label"] <= 1.0 and 0.0 <= agree["plurality"] <= 1.0
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert "student" in privacy["artifacts"] and "generator" in privacy["artifacts"]
-    assert s["noise_secure"] is False and "dgd.secure_noise=true" in privacy["noise"]["statement"]
+    assert s["noise_secure"] is False and "only while that seed" in privacy["noise"]["statement"]
     ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     spends = [r for r in ledger if r.get("kind") == "spend"]
     assert [r["key"] for r in spends] == ["dgd/queries", "dgd/latent-codes"]
@@ -136,7 +137,8 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
     # Resuming the finished run spends nothing more and reproduces the student exactly; a budget just above
     # what was spent lets it resume (the recorded uses are not planned a second time).
     again = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir), resume=True,
-                               overrides=TINY + ["dgd.queries=40", "run.device=cpu", "budget.accounting=strict",
+                               overrides=TINY + ["dgd.queries=40", "run.device=cpu", "run.noise=reproducible",
+                                                 "budget.accounting=strict",
                                                  f"budget.max_epsilon={1.01 * s['epsilon_strict']}"]))
     ledger2 = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert len([r for r in ledger2 if r.get("kind") == "spend"]) == 2, "no budget spent twice"
@@ -148,12 +150,11 @@ def test_dgd_end_to_end_and_resume_reuses_recorded_answers(tiny_npz, tmp_path):
 
 
 @pytest.mark.slow
-def test_secure_noise_draws_votes_and_codes_from_opendp(tiny_npz, tmp_path, secure_draws):
+def test_secure_noise_is_the_default_for_the_votes_and_codes(tiny_npz, tmp_path, secure_draws):
     run_dir = tmp_path / "run"
-    s = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY + ["dgd.secure_noise=true"],
-            run_dir=str(run_dir)).fit().summary
-    assert s["noise_secure"] is True and s["queries"] == 40
-    assert "OpenDP" in json.loads((run_dir / "privacy.json").read_text())["noise"]["statement"]
+    s = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY, run_dir=str(run_dir)).fit().summary
+    assert s["noise_secure"] is True and s["queries"] == 40 and s["epsilon_sampling"] > 0
+    assert "ChaCha20" in json.loads((run_dir / "privacy.json").read_text())["noise"]["statement"]
     # two draws: the vote counts (40 queries x 10 classes, integers: discrete Laplace), then the latent codes
     assert len(secure_draws) == 2 and secure_draws[0] == ("add", 400) and secure_draws[1][0] == "add"
 
@@ -166,7 +167,8 @@ def test_a_run_interrupted_in_the_student_resumes_to_the_uninterrupted_result(ti
 
     def fit(name, resume=False):  # CPU: bit-for-bit replay (cuDNN's kernels differ in the last bits)
         return run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / name), resume=resume,
-                                  overrides=TINY + ["dgd.queries=40", "run.device=cpu"])).summary
+                                  overrides=TINY + ["dgd.queries=40", "run.device=cpu", "run.noise=reproducible"])
+                       ).summary
 
     whole = fit("whole")
     restore = crash_student_at(6)  # after the step-4 checkpoint, the votes and codes already in the ledger
@@ -241,7 +243,7 @@ def test_histogram_release_records_the_noisy_histogram_at_the_argmax_s_epsilon(t
     """`dgd.release=histogram`: the ledger records each query's whole noisy vote histogram, whose argmax is the
     label the default release gives for the same noise; the ε is the same; the student fits the noisy vote share
     (its own loss in the history); the privacy report says what was released; a resume replays the histogram."""
-    common = TINY + ["run.device=cpu", "dgd.aggregation=gaussian", "dgd.gaussian_sigma=2",
+    common = TINY + ["run.device=cpu", "run.noise=reproducible", "dgd.aggregation=gaussian", "dgd.gaussian_sigma=2",
                      "student.unsupervised=false"]
     runs = {}
     for release in ("argmax", "histogram"):

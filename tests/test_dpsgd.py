@@ -48,7 +48,7 @@ def test_strict_calibration_meets_the_replace_one_target():
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tiny_npz, tmp_path, monkeypatch):
     # bit-for-bit replay is what the CPU guarantees; on CUDA cuDNN's default kernels differ in the last bits (H100)
-    cpu = ["run.device=cpu"]
+    cpu = ["run.device=cpu", "run.noise=reproducible"]  # compared bit for bit: the noise replayed by name
     whole = _run(tiny_npz, tmp_path, "whole", cpu)
     import privdistill.methods.dpsgd as dpsgd
 
@@ -89,14 +89,14 @@ def test_trains_on_cuda_with_autocast_evaluation(tiny_npz, tmp_path):
 
 
 
-def test_secure_mode_draws_every_gradient_noise_from_opendp(tiny_npz, tmp_path, secure_draws):
-    s = _run(tiny_npz, tmp_path, "secure", ["dpsgd.secure_mode=true", "dpsgd.epochs=1"])
-    assert s["noise_secure"] is True
+def test_secure_noise_is_the_default_and_draws_every_gradient_noise(tiny_npz, tmp_path, secure_draws):
+    s = _run(tiny_npz, tmp_path, "secure", ["dpsgd.epochs=1"])
+    assert s["noise_secure"] is True and s["epsilon_sampling"] > 0
     from privdistill.models import create_model
 
-    sizes = [p.numel() for p in create_model("small-cnn", in_channels=1, num_classes=10, image_size=28).parameters()]
+    size = sum(p.numel() for p in create_model("small-cnn", in_channels=1, num_classes=10, image_size=28).parameters())
     steps = s["dpsgd_accounting"]["steps"]
-    assert [n for _, n in secure_draws] == sizes * steps, "each parameter's noise, every step, from OpenDP"
+    assert [n for _, n in secure_draws] == [size] * steps, "every coordinate's noise, every step, secure"
 
 
 def test_python_api_takes_the_config_overlay_and_arrays(tiny_npz, tmp_path):

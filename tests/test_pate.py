@@ -57,7 +57,8 @@ def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path
     assert s["method"] == "pate" and s["aggregation"] == aggregation
     assert s["variant"] == (None if aggregation == "gnmax" else aggregation)
     assert s["epsilon_strict"] <= 10.0 + 1e-9, "planned within the target (data-independent)"
-    assert s["epsilon_data_dependent"] is not None and s["epsilon_data_dependent"] <= s["epsilon_strict"] + 1e-9
+    # (the data-dependent figure is rounded to two decimals)
+    assert s["epsilon_data_dependent"] is not None and s["epsilon_data_dependent"] <= s["epsilon_strict"] + 0.005
     ledger = PrivacyLedger(run_dir)
     assert ledger.keys() == ["pate/queries"] and ledger.vote_stats()[0] is not None, "votes recorded for the bound"
     event = ledger.events()[0]
@@ -74,7 +75,8 @@ def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path
 
 def test_the_filter_asks_more_queries_for_the_same_guarantee(tiny_npz, tmp_path):
     # a check at sigma1 = 4 costs 1/8 of an answer at sigma2 = 2
-    overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10", "pate.sigma1=4", "pate.threshold=4"]
+    overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10", "pate.sigma1=4", "pate.threshold=4",
+                        "run.noise=reproducible"]  # the same noise in both runs: only the filter differs
     plain = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides, run_dir=str(tmp_path / "a"))).summary
     s = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=overrides + ["pate.filter=true"],
                             run_dir=str(tmp_path / "b"))).summary
@@ -164,7 +166,8 @@ def test_a_run_interrupted_in_the_student_resumes_to_the_uninterrupted_result(ti
 
     def fit(name, resume=False):  # CPU: bit-for-bit replay (cuDNN's kernels differ in the last bits)
         return run_pate(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / name), resume=resume,
-                                   overrides=TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10",
+                                   overrides=TINY + ["run.noise=reproducible",  # compared bit for bit
+                                                     "pate.aggregation=confident-gnmax", "budget.epsilon=10",
                                                      "run.device=cpu"])).summary
 
     whole = fit("whole")

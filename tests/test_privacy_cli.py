@@ -156,12 +156,14 @@ def test_report_with_pathways(tmp_path):
     assert "noise:" not in text, "no noise source recorded, none claimed"
 
 
-@pytest.mark.parametrize("secure,expected", [(False, "only while that seed"), (True, "OpenDP")])
+@pytest.mark.parametrize("secure,expected", [(False, "only while that seed"), (True, "ChaCha20")])
 def test_report_states_where_the_noise_came_from(tmp_path, secure, expected):
     PrivacyLedger(tmp_path).spend("labels", LNMaxQueries(40, 10), lambda: [1])
-    write_privacy_json(tmp_path, dgd_pathways(), method="dgd", noise=noise_source(secure, "dgd.secure_noise"))
+    noise = noise_source(secure, "run.noise", draws=10, rho=1e-13, tail=1e-30, epsilon=1.0, delta=1e-5)
+    write_privacy_json(tmp_path, dgd_pathways(), method="dgd", noise=noise)
     text = render_text(run_report(tmp_path))
-    assert expected in text and ("dgd.secure_noise=true" in text) == (not secure)
+    assert expected in text and ("without --seed" in text) == (not secure)
+    assert ("adds 2.0e-13 to ε" in text) == secure  # 2 rho
 
 
 def test_report_errors(tmp_path):

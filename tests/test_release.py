@@ -104,3 +104,40 @@ def test_weights_that_do_not_fit_their_architecture_are_a_clear_error(tmp_path):
     wrong = create_model("paper-cnn", in_channels=1, num_classes=10, image_size=28)
     with pytest.raises(RunError, match="do not fit the architecture"):
         run.load_weights("model", wrong)
+
+
+def test_a_reproducible_noise_run_is_refused_by_export_and_its_card_never_carries_the_seed(tiny_npz, tmp_path):
+    """An explicit seed asks for reproducible noise: said first, refused by export unless asked, and the card says
+    first that the guarantee holds only while the seed stays secret, without ever printing it (issue 62)."""
+    run_dir = tmp_path / "seeded"
+    args = ["dpsgd", "-d", f"npz:{tiny_npz}", "-e", "8", "--seed", "4242", "--run-dir", str(run_dir)]
+    for item in DPSGD:
+        if not item.startswith("budget."):
+            args += ["--set", item]
+    result = CliRunner().invoke(get_app(), args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["noise_secure"] is False
+    with pytest.raises(PrivacyError, match="reproducible"):
+        export_run(run_dir, tmp_path / "refused")
+    refused = runner.invoke(get_app(), ["export", str(run_dir), str(tmp_path / "refused")])
+    assert refused.exit_code != 0 and not (tmp_path / "refused").exists()
+    out = export_run(run_dir, tmp_path / "forced", allow_reproducible_noise=True)
+    card = (out / "README.md").read_text()
+    body = card.split("---\n", 2)[2].lstrip()
+    first = body.split("\n\n")[1]  # after the title
+    assert first.startswith("**Reproducible noise") and "seed" in first and "secret" in first
+    for path in out.iterdir():
+        assert b"4242" not in path.read_bytes(), f"{path.name} carries the seed"
+    from privdistill.release import withhold_seed
+
+    assert withhold_seed("privdistill dpsgd -d mnist --seed 4242 --set run.seed=4242") == \
+        "privdistill dpsgd -d mnist --seed (withheld) --set run.seed=(withheld)"
+
+
+def test_a_default_run_uses_secure_noise_and_states_what_it_adds_to_delta(dp_run, tmp_path):
+    run_dir, summary = dp_run
+    assert summary["noise_secure"] is True and 0 < summary["epsilon_sampling"] < 1e-6
+    assert 0 <= summary["delta_sampling"] < 1e-10
+    card = (export_run(run_dir, tmp_path / "release") / "README.md").read_text()
+    assert "Reproducible noise" not in card and "to epsilon and" in card

@@ -33,6 +33,7 @@ TINY = ["srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.b
         "srr_generator.width=32", "srr.stages=4", "srr.num_samples=160", "srr.batch_size=32",
         "srr.epochs_per_stage=2", "srr.finetune_steps=2", "srr.finetune_batch_size=16",
         "run.threads=1", "run.precision=fp32", "run.progress=false"]
+REPRODUCIBLE = ["run.noise=reproducible"]  # tests that compare two runs bit for bit replay the noise by name
 PER_LABEL = ["budget.accounting=paper"]  # budget.epsilon is then the epsilon per label (the paper's)
 
 
@@ -228,7 +229,8 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
     # bit-for-bit replay is what the CPU guarantees; on CUDA cuDNN's default kernels differ in the last bits (H100)
     from safetensors.torch import load_file
 
-    full = run_srr(request(tiny_npz, tmp_path / "full", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")).summary
+    full = run_srr(request(tiny_npz, tmp_path / "full", *PER_LABEL, *REPRODUCIBLE, "budget.epsilon=1",
+                           "run.device=cpu")).summary
     draws = []
     real_release, real_stats = srr_mod.release_labels, srr_mod.label_stats
 
@@ -244,10 +246,10 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
     monkeypatch.setattr(srr_mod, "release_labels", counting_release)
     monkeypatch.setattr(srr_mod, "label_stats", failing_stats)
     with pytest.raises(_Interrupt):
-        run_srr(request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu"))
+        run_srr(request(tiny_npz, tmp_path / "cut", *PER_LABEL, *REPRODUCIBLE, "budget.epsilon=1", "run.device=cpu"))
     assert len(draws) == 2 and PrivacyLedger(tmp_path / "cut", accounting="paper").keys() == ["stage-1", "stage-2"]
     monkeypatch.setattr(srr_mod, "label_stats", real_stats)
-    req = request(tiny_npz, tmp_path / "cut", *PER_LABEL, "budget.epsilon=1", "run.device=cpu")
+    req = request(tiny_npz, tmp_path / "cut", *PER_LABEL, *REPRODUCIBLE, "budget.epsilon=1", "run.device=cpu")
     req.resume = True
     resumed = run_srr(req).summary
     assert len(draws) == 4, "stage 2's labels were drawn again on resume"
@@ -266,7 +268,7 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache)
 
     args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "1",
             "--accounting", "paper"]
-    for item in TINY + ["srr.stages=8", "srr.num_samples=240", "run.device=cpu"]:  # exact replay: see above
+    for item in TINY + REPRODUCIBLE + ["srr.stages=8", "srr.num_samples=240", "run.device=cpu"]:  # exact replay
         args += ["--set", item]
     env = {**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"}
     subprocess.run(args + ["--run-dir", str(tmp_path / "full")], env=env, check=True, capture_output=True, timeout=300)

@@ -27,6 +27,8 @@ AUGMENTATIONS = ("none", "shift", "flip-shift", "affine")
 
 PRESETS = ("quick", "paper")
 
+NOISE_SOURCES = ("secure", "reproducible")  # run.noise
+
 T = TypeVar("T")
 
 
@@ -36,6 +38,11 @@ class RunOptions:
     """Where and how a run executes (not a hyper-parameter of any method)."""
 
     seed: int = 0
+    # where the privacy noise comes from: "secure" (a CSPRNG keyed from OS entropy, privacy/secure.py; the default,
+    # and what a release needs) or "reproducible" (torch generators seeded from `seed`, for research: the ε then
+    # holds only while the seed stays secret, and `export` refuses the run unless told). An explicit --seed (or
+    # run.seed) without run.noise asks for reproducible noise.
+    noise: str = "secure"
     deterministic: bool = False
     device: str = "auto"
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
@@ -46,6 +53,7 @@ class RunOptions:
 
     def validate(self) -> None:
         _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"run.precision: unknown {self.precision!r}")
+        _check(self.noise in NOISE_SOURCES, f"run.noise must be one of {', '.join(NOISE_SOURCES)}, got {self.noise!r}")
         _check(self.threads >= 0, "run.threads must be >= 0")
         _check(0 <= self.seed < 2**63 - 1, f"run.seed must lie in [0, 2**63 - 1), got {self.seed}")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -88,7 +89,7 @@ class Release:
 
 # ---------------------------------------------------------------------------------------------------- export
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_private: bool = False,
-               generator: bool = False, overwrite: bool = False) -> Path:
+               generator: bool = False, overwrite: bool = False, allow_reproducible_noise: bool = False) -> Path:
     """Write the releasable part of a finished run to `out` (see the module docstring); returns `out`."""
     from privdistill.methods.runner import generator_is_covered
     from privdistill.privacy.report import guarantee, is_label_dp
@@ -108,6 +109,13 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                                "model card will then say so first.")
         warnings.warn(f"exporting a model that is not differentially private as a whole: {sentence}",
                       NonPrivateReleaseWarning, stacklevel=2)
+    if summary.get("noise_secure") is False and summary.get("epsilon_strict") is not None \
+            and not allow_reproducible_noise:
+        raise PrivacyError(f"refusing to export {run}: its privacy noise is reproducible (drawn from generators "
+                           "seeded with the run's seed), so its ε holds only while that seed stays secret. Train "
+                           "again without --seed (secure noise, the default) for a release, or pass "
+                           "--allow-reproducible-noise (Python: allow_reproducible_noise=True) to export it anyway; "
+                           "its model card will then say so first.")
     gen_path = run / "generator.safetensors"
     if generator:
         if not gen_path.is_file():
@@ -147,6 +155,14 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
     return out
 
 
+_SEED = re.compile(r"(--seed[= ]\s*|run\.seed=|\bseed=)[^\s,)]+")
+
+
+def withhold_seed(command: str) -> str:
+    """The command that made a run, with any seed it names withheld: a card never carries one."""
+    return _SEED.sub(lambda m: m.group(1) + "(withheld)", command)
+
+
 def _read_json(path: Path, missing: str) -> dict[str, Any]:
     if not path.is_file():
         raise RunError(missing)
@@ -177,12 +193,16 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
              "  - task: {type: image-classification}", f"    dataset: {{name: {dataset}, type: {dataset}}}",
              "    metrics:", f"    - {{type: accuracy, value: {acc}}}", "---", ""]
     title = "differentially private" if is_dp else "label-DP" if is_label_dp(summary) else "NOT differentially private"
-    lines = [f"# {meta.get('registry_name')} on {dataset}, trained by {method} ({title})", "",
-             f"**Privacy: {sentence}**", ""]
+    lines = [f"# {meta.get('registry_name')} on {dataset}, trained by {method} ({title})", ""]
     if summary.get("noise_secure") is False:
-        lines += ["The privacy noise was drawn from a generator seeded with the run's seed. The seed is not part of "
-                  "this release; the epsilon holds only while it stays secret (a release should set the method's "
-                  "secure noise option, docs/privacy.md).", ""]
+        lines += ["**Reproducible noise: the guarantee below holds only while the seed of the run that made this "
+                  "model stays secret** (its privacy noise was drawn from generators seeded with it; the seed is "
+                  "not part of this release).", ""]
+    lines += [f"**Privacy: {sentence}**", ""]
+    if summary.get("epsilon_sampling") is not None:
+        lines += [f"The secure noise samplers follow the exact laws the accountant prices to within a bounded factor "
+                  f"(float rounding of their acceptance probabilities): that adds {summary['epsilon_sampling']:.1e} "
+                  f"to epsilon and {summary.get('delta_sampling') or 0:.1e} to delta (privacy.json, noise).", ""]
     lines += ["## Privacy", "", "| accounting | epsilon | delta | what it is |", "| --- | --- | --- | --- |",
               f"| strict (dp-accounting) | {_fmt(summary.get('epsilon_strict'))} | {_fmt(summary.get('delta'))} | "
               "the guarantee: composes every recorded use of the private data |",
@@ -223,7 +243,7 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
               "logits = release.model(release.preprocess(uint8_images))  # a plain torch.nn.Module", "```", "",
               f"The architecture is `{meta.get('registry_name')}` from privdistill's model registry, built with "
               f"{json.dumps(kwargs)}; model.safetensors carries these and everything above as metadata.", "",
-              "## How it was made", "", f"- command: `{summary.get('command')}`",
+              "## How it was made", "", f"- command: `{withhold_seed(str(summary.get('command')))}`",
               f"- privdistill {__version__}, git commit {summary.get('git_commit')}",
               f"- wall time {_fmt(summary.get('wall_seconds'))} s on {summary.get('device')}", ""]
     return "\n".join(front + lines)

@@ -111,6 +111,15 @@ def _quiet_library_warnings() -> None:
 
     for pattern in _LIBRARY_NOISE:
         warnings.filterwarnings("ignore", message=pattern)
+    default_show = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        # privdistill's own warnings are sentences for the user: one line on stderr, as they happen
+        if not getattr(category, "__module__", "").startswith("privdistill"):
+            return default_show(message, category, filename, lineno, file, line)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
 
 
 # An operating-system refusal to write (or read) a file: the run directory became unwritable or its disk filled up.

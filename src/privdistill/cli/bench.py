@@ -151,6 +151,25 @@ def teachers(dataset: Annotated[str, typer.Option("--dataset", "-d")] = "mnist",
     console.print(table)
 
 
+@app.command("noise")
+def noise(size: Annotated[int, typer.Option("--size", help="coordinates a draw (default: one step of the "
+                                                         "quickstart's DP-SGD head)")] = 39_700,
+          repeats: Annotated[int, typer.Option("--repeats", help="best of this many, interleaved")] = 7,
+          opendp_size: Annotated[int, typer.Option("--opendp-size", help="draws timed for OpenDP (0: skip)")] = 2_000,
+          ) -> None:
+    """Draws per second of each secure sampler against torch's plain noise on the same shape (and OpenDP's)."""
+    from privdistill.bench.noise import bench_noise, machine
+
+    rows = bench_noise(size=size, repeats=repeats, opendp_size=opendp_size)
+    table = Table(title=f"secure noise, {size:,} coordinates a draw ({machine()})")
+    for col in ("sampler", "secure M draws/s", "plain M draws/s", "secure / plain", "OpenDP k draws/s"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.name, f"{1e3 / r.secure_ns:.1f}", f"{1e3 / r.plain_ns:.1f}", f"{r.ratio:.1f}x",
+                      "-" if r.opendp_ns is None else f"{1e6 / r.opendp_ns:.0f}")
+    console.print(table)
+
+
 @app.command("report")
 def report(results_dir: Annotated[Path, typer.Option("--results", help="results directory")] = Path("results"),
            doc: Annotated[Path, typer.Option("--doc", help="markdown file to update")] = Path("docs/results.md"),

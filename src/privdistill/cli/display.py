@@ -50,9 +50,10 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
     console.print(f"[{style}]Privacy:[/] {sentence}", highlight=False)
     if summary.get("epsilon_paper") is not None and summary.get("epsilon_strict") is not None \
             and summary.get("noise_secure") is False:
-        console.print("[yellow]Seeded noise:[/] the privacy noise was drawn from a generator seeded with the run's "
-                      "seed (saved in config.yaml); the ε holds only while that seed stays secret. For a release, "
-                      "set the method's secure_noise (DP-SGD: secure_mode) to true.", highlight=False)
+        console.print("[yellow]Reproducible noise:[/] the privacy noise was drawn from generators seeded with the "
+                      "run's seed (saved in config.yaml); the ε holds only while that seed stays secret, and export "
+                      "refuses the run. For a release, train without --seed (secure noise is the default).",
+                      highlight=False)
 
 
 def _runs(items: list[str]) -> list[tuple[str, int]]:

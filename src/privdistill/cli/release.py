@@ -20,6 +20,10 @@ def export_command(
     generator: Annotated[bool, typer.Option(
         "--generator", help="also export the run's generator (refused unless its epsilon covers it)")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace OUT if it exists")] = False,
+    allow_reproducible_noise: Annotated[bool, typer.Option(
+        "--allow-reproducible-noise", help="export a run whose privacy noise a seed regenerates (refused "
+                                           "otherwise); its model card says first that the guarantee holds only "
+                                           "while the seed stays secret")] = False,
 ) -> None:
     """Export a run's released classifier: weights with their metadata, a model card (what ε covers and what it
     does not, accuracy, audits, preprocessing) and the privacy report; never checkpoints, the ledger or the seed.
@@ -30,7 +34,7 @@ def export_command(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NonPrivateReleaseWarning)
         path = export_run(run_dir, out, allow_non_private=allow_non_private, generator=generator,
-                          overwrite=overwrite)
+                          overwrite=overwrite, allow_reproducible_noise=allow_reproducible_noise)
     if any(issubclass(w.category, NonPrivateReleaseWarning) for w in caught):
         console.print("[red]warning:[/] exported with --allow-non-private: this release is not differentially "
                       "private as a whole (its model card says so first)", highlight=False)

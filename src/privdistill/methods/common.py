@@ -4,6 +4,7 @@ load the data, and write the summary (optionally recorded under results/<preset>
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,12 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     resolved = resolve_sections({"run": RunOptions, **sections}, preset=request.preset, dataset=dataset,
                                 config_file=request.config_file, overrides=request.overrides)
     options: RunOptions = resolved["run"]
+    preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
+                                          overrides=request.overrides)
+    apply_noise_policy(resolved, chosen)
     env = Env.from_options(options)
     data = load_data(dataset, options.data_root, seed=options.seed)
     # the preset's sizes and vote noise refitted to this dataset's N before anything is keyed or planned
-    preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
-                                          overrides=request.overrides)
     resolved, notes = fit_to_data(resolved, data, preset_values=preset_values, chosen=chosen)
     if "budget" in resolved:  # δ against the N private records, before any work (no run directory yet)
         check_delta_for_records(resolved["budget"].delta, len(data.train))
@@ -68,6 +70,34 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     run = RunDir.open(run_dir, config=config, resume=request.resume)
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter(),
                     notes=notes)
+
+
+class ReproducibleNoiseWarning(UserWarning):
+    """A run whose privacy noise a seed regenerates: said first, before anything trains (and refused by export)."""
+
+
+#: the method options that switch secure noise on; each follows run.noise unless set explicitly
+SECURE_FLAGS = ("secure_noise", "secure_mode")
+
+
+def apply_noise_policy(resolved: dict[str, Any], chosen: set[str]) -> bool:
+    """Secure noise unless reproducible noise is asked for by name: run.noise=reproducible, or an explicit seed
+    (--seed, run.seed) without run.noise. Every method's secure flag left unset follows; returns whether the run's
+    noise is secure. A reproducible run is said in a warning before anything trains."""
+    options = resolved["run"]
+    if "run.seed" in chosen and "run.noise" not in chosen:
+        options.noise = "reproducible"
+    secure = options.noise == "secure"
+    for section in resolved.values():
+        for flag in SECURE_FLAGS:
+            if hasattr(section, flag) and getattr(section, flag) is None:
+                setattr(section, flag, secure)
+    if not secure:
+        warnings.warn("reproducible privacy noise: every draw is regenerated from the run's seed, so the stated ε "
+                      "holds only while the seed stays secret; `export` refuses this run unless "
+                      "--allow-reproducible-noise is given (drop --seed / run.noise for secure noise)",
+                      ReproducibleNoiseWarning, stacklevel=3)
+    return secure
 
 
 BUDGET_KEYWORDS = ("epsilon", "max_epsilon", "delta", "accounting", "privacy")

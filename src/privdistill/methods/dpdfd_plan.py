@@ -85,7 +85,7 @@ class DPDFDConfig:
     eval_every: int = 250
     checkpoint_every: int = 50
     ledger_chunk: int = 100
-    secure_noise: bool = False
+    secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label used by --record; None: derived from the configuration
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("student_ema",)  # runs started before it stay resumable
 

@@ -81,7 +81,7 @@ class DPSGDConfig:
     # DP fine-tuning; "default": PyTorch's random initialisation, whose random logits the noisy steps must unlearn
     head_init: str = "default"
     noise_seed: int | None = None  # seed of the sampling and noise generators (default: the run seed)
-    secure_mode: bool = False  # noise from OpenDP's samplers, batches from OS entropy (privacy.secure)
+    secure_mode: Optional[bool] = None  # secure noise and OS-entropy batches; None: run.noise decides (common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment_copies", "head_init")  # runs started before it stay resumable
 

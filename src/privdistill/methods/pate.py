@@ -72,7 +72,7 @@ class PATEConfig:
     filter: bool = False
     holdout: float = 1 / 6  # the held-out public slice: records, or a fraction below 1 (engine.holdout; as dgd.holdout)
     noise_seed: Optional[int] = None
-    secure_noise: bool = False
+    secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name (default: the aggregator)
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("filter",)  # runs started before the option stay resumable
 

@@ -17,10 +17,12 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from torch import nn
 
+from privdistill.atomic import atomic_write_text
 from privdistill.engine import RunDir
 from privdistill.engine.cache import StageCache
 from privdistill.engine.stages import Stages
@@ -31,6 +33,7 @@ from privdistill.methods.dry_run import check_own_budget, dry_run_info
 from privdistill.privacy.events import PrivacyEvent
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway, noise_source, write_privacy_json
+from privdistill.privacy.secure import TALLY
 
 ACCOUNTINGS = ("strict", "paper")
 
@@ -228,6 +231,26 @@ class DryRunPlan(Exception):
         self.info = info
 
 
+NOISE_DRAWS = "noise_draws.json"  # the secure samplers' draws and bounds, summed over a run's invocations
+
+
+def noise_draws(run_dir) -> dict[str, float]:
+    """Add this invocation's secure draws (privacy.secure.TALLY) to those recorded in the run directory, so that a
+    resumed run keeps the earlier invocations' share of what they add to ε and δ; returns the run's totals."""
+    path = Path(run_dir) / NOISE_DRAWS
+    total = json.loads(path.read_text()) if path.is_file() else {"draws": 0, "rho": 0.0, "tail": 0.0}
+    total = {"draws": int(total["draws"]) + TALLY.draws, "rho": float(total["rho"]) + TALLY.rho,
+             "tail": float(total["tail"]) + TALLY.tail}
+    atomic_write_text(path, json.dumps(total) + "\n")
+    TALLY.reset()
+    return total
+
+
+def _sampling(noise: dict[str, Any], key: str) -> float | None:
+    added = noise.get(key)
+    return None if added is None else float(f"{added:.3g}")
+
+
 def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
     prep = prepare_run(method.name, request, {"budget": Budget, **method.sections})
     budget: Budget = prep.sections["budget"]
@@ -247,7 +270,9 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
     if request.dry_run:
         raise DryRunPlan(dry_run_info(method, ctx, plan, ledger))
 
+    TALLY.reset()  # this invocation's secure draws; earlier invocations' are in the run directory (noise_draws)
     trained = method.train(ctx, plan, ledger)
+    sampled = noise_draws(prep.run.path)
     student = trained.student
     accuracy = evaluate(student, prep.data.test, prep.env)
     prep.run.save_weights(method.weights_name, student, metadata={"method": method.name})
@@ -258,15 +283,16 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
     uncovered = [p.via for p in report.pathways[method.weights_name] if not p.covered]
     if budget.privacy == "end-to-end" and uncovered:  # check_end_to_end let through what it should have refused
         raise RunError(f"end-to-end run left pathways uncovered ({'; '.join(uncovered)}): the release is withheld")
-    noise = noise_source(report.secure_noise, report.noise_option)
-    extra = dict(report.extra)
-    if report.statement is not None:
-        extra["statement"] = report.statement
-    write_privacy_json(prep.run.path, report.pathways, method=method.name, noise=noise, extra=extra)
     if report.epsilon is not None:
         eps = report.epsilon
     else:
         eps = {name: r.value for name, r in ledger.epsilon_both().items()}
+    noise = noise_source(report.secure_noise, report.noise_option, draws=sampled["draws"], rho=sampled["rho"],
+                         tail=sampled["tail"], epsilon=eps["strict"], delta=budget.delta)
+    extra = dict(report.extra)
+    if report.statement is not None:
+        extra["statement"] = report.statement
+    write_privacy_json(prep.run.path, report.pathways, method=method.name, noise=noise, extra=extra)
     wall = trained.wall_seconds if trained.wall_seconds is not None else time.perf_counter() - prep.started
     summary = finish_run(
         prep, request, method=method.summary_name(ctx), wall_seconds=wall,
@@ -274,7 +300,8 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
         baseline_accuracy=None if trained.baseline_accuracy is None else round(float(trained.baseline_accuracy), 4),
         epsilon_paper=round_epsilon(eps["paper"]), epsilon_strict=round_epsilon(eps["strict"]), delta=budget.delta,
         target_epsilon=budget.epsilon, max_epsilon=budget.max_epsilon, accounting=budget.accounting,
-        noise_secure=noise["secure"],
+        noise_secure=noise["secure"], epsilon_sampling=_sampling(noise, "epsilon_added"),
+        delta_sampling=_sampling(noise, "delta_added"),
         not_covered=uncovered, privacy_scope=budget.privacy,
         plan_notes=plan.notes, **{**trained.fields, **report.fields})
     privacy = json.loads((prep.run.path / "privacy.json").read_text())

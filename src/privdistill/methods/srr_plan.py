@@ -29,7 +29,7 @@ class SRRConfig:
     stages: int = 20  # T
     num_samples: int = 0  # labels drawn in all: synthetic samples (data-free) or private records (label-dp); 0 = |D|
     threshold: Optional[float] = None  # t; None = 1/(2K)
-    secure_noise: bool = False  # draw the label noise from an OS-seeded generator (not reproducible)
+    secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # name suffix of the recorded result; None: from setting and mechanism
     # student
     student_model: str = "paper-cnn"

@@ -230,17 +230,28 @@ def guarantee(summary: Mapping[str, Any]) -> tuple[bool, str]:
                   f"{relation.split(':')[0]}): every pathway from the private data to the released model is covered.")
 
 
-def noise_source(secure: bool, option: str) -> dict[str, Any]:
-    """Where a run's privacy noise came from, and what that means for its ε (``option``: the config key that
-    switches to OS entropy). A seeded generator makes runs reproducible, but anyone who knows the seed (it is
-    saved in the run's config.yaml) can redraw the noise and subtract it."""
+def noise_source(secure: bool, option: str, *, draws: int = 0, rho: float = 0.0, tail: float = 0.0,
+                 epsilon: float | None = None, delta: float | None = None) -> dict[str, Any]:
+    """Where a run's privacy noise came from, and what that means for its ε and δ (``option``: the config key that
+    chose it). A seeded generator makes runs reproducible, but anyone who knows the seed (it is saved in the run's
+    config.yaml) can redraw the noise and subtract it. Secure draws follow the exact laws the accountants price up
+    to a factor e^rho on the bulk and a mass `tail` outside it (sums over the run's draws, privacy/secure.py): the
+    run is (ε + 2 rho, e^rho δ + (1 + e^(ε + 2 rho)) tail)-DP where the exact mechanism is (ε, δ)-DP."""
     if secure:
-        return {"secure": True, "statement": "privacy noise drawn by OpenDP's samplers from OS entropy (discrete "
-                                             "noise, no floating-point attack; not reproducible): nothing in the "
-                                             "run directory regenerates it"}
-    return {"secure": False, "statement": f"privacy noise drawn from a generator seeded with the run's seed "
-                                          f"(saved in config.yaml): the ε holds only while that seed and the "
-                                          f"config stay secret; set {option}=true for a release"}
+        eps_added = 2 * rho
+        delta_added = None
+        if epsilon is not None:
+            delta_added = math.expm1(rho) * (delta or 0.0) + (1 + math.exp(min(epsilon + eps_added, 700.0))) * tail
+        sampling = (f"; its {draws:,} draws follow the exact laws to within a factor e^{rho:.1e}, which adds "
+                    f"{eps_added:.1e} to ε and {delta_added:.1e} to δ" if draws and delta_added is not None else "")
+        return {"secure": True, "draws": int(draws), "rho": rho, "tail": tail, "epsilon_added": eps_added,
+                "delta_added": delta_added,
+                "statement": "privacy noise from ChaCha20 keyed by OS entropy on every draw (discrete noise on the "
+                             "integers or on a grid fixed by the noise scale: no floating-point attack; not "
+                             "reproducible): nothing in the run directory regenerates it" + sampling}
+    return {"secure": False, "statement": "reproducible privacy noise, drawn from generators seeded with the run's "
+                                          "seed (saved in config.yaml): the ε holds only while that seed stays "
+                                          f"secret; for a release, run without --seed ({option} = secure)"}
 
 
 def write_privacy_json(run_dir: str | os.PathLike, artifacts: Mapping[str, Sequence[Pathway]], *,

@@ -1,6 +1,6 @@
 """Secure noise: every privacy draw from a cryptographically secure stream, a whole tensor at a time.
 
-What it protects against, beyond a seeded run (``noise_source(seed)``):
+What it protects against, beyond a reproducible run (``noise_source(seed)``):
 
 * A known seed. Every call keys a fresh ChaCha20 stream (pyca/cryptography, OpenSSL's implementation) with 256
   bits from the operating system's CSPRNG (``os.urandom``); the key lives only for that call and nothing that
@@ -13,34 +13,29 @@ What it protects against, beyond a seeded run (``noise_source(seed)``):
   and gets discrete noise on that grid: the output is (round(x / h) + Y) * h with Y a discrete Laplace / Gaussian
   of scale scale / h. The set of reachable outputs is the grid, whatever x is.
 
-How the draws are made (vectorised: numpy over arrays, rejection rounds until every coordinate is accepted):
+How the draws are made (`_Sampler`): CKS20's discrete Laplace (a uniform U on a power-of-two block kept with
+probability exp(-U/b), plus the block times a geometric V) and discrete Gaussian (the discrete Laplace kept with
+CKS20's probability), as one rejection loop compiled with numba over the stream's 32-bit words; randomized response
+keeps the label with probability p, else takes a uniform other member of the record's set.
 
-* discrete Laplace of scale b (CKS20, Algorithm 2 with a power-of-two block T >= b): U uniform on {0..T-1} kept
-  with probability exp(-U/b); V geometric, P(V >= k) = exp(-kT/b), by repeated Bernoulli trials; X = U + T V; a
-  fair sign, rejecting (-, 0). The output is exactly discrete-Laplace distributed up to the Bernoulli trials below.
-* discrete Gaussian of scale sigma (CKS20, Algorithm 3): Y from the discrete Laplace of scale t (a power of two
-  near sigma; the algorithm is correct for every t > 0), kept with probability exp(-(|Y| - sigma^2/t)^2 / (2
-  sigma^2)).
-* randomized response on a set of k members: keep with probability p, else a uniform other member.
-
-Exactness. Every random choice above is either a uniform integer taken from the stream's bits (exact: T is a power
-of two) or a Bernoulli trial u < p with u a 53-bit uniform and p a float64 evaluated with numpy's exp. Each such
-trial's probability is off by at most BERNOULLI_ERROR = 2^-50 (granularity 2^-53, plus the rounding of exp and
-of its argument: a few ulps of p times a factor x e^-x <= 1, bounded generously). Coupling the exact algorithm with
-this one trial by trial, the two outputs differ with probability at most (expected trials) x 2^-50: that is the
-total-variation distance of each draw from the exact law, ``tv_per_draw`` (about 1e-14 for every sampler here;
-the trials are counted analytically, ``expected_trials``). n draws are within n x tv of the exact joint law, and a
-mechanism (ε, δ)-DP under the exact law is (ε, δ + (1 + e^ε) n tv)-DP under this one; ``TALLY`` counts the draws
-and their bound so that the run can state it and add it to δ (privacy/report.py).
+Exactness, and what is added to ε and δ. Every uniform integer is exact. Every Bernoulli trial compares a uniform
+of unbounded precision (drawn 32 bits at a time, the next word only on a tie) with a float64 probability p̂, so it
+succeeds with probability exactly p̂; V counts exact 192-bit thresholds floor(q^k 2^192). What is not exact is p̂
+itself: exp and its argument are rounded, a relative error of at most r (a few ulps, times the argument; computed
+per sampler, `_Sampler.bounds`). On the bulk of the law (|x| up to 12 sigma for the Gaussian, 70 b for the
+Laplace) every output's probability is therefore within a factor exp(rho) of the exact law's, rho = 3 r plus the
+thresholds' share (~1e-13 for the samplers here); outside it lies a mass `tail` < 1e-30 of the exact law. For a
+run of n draws whose exact mechanism is (ε, δ)-DP, the run is (ε + 2 n rho, e^(n rho) δ + (1 + e^ε') n tail)-DP:
+``TALLY`` sums rho and tail over the draws, the run reports both additions (privacy/report.py; about 2e-6 on ε for
+the quickstart's 11.6 million draws, and nothing measurable on δ).
 
 Grid rounding moves each coordinate by at most h/2 before the noise (and the noise is on the grid): the L2
 sensitivity grows by at most sqrt(d) h = sqrt(d) scale 2^-GRID_BITS (L1: d h), a relative change of
 sqrt(d) (scale/Δ) 2^-30 (about 2e-7 for DP-SGD's 39,700-coordinate head at noise multiplier 1): below the precision
 any ε here is printed with.
 
-Speed (privdistill bench noise; docs/benchmarks.md): the stream gives about 4 GB/s on one core; the samplers cost a
-small multiple of torch.randn on the same shape. OpenDP (its exact samplers over Python lists, ~10-30 µs a
-coordinate) is the reference the tests compare the laws with.
+Speed: `privdistill bench noise` (docs/benchmarks.md). OpenDP's exact samplers (~10-30 µs a coordinate over Python
+lists) are the reference the tests compare the laws with.
 """
 
 from __future__ import annotations
@@ -52,6 +47,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import mpmath
 import numba
 import numpy as np
 import torch
@@ -60,13 +56,15 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from privdistill.errors import PrivacyError
 
 GRID_BITS = 30  # real-valued noise lives on the grid h = 2^(floor(log2 scale) - GRID_BITS) (module docstring)
-BERNOULLI_ERROR = 2.0 ** -50  # bound on |P(u < p̂) - p| for one Bernoulli trial (module docstring)
-_MASK53 = np.uint64((1 << 53) - 1)
+ULP = 2.0 ** -53  # float64's unit roundoff
+EXP_ULPS = 2  # exp's error in ulps assumed by the bounds (libm: < 1; tests/test_secure_noise.py measures it)
+THRESHOLD_WORDS = 6  # V's thresholds floor(q^k 2^192), as six 32-bit words
+BULK_SIGMAS, BULK_SCALES = 12, 70  # the bulk of the Gaussian (in sigma) and of the Laplace (in b)
 _TWO_M53 = 2.0 ** -53
 
 
 class SecureStream:
-    """Uniform 64-bit words from ChaCha20 keyed from os.urandom on every call (no state survives a call)."""
+    """Uniform words from ChaCha20 keyed from os.urandom on every call (no state survives a call)."""
 
     def words(self, n: int) -> np.ndarray:
         if n <= 0:
@@ -86,20 +84,23 @@ class SecureStream:
 
 @dataclass
 class Tally:
-    """Draws made by the secure samplers in this process and the bound on their total-variation distance from
-    the exact laws (module docstring). ``reset`` at the start of a run; read by the run's privacy report."""
+    """The secure draws made in this process, with the sums of their bounds (module docstring): `rho`, each
+    draw's log-probability ratio to the exact law on its bulk, and `tail`, the exact law's mass outside it.
+    ``reset`` at the start of a run; read by the run's privacy report (privacy/report.py)."""
 
     draws: int = 0
-    tv: float = 0.0
+    rho: float = 0.0
+    tail: float = 0.0
 
-    def add(self, draws: int, tv_per_draw: float) -> None:
+    def add(self, draws: int, rho: float, tail: float) -> None:
         with _LOCK:
             self.draws += int(draws)
-            self.tv += int(draws) * tv_per_draw
+            self.rho += int(draws) * rho
+            self.tail += int(draws) * tail
 
     def reset(self) -> None:
         with _LOCK:
-            self.draws, self.tv = 0, 0.0
+            self.draws, self.rho, self.tail = 0, 0.0, 0.0
 
 
 _LOCK = threading.Lock()
@@ -114,49 +115,49 @@ class _Sampler:
     """CKS20's discrete Laplace / discrete Gaussian as one rejection sampler, compiled (module docstring).
 
     A candidate is X = U + T V: U uniform on {0..T-1} and a sign from one 32-bit word; V geometric with
-    P(V >= k) = q^k, q = exp(-T/b), by inverse CDF: V counts the thresholds floor(q^k 2^64) above a 64-bit uniform w
-    (exact up to 2^-64 a threshold and their float rounding; w's low half is drawn only when its high half ties a
-    threshold's, one time in 2^32). It is kept with probability exp(-U/b), which makes X discrete-Laplace of scale b
-    (P(X = x) ∝ exp(-|x|/b)), times, for the Gaussian, CKS20's exp(-(|X| - sigma^2/b)^2 / (2 sigma^2)): one
-    Bernoulli trial with the product of both probabilities (the same acceptance as two independent trials), decided
-    on a 64-bit uniform drawn 32 bits at a time (the second half only on a tie); (-, 0) is rejected.
+    P(V >= k) = q^k, q = exp(-T/b), by inverse CDF: V counts the thresholds floor(q^k 2^192) above a uniform w
+    read 32 bits at a time (the next word only while w ties a threshold). It is kept with probability exp(-U/b),
+    which makes X discrete-Laplace of scale b (P(X = x) ∝ exp(-|x|/b)), times, for the Gaussian, CKS20's
+    exp(-(|X| - sigma^2/b)^2 / (2 sigma^2)): one Bernoulli trial with the product of both probabilities (the same
+    acceptance as two independent trials), decided exactly against the float64 product; (-, 0) is rejected.
 
-    T is a power of two about b/4 (b: the Laplace scale; for the Gaussian, CKS20's t, a power of two near sigma:
-    the algorithm is correct for every t > 0): U is then kept 88 % of the time, at the price of a longer walk
-    along the thresholds for V, which costs a compare a step.
+    T is a power of two about b / BLOCK_DIVISOR (b: the Laplace scale; for the Gaussian, CKS20's t, a power of two
+    near sigma: the algorithm is correct for every t > 0): U is then kept 88 % of the time, at the price of a
+    longer walk along the thresholds for V, which costs a compare a step.
     """
 
     def __init__(self, distribution: str, scale: float):
         self.distribution, self.scale = distribution, float(scale)
-        if self.scale >= 2.0 ** 40:
-            raise PrivacyError(f"integer noise of scale {self.scale:.3g} is beyond the samplers here (< 2^40)")
+        if not 0 < self.scale < 2.0 ** 40:
+            raise PrivacyError(f"integer noise of scale {self.scale:.3g} is beyond the samplers (0 < scale < 2^40)")
         if distribution == "laplace":
             self.b = self.scale
         else:
             self.b = float(2.0 ** max(0, round(math.log2(self.scale)))) if self.scale > 1 else 1.0
         self.block_bits = max(0, math.floor(math.log2(self.b / BLOCK_DIVISOR))) if self.b >= 2 * BLOCK_DIVISOR else 0
         self.block = 1 << self.block_bits
-        q = math.exp(-self.block / self.b)
+        q = mpmath.exp(-mpmath.mpf(self.block) / mpmath.mpf(self.b))
+        bits = 32 * THRESHOLD_WORDS
         thresholds = []
-        while True:
-            value = math.floor(q ** (len(thresholds) + 1) * 2.0 ** 64)
-            if value <= 0:
-                break
-            thresholds.append(min(value, (1 << 64) - 1))
-        self.th_hi = np.array([t >> 32 for t in thresholds], dtype=np.uint32)
-        self.th_lo = np.array([t & 0xFFFFFFFF for t in thresholds], dtype=np.uint32)
+        with mpmath.workprec(bits + 64):
+            while len(thresholds) < 100_000:
+                value = int(mpmath.floor(q ** (len(thresholds) + 1) * mpmath.mpf(2) ** bits))
+                if value <= 0:
+                    break
+                thresholds.append(value)
+        self.th = np.array([[(t >> (32 * (THRESHOLD_WORDS - 1 - j))) & 0xFFFFFFFF for j in range(THRESHOLD_WORDS)]
+                            for t in thresholds], dtype=np.uint32).reshape(-1, THRESHOLD_WORDS)
+        self.th_hi = np.ascontiguousarray(self.th[:, 0])
+        self.q = float(q)
         self.centre = self.scale * self.scale / self.b
         self.two_var = 2 * self.scale * self.scale
-        self.acceptance = self._acceptance(q)
-        # per candidate one approximate Bernoulli trial, and V's thresholds (their rounding, about 1e-16 in all, is
-        # counted as one more trial); 1 / acceptance candidates an output
-        self.trials = 2 / self.acceptance
-        self.words_per_candidate = 3.01
+        self.acceptance = self._acceptance(self.q)
+        self.rho, self.tail = self.bounds()
 
     def _acceptance(self, q: float) -> float:
-        """P(a candidate is kept). Before the trial P(X = x) = (1 - q) q^floor(x/T) / T; times exp(-(x mod T)/b)
-        that is (1 - q) exp(-x/b) / T, for each sign; the Gaussian factor and the (-, 0) rejection on top. Summed
-        exactly while that is cheap, else by a fine Riemann sum of the same smooth summand, less a 1 % margin."""
+        """P(a candidate is kept), for sizing the batches. Before the trial P(X = x) = (1 - q) q^floor(x/T) / T;
+        times exp(-(x mod T)/b) that is (1 - q) exp(-x/b) / T, for each sign; the Gaussian factor and the (-, 0)
+        rejection on top."""
         if self.distribution == "laplace":
             return (1 - q) / self.block * (1 / -math.expm1(-1 / self.b) - 0.5)
         span = int(self.centre + 40 * self.scale) + 2
@@ -167,6 +168,30 @@ class _Sampler:
             x = np.linspace(0.0, span, 4_000_001)
             total = 0.99 * float(np.trapezoid(gauss(x), x))
         return (1 - q) / self.block * total
+
+    def bounds(self) -> tuple[float, float]:
+        """(rho, tail) of one draw (module docstring). On the bulk |x| <= x_max the trial's p̂ is exp of a float
+        argument gamma (at most a few roundings: relative error 4 ulp of gamma, plus the rounding of sigma^2/b,
+        which moves gamma by |x - c| c 2 ulp / sigma^2) with exp's own EXP_ULPS: relative error r. The thresholds
+        are exact floors at 2^-192, a relative error of P(V = k) at most 2^-191 / (q^k (1 - q)) up to the bulk's
+        k. A candidate's weight is off by a factor within (1 ± (r + r_V)), and so is the normaliser (the bulk's
+        share; outside it the candidates carry at most the tail's mass): |log P'/P| <= rho = 3 (r + r_V) + 2 tail."""
+        gaussian = self.distribution == "gaussian"
+        x_max = math.ceil(BULK_SIGMAS * self.scale if gaussian else BULK_SCALES * self.scale) + 1
+        if gaussian:
+            gamma = self.block / self.b + (x_max + self.centre) ** 2 / self.two_var
+            r = gamma * 4 * ULP + (x_max + self.centre) * self.centre * 2 * ULP / (self.scale ** 2) \
+                + EXP_ULPS * ULP
+            # exact law's mass beyond x_max: 2 sum_{x >= x_max} e^{-x^2/2s^2} / Z, Z >= max(1, 0.99 s sqrt(2 pi))
+            z = max(1.0, 0.99 * self.scale * math.sqrt(2 * math.pi))
+            tail = 2 * math.exp(-x_max ** 2 / self.two_var) / -math.expm1(-x_max / self.scale ** 2) / z
+        else:
+            r = (self.block / self.b) * 4 * ULP + EXP_ULPS * ULP
+            # P(|X| >= x_max) = 2 e^{-x_max/b} / (1 + e^{-1/b})
+            tail = 2 * math.exp(-x_max / self.b) / (1 + math.exp(-1 / self.b))
+        k_max = min(x_max // self.block + 1, len(self.th))
+        r_v = 2.0 ** -191 / (self.q ** k_max * (1 - self.q))
+        return 3 * (r + r_v) + 2 * tail, tail
 
     def sample(self, stream: SecureStream, n: int) -> np.ndarray:
         out = np.empty(n, dtype=np.int64)
@@ -181,13 +206,15 @@ class _Sampler:
     def _fill(self, stream: SecureStream, out: np.ndarray) -> None:
         filled = 0
         while filled < out.size:
-            words = stream.words32(int((out.size - filled) / self.acceptance * self.words_per_candidate * 1.02) + 64)
+            words = stream.words32(int((out.size - filled) / self.acceptance * 3.1) + 2 * RESERVE)
             filled = _candidates(words, out, filled, self.block_bits, self.b, self.centre, 1 / self.two_var,
-                                 self.distribution == "gaussian", self.th_hi, self.th_lo)
+                                 self.distribution == "gaussian", self.th_hi, self.th)
 
 
 BLOCK_DIVISOR = 4  # T is about b / BLOCK_DIVISOR (the class docstring; measured fastest of 1, 2, 4, 8)
 PARALLEL_FROM = 16_384  # draws from which the sampler splits the work over two threads
+UNROLLED = 16  # V's first thresholds, compared without branches (a longer walk is the rare slow path)
+RESERVE = 64  # words a candidate may need at the most: it starts only with that many left (no candidate is cut)
 
 
 @functools.lru_cache(maxsize=1)
@@ -195,22 +222,37 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix="privdistill-noise")
 
 
-UNROLLED = 16  # V's first thresholds, compared without branches (a longer walk is the rare slow path)
+@numba.njit(cache=True, nogil=True)
+def _below(words, pos, p):  # pragma: no cover - compiled
+    """Whether a uniform of unbounded precision, read from words[pos:] 32 bits at a time, is below the float p in
+    [0, 1]: exactly P = p. Returns (below, next position)."""
+    scaled = p * 4294967296.0
+    while True:
+        high = math.floor(scaled)
+        a = float(words[pos])
+        pos += 1
+        if a < high:
+            return True, pos
+        if a > high:
+            return False, pos
+        scaled = (scaled - high) * 4294967296.0  # exact: a float64 has 53 bits to shift out
+        if scaled == 0.0:
+            return False, pos
 
 
 @numba.njit(cache=True, nogil=True)
-def _candidates(words, out, filled, block_bits, b, centre, inv_two_var, gaussian, th_hi, th_lo
+def _candidates(words, out, filled, block_bits, b, centre, inv_two_var, gaussian, th_hi, th
                 ):  # pragma: no cover - compiled
-    """Candidates (the class docstring) from the 32-bit words until `out` is full or the words may run short;
-    returns the new fill. Compiled with numba and kept free of unpredictable branches on the common path (a
-    random accept/reject branch would cost more than the arithmetic): a candidate costs a few nanoseconds."""
+    """Candidates (the class docstring) from the 32-bit words until `out` is full or fewer than RESERVE words are
+    left; returns the new fill. Kept free of unpredictable branches on the common path (a random accept/reject
+    branch costs more than the arithmetic)."""
     mask = np.uint32((1 << block_bits) - 1)
     block = float(1 << block_bits)
     inv_b = 1.0 / b
     levels = th_hi.size
     quick = min(UNROLLED, levels)
     pos = 0
-    end = words.size - 6  # a candidate reads at most 6 words
+    end = words.size - RESERVE
     while filled < out.size and pos <= end:
         first = words[pos]
         w_hi = words[pos + 1]
@@ -218,12 +260,20 @@ def _candidates(words, out, filled, block_bits, b, centre, inv_two_var, gaussian
         v = 0
         for k in range(quick):
             v += w_hi < th_hi[k]
-        # V is settled by the high half unless it ties the threshold it stopped at, or the walk runs past `quick`
+        # V is settled by the high word unless it ties the threshold it stopped at, or the walk runs past `quick`
         if v == quick or w_hi == th_hi[v]:
-            w_lo = words[pos]
-            pos += 1
+            low = pos  # w's further words, read only on ties
+            pos += th.shape[1] - 1
             v = 0
-            while v < levels and (w_hi < th_hi[v] or (w_hi == th_hi[v] and w_lo < th_lo[v])):
+            while v < levels:
+                j = 0
+                while j < th.shape[1]:
+                    word = w_hi if j == 0 else words[low + j - 1]
+                    if word != th[v, j]:
+                        break
+                    j += 1
+                if j == th.shape[1] or (w_hi if j == 0 else words[low + j - 1]) > th[v, j]:
+                    break  # w >= threshold: V stops here
                 v += 1
         u = float(first & mask)
         x = u + block * v
@@ -231,13 +281,7 @@ def _candidates(words, out, filled, block_bits, b, centre, inv_two_var, gaussian
         if gaussian:
             d = x - centre
             log_p -= d * d * inv_two_var
-        scaled = math.exp(log_p) * 4294967296.0  # p 2^32: keep iff the 64-bit uniform a.a_lo < p 2^64
-        a = float(words[pos])
-        pos += 1
-        keep = a + 1.0 <= scaled  # a < floor(p 2^32): settled on the high half
-        if a <= scaled and not keep:  # a == floor(p 2^32) (one time in 2^32): the low half decides
-            keep = float(words[pos]) < (scaled - a) * 4294967296.0
-            pos += 1
+        keep, pos = _below(words, pos, math.exp(log_p))
         negative = first >= np.uint32(1 << 31)
         keep &= not (negative and x == 0)
         out[filled] = -np.int64(x) if negative else np.int64(x)
@@ -256,9 +300,10 @@ def sampler(distribution: str, scale: float) -> _Sampler:
     return _SAMPLERS[key]
 
 
-def tv_per_draw(distribution: str, scale: float) -> float:
-    """Bound on one draw's total-variation distance from the exact discrete law (module docstring)."""
-    return sampler(distribution, scale).trials * BERNOULLI_ERROR
+def draw_bounds(distribution: str, scale: float) -> tuple[float, float]:
+    """(rho, tail) of one draw of the integer sampler at this scale (module docstring)."""
+    draw = sampler(distribution, scale)
+    return draw.rho, draw.tail
 
 
 def grid_step(scale: float) -> float:
@@ -287,7 +332,7 @@ class SecureNoise:
             raise PrivacyError(f"noise scale must be a positive finite number, got {scale!r}")
         draw = sampler(distribution, float(scale))
         out = draw.sample(self.stream, n)
-        TALLY.add(n, draw.trials * BERNOULLI_ERROR)
+        TALLY.add(n, draw.rho, draw.tail)
         return out
 
     def add(self, values: torch.Tensor, *, distribution: str, scale: float) -> torch.Tensor:
@@ -323,8 +368,13 @@ class SecureNoise:
         out = np.empty(n, dtype=np.int64)
         _rr_rows(mask.numpy().view(np.uint8), labels.cpu().long().numpy(), keep.cpu().double().numpy(),
                  self.stream.words(2 * n), out)
-        TALLY.add(n, 2 * BERNOULLI_ERROR)
+        TALLY.add(n, RR_RHO, 0.0)
         return torch.from_numpy(out).to(labels.device)
+
+
+#: randomized response's bound: the keep probability p̂ (a float, ~2 ulp from e^ε / (e^ε + k - 1)) against a uniform
+#: of 53 bits (granularity 2^-53 on p >= 1/k, relative k 2^-53), and the uniform index's modulo bias (k^2 2^-64)
+RR_RHO = 3 * (2 * ULP + 64 * ULP + 2.0 ** -52)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -362,9 +412,14 @@ def use_secure_noise(optimizer) -> None:
 
     def add_noise() -> None:
         std = optimizer.noise_multiplier * optimizer.max_grad_norm
-        for param in optimizer.params:
+        params = list(optimizer.params)
+        for param in params:
             _check_processed_flag(param.summed_grad)
-            param.grad = secure.add(param.summed_grad, distribution="gaussian", scale=std).view_as(param)
+        # one draw for every coordinate of the step (the same scale everywhere): fewer calls, one grid
+        flat = torch.cat([param.summed_grad.reshape(-1) for param in params])
+        noisy = secure.add(flat, distribution="gaussian", scale=std)
+        for param, part in zip(params, noisy.split([p.summed_grad.numel() for p in params])):
+            param.grad = part.view_as(param)
             _mark_as_processed(param.summed_grad)
 
     optimizer.add_noise = add_noise
