@@ -1,5 +1,5 @@
 #!/bin/bash
-# One lent-GPU call of 2026-11-26 (docs/results.md, "Paper preset on a lent GPU"): two Fashion-MNIST paper-preset
+# One lent-GPU call of 2026-11-26 (docs/research-log.md, "Paper preset on a lent GPU"): two Fashion-MNIST paper-preset
 # cells through device_session.sh, then quick-preset probes on CUDA that ask how far Fashion-MNIST's DPDFD (ε = 10)
 # and SRR (ε = 1) cells move with what the papers' accountings leave free: DPDFD's clip norm C (its printed bound
 # misses a factor C², so a smaller C buys less noise at the same paper ε) and SRR's number of labels (ε per label,

@@ -1,5 +1,5 @@
 """Probe (issue 26): the linear head released by one-shot DP mechanisms instead of DP-SGD, on the whitening probe's
-features. DP-SGD's strict ε = 3 cell on Fashion-MNIST is held by its number of steps (docs/results.md, "Where strict
+features. DP-SGD's strict ε = 3 cell on Fashion-MNIST is held by its steps (docs/research-log.md, "Where strict
 ε = 3 is lost"); these mechanisms take no steps at all, so they test whether the steps can be skipped:
 
 - "output": output perturbation of L2-regularised ERM (Chaudhuri, Monteleoni & Sarwate 2011). The head θ minimises

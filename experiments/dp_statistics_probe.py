@@ -3,12 +3,12 @@ feature statistics estimated under DP?
 
 A DP-SGD ScatterNet model (`privdistill dpsgd --config scatternet`) has no BatchNorm layer, so DeepInversion's
 BN-statistics prior (the adversarial overlay's generator) has nothing to match, and a generator fitted to the
-DP model alone makes samples that teach a student 17 % (DGD end to end, docs/results.md). Here the mean and
+DP model alone makes samples that teach a student 17 % (DGD end to end, docs/research-log.md). Here the mean and
 variance of each of the source's 3,969 normalised scattering features over the private training set are
 released once by the Gaussian mechanism (privacy.mechanisms.gaussian_feature_statistics: replace-one L2
 sensitivity 2), carried by an identity BatchNorm layer (engine.datafree.WithFeatureStatistics) so the engine's
 BN-statistics loss matches them, and the adversarial overlay's generator is fitted to the source. This probe chose
-the design of `srr --privacy end-to-end` (docs/results.md, "Strict end to end").
+the design of `srr --privacy end-to-end` (docs/research-log.md, "Strict end to end").
 Reported: the ceiling (a paper CNN trained 3 epochs only on samples labelled by the DP source) against the
 source's own test accuracy. Evaluation only: nothing here is released (the statistics' ε is printed, not spent).
 

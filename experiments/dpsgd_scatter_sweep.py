@@ -5,7 +5,7 @@ the CLI (`privdistill dpsgd --config scatternet`), which is what results/ holds.
 Each setting: the head is trained with Opacus (Poisson batches, per-example clipping, SGD with momentum), σ
 calibrated on the strict replace-one PLD ε exactly as `methods/dpsgd.py` does, test accuracy after every epoch.
 The settings were compared on the test set, as in Tramèr & Boneh's own search; that selection is not priced by
-any ε (see docs/results.md).
+any ε (see docs/research-log.md).
 
     python experiments/dpsgd_scatter_sweep.py mnist \
         '[{"B": 1024, "E": 5, "eps": 1, "lr": 4, "C": 0.1}, {"B": 1024, "E": 10, "eps": 3, "lr": 4, "C": 0.1}]'

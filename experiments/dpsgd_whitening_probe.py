@@ -49,7 +49,7 @@ before the projection: `signed_power`). A further argument `--coarse` adds a J =
 the features and the prior are read at (`features_of`). `--flip` reads every image's features symmetrised under a
 left-right flip, (f(x) + f(flip x)) / 2, for the private data and the prior alike (a fixed public map; `flipped`).
 bands (amplified banded matrix factorisation, `banded_sqrt`: correlated noise, the examples in that many fixed groups;
-1, the default, is DP-SGD). The settings were compared on the test set, as in the sweep of docs/results.md; that
+1, the default, is DP-SGD). The settings were compared on the test set, as in the sweep of docs/research-log.md; that
 selection is priced by no ε.
 """
 

@@ -2,7 +2,7 @@
 synthetic samples alike where paper-CNN teachers do not?
 
 DGD's 250 paper-CNN teachers, each trained on its own 1/250 of the data, agree with the baseline on a third of the
-generator's samples (docs/results.md, DGD finding 6): each learns its own features from 240 images and
+generator's samples (docs/research-log.md, DGD finding 6): each learns its own features from 240 images and
 extrapolates its own way off the data. Here every teacher is a linear head on the same scattering transform
 (kymatio, J = 2, L = 8, GroupNorm; models/scatternet.py), trained on the same partitions. The transform is fixed,
 so the teachers differ only in a linear map and should extrapolate far more alike. The heads are trained

@@ -1,6 +1,6 @@
 """A small dataset the presets were not written for (issue 27): MNIST shrunk to 8x8 pixels on a 0..16 scale, like
 scikit-learn's digits. 1,500 training and 297 test records drawn at random (seeds 0 and 1), average-pooled from
-28x28 to 8x8 and rounded to 0..16. Used by docs/results.md, "Data of your own".
+28x28 to 8x8 and rounded to 0..16. Used by docs/research-log.md, "Data of your own".
 
     python experiments/small_digits.py OUT.npz        # then: privdistill dpsgd -d 'npz:OUT.npz?range=0,16' -e 1
 """

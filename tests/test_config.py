@@ -149,7 +149,7 @@ def test_teacher_overlays_change_only_the_teachers_training(overlay, dataset, ch
 
 def test_the_histogram_cover_overlay_is_the_recorded_cells_sets():
     """`--config adversarial+affine-teachers+histogram-cover` resolves to exactly the `--set` flags of the recorded
-    best DGD+ cells (docs/results.md, "Releasing the noisy vote histogram"), and leaves the teachers and the
+    best DGD+ cells (docs/research-log.md, "Releasing the noisy vote histogram"), and leaves the teachers and the
     generator alone."""
     from privdistill.config import resolve_sections
     from privdistill.engine.datafree import GeneratorTraining

@@ -125,7 +125,7 @@ class TestDPDFDGolden:
     def test_paper_calibration_lets_a_smaller_C_buy_less_noise(self):
         # Theorem 3 prices C^2 B T / sigma^2 while the noise std is sigma*C: at a fixed paper epsilon the
         # calibrated sigma scales with C, so the release's signal-to-noise ratio (1/sigma) grows as C shrinks.
-        # These are the sigmas of docs/results.md's Fashion-MNIST eps 10 cells (2,000 steps of B = 256).
+        # These are the sigmas of docs/research-log.md's Fashion-MNIST eps 10 cells (2,000 steps of B = 256).
         sigmas = {C: calibrate_noise(DPDFDSteps(clip_norm=C, sigma=1.0, batch_size=256, steps=2000),
                                      target_epsilon=10, delta=DELTA, accounting="paper") for C in (5e-3, 1e-4)}
         assert sigmas[5e-3] == pytest.approx(3.7895, rel=1e-4)

@@ -69,3 +69,21 @@ def test_console_calls_the_strict_epsilon_a_guarantee_only_when_it_covers_the_wh
     assert "epsilon_strict (guarantee)" in shown["whole"]
     assert "(guarantee)" not in shown["part"] and "epsilon_strict (part only" in shown["part"]
     assert "(guarantee)" not in shown["labels"] and "epsilon_strict (labels only)" in shown["labels"]
+
+
+def test_blocks_are_rewritten_in_the_research_log_that_holds_their_markers(tmp_path):
+    doc, log = tmp_path / "results.md", tmp_path / "research-log.md"
+    doc.write_text("# R\n\n<!-- bench-quick -->\n")
+    log.write_text("# Log\n\nprose\n\n<!-- dgd-quick:start -->\nstale\n<!-- dgd-quick:end -->\n\nmore prose\n")
+    results = tmp_path / "results" / "quick"
+    results.mkdir(parents=True)
+    (results / "dgd-mnist-eps10.json").write_text(json.dumps({
+        "method": "dgd", "dataset": "mnist", "preset": "quick", "test_accuracy": 0.9612, "target_epsilon": 10.0,
+        "epsilon_paper": 11.9, "epsilon_strict": 9.34, "delta": 1e-5, "wall_seconds": 600}))
+    regenerate(tmp_path / "results", doc)
+    text, log_text = doc.read_text(), log.read_text()
+    row = "| dgd | mnist | 10 | 96.12 | 97.40 | 11.9 | 9.34 | 1e-05 | 10.0 |"
+    assert row in log_text and "stale" not in log_text and "prose" in log_text and "more prose" in log_text
+    assert "dgd-quick" not in text and "<!-- bench-quick:start -->" in text  # not appended to results.md as well
+    regenerate(tmp_path / "results", doc)  # idempotent in both
+    assert doc.read_text() == text and log.read_text() == log_text

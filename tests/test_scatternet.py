@@ -230,7 +230,7 @@ def test_scatter_prior_dpsgd_release(tiny_npz, tmp_path, monkeypatch):
 
 def test_feature_statistics_of_a_prior_model_are_read_before_its_projection():
     """A generator fitted to a DP prior-ScatterNet matches statistics of the normalised scattering coefficients:
-    the whitened projection's coordinates have near-fixed statistics on any images (docs/results.md, the
+    the whitened projection's coordinates have near-fixed statistics on any images (docs/research-log.md, the
     prior-teacher SRR end-to-end cell). The wrapped model answers as the model does, and its statistics layer sees
     the coefficients, whose features stage the model's `scattering_only` twin names."""
     from privdistill.engine.datafree import BatchNormStatistics, WithFeatureStatistics

@@ -1,7 +1,8 @@
 """Markdown tables regenerated from the committed `results/<preset>/*.json`, side by side with the papers.
 
-`docs/results.md` holds blocks delimited by `<!-- NAME:start -->` / `<!-- NAME:end -->`; `update_results_doc`
-rewrites only those blocks, so prose around them stays hand-written.
+`docs/results.md` and the research log beside it (`docs/research-log.md`) hold blocks delimited by
+`<!-- NAME:start -->` / `<!-- NAME:end -->`; `update_results_doc` rewrites only those blocks, each in the document
+that holds its markers, so prose around them stays hand-written.
 """
 
 from __future__ import annotations
@@ -157,12 +158,23 @@ def update_block(text: str, name: str, content: str) -> str:
     return text.rstrip() + f"\n\n{block}\n"
 
 
-def update_results_doc(doc: str | Path, blocks: dict[str, str]) -> None:
+def _holds(text: str, name: str) -> bool:
+    return f"<!-- {name}:start -->" in text or f"<!-- {name} -->" in text
+
+
+def update_results_doc(doc: str | Path, blocks: dict[str, str], *, others: Iterable[str | Path] = ()) -> None:
+    """Rewrite `blocks` in `doc`, except those whose markers only one of the existing `others` holds, rewritten
+    there; a block no document holds is appended to `doc`."""
     path = Path(doc)
-    text = path.read_text() if path.exists() else "# Results\n"
+    texts = {path: path.read_text() if path.exists() else "# Results\n"}
+    texts.update({Path(o): Path(o).read_text() for o in others if Path(o).exists() and Path(o) != path})
     for name, content in blocks.items():
-        text = update_block(text, name, content)
-    path.write_text(text)
+        home = path if _holds(texts[path], name) else next((p for p, text in texts.items() if _holds(text, name)),
+                                                           path)
+        texts[home] = update_block(texts[home], name, content)
+    for p, text in texts.items():
+        if p == path or p.read_text() != text:
+            p.write_text(text)
 
 
 def baseline_table(results: list[dict]) -> str:
@@ -367,10 +379,11 @@ def strict_end_to_end_table(results: list[dict]) -> str:
 
 
 def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/results.md") -> list[str]:
-    """Rewrite every generated block of docs/results.md from results/*/*.json; returns the block names."""
+    """Rewrite every generated block of docs/results.md and of the research log beside it (research-log.md)
+    from results/*/*.json; returns the block names."""
     blocks = {}
     # only results/<preset>/ of a known preset: other folders (results/superseded/, numbers a later fix made
-    # obsolete and cited by hand in results.md) are not tables
+    # obsolete and cited by hand in the research log) are not tables
     for preset in sorted(p for p in PRESETS if (Path(results_dir) / p).is_dir()):
         results = load_results(results_dir, preset)
         blocks[f"baseline-{preset}"] = baseline_table(results)
@@ -383,7 +396,7 @@ def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/resu
         blocks[f"audits-{preset}"] = audit_table(results)
         blocks[f"bench-{preset}"] = bench_table(results)
         blocks[f"strict-e2e-{preset}"] = strict_end_to_end_table(results)
-    update_results_doc(doc, blocks)
+    update_results_doc(doc, blocks, others=[Path(doc).with_name("research-log.md")])
     regenerate_benchmarks(results_dir, Path(doc).parent / "benchmarks.md")
     return sorted(blocks)
 

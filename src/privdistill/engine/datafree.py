@@ -260,7 +260,7 @@ class WithFeatureStatistics(nn.Module):
     def _features_in(self, x: torch.Tensor) -> torch.Tensor:
         # the statistics are of the normalised scattering coefficients, before any prior projection: a whitened
         # projection's coordinates have near-fixed statistics on any images, which give a generator nothing to
-        # match (the prior-teacher cell, 17.79 %, docs/results.md)
+        # match (the prior-teacher cell, 17.79 %, docs/research-log.md)
         s = self.model.normalised_scattering(x)
         return self.model.project(self.statistics(s.flatten(1)).view_as(s))
 

@@ -2,7 +2,7 @@
 
 DGD queries |D̂s| samples of its pool, drawn at random by the paper; its strict ε fixes how many (2,547 Gaussian
 votes at ε ≈ 9.3) but not which. Between random draws of the same size a student moves by several points
-(docs/results.md, "DGD+"), so the choice is a lever that costs no privacy when it reads only what is already
+(docs/research-log.md, "DGD+"), so the choice is a lever that costs no privacy when it reads only what is already
 outside the ε: the pool and the model the generator was fitted to (the non-private baseline under DGD's
 accounting, on the same uncovered pathway as the generator; in end-to-end mode the DP source, so the choice is
 post-processing and the guarantee is unchanged). The private teachers are never read here.

@@ -5,7 +5,7 @@ reads real images poorly: on Fashion-MNIST each quick CNN teacher is 75 % right 
 81.5 %, and augmentation lowers both. A linear head on a fixed, data-independent transform (the scattering of
 Tramèr & Boneh 2021, normalised per example) has far fewer ways to overfit: fitted in closed form, each head is 79 %
 right and their plurality 87 % (MNIST: 94.5 / 97.9 %), in seconds where 250 CNNs take half an hour on a CPU. What
-their votes teach on synthetic queries is another matter, measured per dataset in docs/results.md ("Teachers on a
+their votes teach on synthetic queries is another matter, measured per dataset in docs/research-log.md ("Teachers on a
 fixed transform, fitted in closed form").
 
 Each head is the least-squares classifier on its partition's one-hot labels,

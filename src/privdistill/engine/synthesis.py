@@ -128,7 +128,7 @@ def contrastive_diversity(model: nn.Module, x: torch.Tensor, rng: torch.Generato
 def disagreement(source_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
     """DFAD's adversarial objective, which the generator maximises: the mean L1 distance between the source's and
     the student's predictions. On probabilities (DFAD uses logits) it is bounded by 2 and cannot grow by
-    inflating logits; measured on Fashion-MNIST it lifted the ceiling from 68 % to 75 % (docs/results.md)."""
+    inflating logits; measured on Fashion-MNIST it lifted the ceiling from 68 % to 75 % (docs/research-log.md)."""
     return (F.softmax(source_logits.float(), 1) - F.softmax(student_logits.float(), 1)).abs().sum(1).mean()
 
 

@@ -5,7 +5,7 @@
 
 Our readings of Eq. 1, 5 and 6 are in methods/dgd.py's docstring. `student.objective=pseudo-label` replaces the
 three energies by FixMatch's confident pseudo-labels (engine/pseudo_label.py) on the pool's unqueried samples
-themselves: the decoded triples of perturbed codes carry little (docs/results.md, DGD findings 2 and 4).
+themselves: the decoded triples of perturbed codes carry little (docs/research-log.md, DGD findings 2 and 4).
 """
 
 from __future__ import annotations

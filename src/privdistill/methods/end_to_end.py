@@ -40,7 +40,7 @@ from privdistill.privacy.ledger import PrivacyLedger
 END_TO_END = "end-to-end"
 SOURCE_KEY = "dp-source"
 STATISTICS_KEY = "dp-source/statistics"
-#: SRR's default share of the target for the feature statistics (docs/results.md, "Strict end to end": a fifth of
+#: SRR's default share of the target for the feature statistics (docs/research-log.md, "Strict end to end": a fifth of
 #: ε = 1 leaves their noise well below the features' spread, and the teacher most of the budget)
 STATISTICS_SHARE = 0.2
 #: SRR end to end runs no label mechanism: its labels are the DP teacher's own (summary and report say so)
@@ -50,7 +50,7 @@ NO_MECHANISM = "none (DP teacher)"
 @dataclass
 class DPSourceConfig:
     """Config section `dp_source`: the DP-SGD model that replaces a non-private source in end-to-end mode (the
-    defaults are the `--config scatternet` recipe, this project's strongest DP-SGD, docs/results.md)."""
+    defaults are the `--config scatternet` recipe, this project's strongest DP-SGD, docs/research-log.md)."""
 
     share: float = 0.5  # of the target ε
     delta_share: float = 0.5  # of δ
@@ -67,7 +67,7 @@ class DPSourceConfig:
     # `share` and `delta_share` do not apply; DGD: no statistics (a share > 0 is refused), `share` as above
     statistics_share: Optional[float] = None
     # augmentation multiplicity of the source's DP-SGD (as dpsgd.augment / dpsgd.augment_copies): 4 affine copies
-    # are worth +0.5 points at strict ε = 1 on MNIST, and lower Fashion-MNIST (docs/results.md)
+    # are worth +0.5 points at strict ε = 1 on MNIST, and lower Fashion-MNIST (docs/research-log.md)
     augment: str = "none"
     augment_copies: int = 1
 

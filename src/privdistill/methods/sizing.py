@@ -15,7 +15,7 @@ those values, before anything is planned or trained, by four stated rules:
   synthetic labels  SRR draws at most N labels (the paper's 60,000 = MNIST's N);
   short training    a classifier trained on the private data (the baseline, SRR's teacher, DP-SGD's network) and
                     SRR's student get at least MIN_STEPS optimiser steps: on 1,500 records DP-SGD's 3 epochs are
-                    18 steps, which learn nothing at any ε (11 % at ε = 10; 84 % with 600 steps, docs/results.md).
+                    18 steps, which learn nothing at any ε (11 % at ε = 10; 84 % with 600 steps, docs/research-log.md).
 
 A value chosen for the run (the preset's own `by_dataset` block, --config, --set) is never changed: only the
 preset's general values are. On the built-in datasets every rule is a no-op (tested), so the papers' numbers

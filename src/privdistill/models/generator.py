@@ -7,7 +7,7 @@ same classifier, VAE and audits consume real and synthetic images alike. ``outpu
 final BatchNorm(affine=False). It matters where the generator is trained without ever seeing the teacher
 (DPDFD): a freshly initialised tanh-last generator emits near-constant grey images (pixel std ~0.07), which a
 Fashion-MNIST teacher labels as one class ("bag") for every sample, so the student only ever hears one label
-and collapses (docs/results.md, DPDFD). Standardising the batch restores contrast, and the teacher's labels
+and collapses (docs/research-log.md, DPDFD). Standardising the batch restores contrast, and the teacher's labels
 on the first samples span most classes.
 """
 

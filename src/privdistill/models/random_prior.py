@@ -5,7 +5,7 @@ Why: DP-SGD adds isotropic noise to every coordinate of the head's gradient, and
 correlated scattering coefficients is badly conditioned, so within a private budget of steps the head converges
 slowly along the directions where the features vary little while the noise accumulates in all of them. Whitening
 the features makes the problem well conditioned and truncating them to the leading directions drops dimensions
-where the noise costs more than the signal pays. Measured on Fashion-MNIST at strict ε = 1 (docs/results.md):
+where the noise costs more than the signal pays. Measured on Fashion-MNIST at strict ε = 1 (docs/research-log.md):
 whitening estimated from the private training set itself (not a release: it reads the data without noise) lifts
 the linear head from 87.0 to 88.5 %, but the same whitening estimated under DP (a Gaussian second-moment matrix,
 Dwork et al.'s "Analyze Gauss", noise multipliers 20 to 80 composed into the same ε = 1) is too noisy in 3,969
@@ -21,7 +21,7 @@ map, the least that a linear head needs): shapes are ellipses or rectangles, rad
 strokes and garment parts at 28 x 28), 4 to 15 of them on a dark background, intensities uniform in [-1, 1] (the
 data's range); one colour per shape and channel for colour images. A textured variant (`texture`, textured())
 follows Baradad et al.'s finding that textured dead leaves are a better prior than flat ones: measured here on
-Fashion-MNIST at strict ε = 1, +0.2 points on the mean of five run seeds (docs/results.md).
+Fashion-MNIST at strict ε = 1, +0.2 points on the mean of five run seeds (docs/research-log.md).
 """
 
 from __future__ import annotations

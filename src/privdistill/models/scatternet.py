@@ -37,7 +37,7 @@ SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channe
 FINE_ORDERS = 9  # the same at J = 1: 1 + L
 #: scatter-prior-linear's projection: its whitened dimensions (on Fashion-MNIST at strict ε = 1, 600, 800 and 1,000
 #: within 0.2 points) and the dead-leaves images it is fitted on (with 30,000 the draw moved the cell by 0.3 points;
-#: 100,000 estimate the process's moments more closely, a one-off 2 minutes on 2 cores; docs/results.md)
+#: 100,000 estimate the process's moments more closely, a one-off 2 minutes on 2 cores; docs/research-log.md)
 PRIOR_DIMS, PRIOR_IMAGES = 800, 100_000
 #: the random processes a prior projection is fitted on -> their texture amplitude (models/random_prior.py)
 PRIORS = {"none": 0.0, "dead-leaves": 0.0, "dead-leaves-textured": PRIOR_TEXTURE}
