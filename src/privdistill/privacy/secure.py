@@ -281,10 +281,17 @@ def _candidates(words, out, filled, block_bits, b, centre, inv_two_var, gaussian
         if gaussian:
             d = x - centre
             log_p -= d * d * inv_two_var
-        keep, pos = _below(words, pos, math.exp(log_p))
-        negative = first >= np.uint32(1 << 31)
-        keep &= not (negative and x == 0)
-        out[filled] = -np.int64(x) if negative else np.int64(x)
+        # the trial, exactly against p: settled on the first word unless it ties floor(p 2^32) (one in 2^32)
+        scaled = math.exp(log_p) * 4294967296.0
+        a = float(words[pos])
+        keep = a + 1.0 <= scaled  # a < floor(p 2^32)
+        if a <= scaled and not keep:
+            keep, pos = _below(words, pos, math.exp(log_p))
+        else:
+            pos += 1
+        sign = 1 - 2 * np.int64(first >> np.uint32(31))  # branch-free: a random sign mispredicts half the time
+        keep &= not (sign < 0 and x == 0)
+        out[filled] = np.int64(x) * sign
         filled += keep
     return filled
 
@@ -307,8 +314,9 @@ def draw_bounds(distribution: str, scale: float) -> tuple[float, float]:
 
 
 def grid_step(scale: float) -> float:
-    """The grid of real-valued noise at this scale: a power of two, a function of the scale alone."""
-    return 2.0 ** (math.floor(math.log2(scale)) - GRID_BITS)
+    """The grid of real-valued noise at this scale: scale 2^-GRID_BITS, a function of the scale alone (so the noise
+    on it has the power-of-two scale 2^GRID_BITS, for which the samplers' block fits exactly)."""
+    return float(scale) * 2.0 ** -GRID_BITS
 
 
 class SecureNoise:
@@ -346,12 +354,14 @@ class SecureNoise:
             noisy = flat.long().numpy() + self.integers(flat.numel(), distribution=distribution, scale=scale)
             return torch.from_numpy(noisy).to(values.device).reshape(values.shape)
         h = grid_step(float(scale))
-        on_grid = np.rint(flat.double().numpy() / h)
-        if on_grid.size and not np.all(np.abs(on_grid) < 2.0 ** 52 - 2.0 ** 48):
+        limit = 2.0 ** 52 - 2.0 ** 48  # |round(x / h) + Y| stays an exact float64 integer
+        x = flat.numpy().astype(np.float64, copy=False)
+        if x.size and not float(np.abs(x).max()) / h < limit:
             raise PrivacyError(f"a value of magnitude {float(flat.abs().max()):.3g} is too large for noise of scale "
                                f"{scale:.3g} on its grid (|x| must stay below 2^{52 - GRID_BITS - 1} times the scale)")
-        noise = self.integers(on_grid.size, distribution=distribution, scale=float(scale) / h)
-        noisy = (on_grid + noise.astype(np.float64)) * h  # integers < 2^53 times a power of two: exact
+        noise = self.integers(x.size, distribution=distribution, scale=float(scale) / h)
+        noisy = np.empty(x.size, dtype=np.float32 if values.dtype == torch.float32 else np.float64)
+        _on_grid(x, noise, h, noisy)
         return torch.from_numpy(noisy).to(device=values.device, dtype=values.dtype).reshape(values.shape)
 
     def randomized_response(self, in_set: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -370,6 +380,14 @@ class SecureNoise:
                  self.stream.words(2 * n), out)
         TALLY.add(n, RR_RHO, 0.0)
         return torch.from_numpy(out).to(labels.device)
+
+
+@numba.njit(cache=True, nogil=True)
+def _on_grid(x, noise, h, out):  # pragma: no cover - compiled
+    """out = (round(x / h) + noise) h: an integer below 2^53 times the grid step, so the reachable outputs are the
+    grid's points whatever x is (one pass, compiled)."""
+    for i in range(x.size):
+        out[i] = (np.rint(x[i] / h) + noise[i]) * h
 
 
 #: randomized response's bound: the keep probability p̂ (a float, ~2 ulp from e^ε / (e^ε + k - 1)) against a uniform
