@@ -23,7 +23,7 @@ Readings of what the paper leaves open (each configurable):
   average over feature dimensions (a per-feature mean squared distance); Eq. 6's sum is recovered with
   `student.tangent_weight = student.normal_weight = d`. The weights (default 1) are exposed for ablations.
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
-- The student (Eq. 1) is in methods/dgd_student.py, with our pseudo-labelling alternative to its energies.
+- The student (Eq. 1) is in methods/dgd_student.py.
 - The paper draws D̂s at random from the pool (the default); `dgd.query_selection` chooses it instead, reading only
   the generator's source (engine/query_selection.py; ours: a k-center cover teaches more for the same ε).
 - The paper releases each query's noisy argmax. `dgd.release=histogram` (ours) releases the whole noisy vote
@@ -206,17 +206,16 @@ class DGDMethod(Method):
         codes = (_latent_codes(vae, rest_images, cfg, env, ledger, plan.details["events"].get(LATENT_KEY), noise_seed)
                  if vae is not None else torch.empty(0, ctx.section("vae").latent_dim))
 
-        # --- semi-supervised student (Eq. 1; or pseudo-labels on the unqueried samples)
+        # --- semi-supervised student (Eq. 1)
         torch.manual_seed(env.generator(streams.DGD_INIT).initial_seed())
         student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                                num_classes=data.num_classes, image_size=data.image_size[0])
         query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
-        unlabelled = rest_images if student_cfg.reads_unqueried_samples else None
         if share is not None:  # samples the DP source labelled (dgd.source_labels) keep their label as a one-hot
             share = torch.cat([share, F.one_hot(labels[len(share):], data.num_classes).float()])
         student, train_stats = train_student(student, labelled, codes, vae, student_cfg, env, run=ctx.run,
-                                             test=data.test, unlabelled=unlabelled, vote_share=share)
+                                             test=data.test, vote_share=share)
         return Trained(student=student, generator=generator, baseline_accuracy=baseline_accuracy,
                        fields={"stages": refs, "student_training": train_stats, **diagnostics})
 
@@ -240,7 +239,6 @@ class DGDMethod(Method):
         return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
                       fields={"epsilon_covers": covers, "queries": plan.details["queries"],
                               "aggregation": cfg.aggregation, "inputs": cfg.inputs, "latent_noise": latent,
-                              "student_objective": ctx.section("student").objective,
                               "query_selection": cfg.query_selection, "release": cfg.release,
                               "variant": cfg.variant})
 

@@ -1,28 +1,25 @@
-"""DGD's semi-supervised student (Ge et al. 2023, Eq. 1, 5, 6), or a pseudo-labelling one (ours).
+"""DGD's semi-supervised student (Ge et al. 2023, Eq. 1, 5, 6).
 
     Eq. 1   min  CE(φs(x̂s), l)  +  ‖h(x̂)−h(x̂⊥)‖² + ‖h(x̂)−h(x̂∥)‖²  −  H(φs(x̂))
             over the labelled queries (x̂s, l) and triples decoded from the noisy latent codes of the rest
 
-Our readings of Eq. 1, 5 and 6 are in methods/dgd.py's docstring. `student.objective=pseudo-label` replaces the
-three energies by FixMatch's confident pseudo-labels (engine/pseudo_label.py) on the pool's unqueried samples
-themselves: the decoded triples of perturbed codes carry little (docs/research-log.md, DGD findings 2 and 4).
+Our readings of Eq. 1, 5 and 6 are in methods/dgd.py's docstring. A FixMatch student on the unqueried samples
+instead of the energies was measured and did worse (docs/research-log.md, "A student that labels the unqueried
+samples itself"); it lives on in experiments/pseudo_label.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.data.dataset import ImageDataset
 from privdistill.engine import RunDir, streams
-from privdistill.engine.augment import augment_batch
 from privdistill.engine.context import Env
 from privdistill.engine.manifold import ManifoldPerturber, PerturbationConfig
-from privdistill.engine.pseudo_label import pseudo_label_loss
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
 from privdistill.errors import ConfigError
 
@@ -36,49 +33,29 @@ class StudentConfig(StudentTraining):
     normal_weight: float = 1.0
     entropy_weight: float = 1.0
     unsupervised: bool = True  # False: the "supervised part only" ablation
-    # dgd: Eq. 1's energies on decoded latent codes | pseudo-label: FixMatch on the pool's unqueried samples
-    # (engine/pseudo_label.py; no VAE, no latent codes, so no ε1), a DGD+ choice of ours, not the paper's
-    objective: str = "dgd"
-    threshold: float = 0.95  # pseudo-label: the confidence a pseudo-label needs (FixMatch's τ)
-    unlabelled_weight: float = 1.0  # pseudo-label: λu
-    weak_augment: str = "shift"  # pseudo-label: the weak view (shift | flip-shift | none: the sample itself)
-    strong_view: bool = True  # pseudo-label: learn on the strong view (FixMatch); false: on the weak view
     tangent: bool = True
     normal: bool = True
     perturbation: str = "adversarial"  # adversarial (TNAR) | random (DGD text)
     tangent_eps: float = 1.0
     normal_eps: float = 2.0
     xi: float = 1e-2
-    # runs started before the pseudo-label options stay resumable
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("objective", "threshold", "unlabelled_weight", "weak_augment",
-                                                  "strong_view")
 
     def validate(self) -> None:
         super().validate()
         if self.perturbation not in ("adversarial", "random"):
             raise ConfigError("student.perturbation must be adversarial or random")
-        if self.objective not in ("dgd", "pseudo-label") or self.weak_augment not in ("shift", "flip-shift", "none"):
-            raise ConfigError("student.objective must be dgd or pseudo-label, student.weak_augment shift, flip-shift "
-                              "or none")
-        if not 0 < self.threshold <= 1:
-            raise ConfigError(f"student.threshold must be in (0, 1], got {self.threshold}")
 
     @property
     def reads_latent_codes(self) -> bool:  # Eq. 1's unlabelled part: the VAE and its noisy latent codes
-        return self.unsupervised and self.objective == "dgd"
-
-    @property
-    def reads_unqueried_samples(self) -> bool:  # the pseudo-label objective's unlabelled part: the samples themselves
-        return self.unsupervised and self.objective == "pseudo-label"
+        return self.unsupervised
 
 
 # ------------------------------------------------------------------------------------ student learning
 def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module | None,
                   cfg: StudentConfig, env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None,
-                  unlabelled: torch.Tensor | None = None,
                   vote_share: torch.Tensor | None = None) -> tuple[nn.Module, dict]:
     """Semi-supervised student (DGD Eq. 1): CE on the labelled queries + tangent/normal/entropy energy on
-    decoded latent codes; or, given `unlabelled` images, CE + pseudo-labels on them (`student.objective`).
+    decoded latent codes.
     Given the released noisy `vote_share` [queries, classes] (`dgd.release=histogram`), the supervised term is
     the squared error between the student's softmax and it instead of CE (methods/dgd.py says why).
     Resumable from `student-checkpoint`."""
@@ -92,12 +69,9 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
                                   autocast=env.autocast) if vae is not None else None
     codes = codes.to(env.device)
     use_codes = cfg.unsupervised and len(codes) > 0 and perturber is not None
-    use_pseudo_labels = unlabelled is not None and len(unlabelled) > 0
     for step in loop:
         idx = sample_batch(len(labelled), cfg.batch_size, env.generator(streams.DGD_LABELLED, step))
         x, y = labelled.batch(idx)
-        if use_pseudo_labels:  # FixMatch's supervised term reads the labelled samples' weak views
-            x = augment_batch(x, cfg.weak_augment, env.generator(streams.DGD_LABELLED, step, 1))
         with env.autocast():
             logits = student(env.place_batch(x)).float()
         if vote_share is None:
@@ -106,14 +80,6 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
         else:
             loss = cfg.supervised_weight * (logits.softmax(1) - vote_share[idx].to(env.device)).square().sum(1).mean()
             parts = {"share_sq_error": float(loss.detach())}
-        if use_pseudo_labels:
-            pick = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(streams.DGD_UNLABELLED, step))
-            with env.autocast():
-                extra, more = pseudo_label_loss(student, env.place_batch(to_float(unlabelled[pick])),
-                                                threshold=cfg.threshold, weak=cfg.weak_augment,
-                                                generator=env.generator(streams.DGD_PERTURB, step),
-                                                strong=cfg.strong_view)
-            loss, parts = loss + cfg.unlabelled_weight * extra, {**parts, **more}
         if use_codes:
             gen = env.generator(streams.DGD_PERTURB, step)
             z = codes[sample_batch(len(codes), cfg.unlabeled_batch_size,

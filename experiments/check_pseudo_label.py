@@ -1,14 +1,19 @@
-"""FixMatch-style pseudo-labels (engine/pseudo_label.py) and the DGD student that uses them."""
+"""FixMatch-style pseudo-labels (experiments/pseudo_label.py). Not collected by the default test run (the file
+is not named test_*.py and lies outside tests/); run it by name:
 
-import json
+    .venv/bin/python -m pytest experiments/check_pseudo_label.py -q -n 0
+"""
+
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from privdistill.engine.pseudo_label import cutout, pseudo_label_loss, strong_view
-from privdistill.methods.dgd import DGD
 from privdistill.models import create_model
-from tests.test_dgd import TINY
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pseudo_label import cutout, pseudo_label_loss, strong_view  # noqa: E402  (experiments/ is not a package)
 
 
 class Fixed(nn.Module):
@@ -69,19 +74,6 @@ def test_pseudo_labelling_on_a_real_network_is_finite_and_decreases():
         opt.step()
         losses.append(float(loss))
     assert sum(losses[-5:]) < sum(losses[:5])
-
-
-def test_a_pseudo_label_dgd_student_spends_no_latent_noise_and_builds_no_vae(tiny_npz, tmp_path):
-    run_dir = tmp_path / "run"
-    s = DGD(f"npz:{tiny_npz}", queries=40, overrides=TINY + ["run.device=cpu", "student.objective=pseudo-label",
-                                                             "student.threshold=0.5"],
-            run_dir=str(run_dir), accounting="paper").fit().summary
-    spends = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
-    assert [r["key"] for r in spends if r.get("kind") == "spend"] == ["dgd/queries"], "no ε1 for codes never read"
-    assert "vae" not in s["stages"] and s["latent_noise"] is False and s["student_objective"] == "pseudo-label"
-    assert "ε1" not in s["epsilon_covers"] and not any("VAE" in p for p in s["not_covered"])
-    parts = s["student_training"]["history"][-1]
-    assert "pseudo_label" in parts and 0.0 <= parts["confident_share"] <= 1.0
 
 
 def test_without_the_strong_view_the_label_is_learnt_on_the_sample_itself():

@@ -1,6 +1,12 @@
 """Confident pseudo-labels under two views (FixMatch: Sohn et al., NeurIPS 2020), for a student that holds far
 more unlabelled inputs than labelled ones.
 
+Kept as the evidence of a measured negative, out of the package: DGD's student with these pseudo-labels on the
+unqueried samples instead of Eq. 1's energies (`student.objective=pseudo-label`, removed since) reached 61-73 %
+on MNIST against 79.93 % for the Eq. 1 student on the same stages and votes (docs/research-log.md, "A student that
+labels the unqueried samples itself"; the three runs' result files record the commit that ran them). Checked by
+`.venv/bin/python -m pytest experiments/check_pseudo_label.py -q -n 0` (not part of the default test run).
+
 For each unlabelled input the student's answer on a weakly augmented view (a shift of up to 2 pixels; with a
 flip where the data allow one) is its own label for the input, kept only where the student is at least
 `threshold` sure; the student then learns that label on a strongly augmented view (a larger affine
