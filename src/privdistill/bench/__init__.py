@@ -1,1 +1,1 @@
-"""Benchmarks: timing of the heavy stages, and (issue 8) the reproduction matrix."""
+"""Benchmarks: timing of the heavy stages, and the reproduction matrix (docs/results.md)."""

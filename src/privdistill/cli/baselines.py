@@ -1,4 +1,5 @@
-"""`privdistill dpsgd` and `privdistill pate`: the private baselines (issue 8)."""
+"""`privdistill dpsgd` and `privdistill pate`: the private baselines that the distillation methods are compared
+with."""
 
 from __future__ import annotations
 

@@ -64,8 +64,8 @@ class TeacherTraining:
     trainer: str = "auto"  # auto | vectorized | loop
     chunk_size: int = 0  # teachers per vectorised step; 0: automatic (memory-bounded)
     partition_seed: int = 0
-    # The synthesis engine's teacher side (issue 24): training that extrapolates consistently off the data, so
-    # that teachers read synthetic samples alike. Off by default (the papers' teachers).
+    # The synthesis engine's teacher side (docs/research-log.md, "Synthesis engine"): training that extrapolates
+    # consistently off the data, so that teachers read synthetic samples alike. Off by default (the papers' teachers).
     augment: str = "none"  # one of config.AUGMENTATIONS (engine/augment.py)
     input_noise: float = 0.0  # std of Gaussian noise added to each training image (in [-1, 1] units)
     # sgd: the papers' teachers, `steps` of Adam | ridge: a closed-form ridge head on a fixed ScatterNet transform

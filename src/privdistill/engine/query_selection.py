@@ -1,4 +1,4 @@
-"""Which synthetic samples to spend a label budget on (issue 24; ours, not a paper's).
+"""Which synthetic samples to spend a label budget on (ours, not a paper's).
 
 DGD queries |D̂s| samples of its pool, drawn at random by the paper; its strict ε fixes how many (2,547 Gaussian
 votes at ε ≈ 9.3) but not which. Between random draws of the same size a student moves by several points

@@ -1,4 +1,4 @@
-"""Teachers as ridge-regression heads on a fixed ScatterNet transform (`teachers.fit=ridge`; issue 24, ours).
+"""Teachers as ridge-regression heads on a fixed ScatterNet transform (`teachers.fit=ridge`; ours).
 
 DGD's teachers each learn from a few hundred private images (240 at 250 teachers on MNIST). A CNN trained on so few
 reads real images poorly: on Fashion-MNIST each quick CNN teacher is 75 % right on the test set and their plurality
