@@ -2,7 +2,7 @@
 the same shape, and of OpenDP's exact samplers (the reference), on this machine.
 
 Times are the best of several repeats, secure and plain interleaved so that both see the same machine load; the
-ratio is the figure of merit (issue: secure noise at the speed of plain noise)."""
+ratio is the figure of merit (the goal: secure noise at the speed of plain noise)."""
 
 from __future__ import annotations
 
