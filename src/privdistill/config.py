@@ -240,10 +240,12 @@ def _read_text(text: CommandLineText, hint: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- resolve
-def _layers(base: dict[str, Any], dataset: str | None, user: dict[str, Any], overrides: dict[str, dict[str, Any]]):
+def _layers(base: dict[str, Any], dataset: str | None, user: dict[str, Any], overrides: dict[str, dict[str, Any]],
+            recipe: list[dict[str, Any]] | None = None):
     layers = [base]
     if dataset:
         layers.append((base.get("by_dataset") or {}).get(dataset, {}))
+    layers += recipe or []  # recipes/__init__.py: between the preset and the user's own values
     layers.append(user)
     if dataset:
         layers.append((user.get("by_dataset") or {}).get(dataset, {}))
@@ -323,8 +325,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 
 def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | None = None,
-                     config_file: str | Path | None = None,
-                     overrides: list[str] | dict | None = None) -> dict[str, Any]:
+                     config_file: str | Path | None = None, overrides: list[str] | dict | None = None,
+                     recipe: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Resolve every requested section; returns {name: dataclass instance}."""
     base = load_preset(preset)
     user = load_yaml_file(config_file)
@@ -334,7 +336,7 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
     if stray:
         raise ConfigError(f"--set names unknown section(s) {stray}; this command has {sorted(sections)}")
     merged: dict[str, dict[str, Any]] = {name: {} for name in sections}
-    for layer in _layers(base, dataset, user, parsed):
+    for layer in _layers(base, dataset, user, parsed, recipe):
         for name in sections:
             block = layer.get(name) or {}
             if not isinstance(block, dict):
@@ -344,16 +346,22 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
 
 
 def chosen_values(*, preset: str, dataset: str | None = None, config_file: str | Path | None = None,
-                  overrides: list[str] | dict | None = None) -> tuple[dict[str, dict[str, Any]], set[str]]:
-    """(the preset's own values by section, the "section.key"s chosen for this run): chosen are those the
-    preset's `by_dataset` block, the user's --config file or --set gives. methods/sizing.py fits only the
-    others to the data: a value someone chose is never changed behind their back."""
+                  overrides: list[str] | dict | None = None,
+                  recipe: list[dict[str, Any]] | None = None) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """(the preset's and recipe's own values by section, the "section.key"s chosen for this run): chosen are those
+    the preset's `by_dataset` block, the user's --config file or --set gives. methods/sizing.py fits only the
+    others to the data: a value someone chose is never changed behind their back; a recipe's values were measured
+    at the datasets' full size, and are refitted like the preset's."""
     base = load_preset(preset)
-    layers = _layers(base, dataset, load_yaml_file(config_file), normalize_overrides(overrides))
-    chosen = {f"{section}.{key}" for layer in layers[1:] for section, block in layer.items()
+    recipe = recipe or []
+    layers = _layers(base, dataset, load_yaml_file(config_file), normalize_overrides(overrides), recipe)
+    own_layers = layers[:2 + len(recipe)] if dataset else layers[:1 + len(recipe)]
+    user_layers = layers[len(own_layers):]
+    chosen = {f"{section}.{key}" for layer in ([layers[1]] if dataset else []) + user_layers
+              for section, block in layer.items()
               if section != "by_dataset" and isinstance(block, dict) for key in block}
     own: dict[str, dict[str, Any]] = {}
-    for layer in layers[:2]:  # the preset and its block for this dataset: what the preset's values were set for
+    for layer in own_layers:  # the preset, its block for this dataset and the recipe: what the values were set for
         for section, block in layer.items():
             if section != "by_dataset" and isinstance(block, dict):
                 own.setdefault(section, {}).update(block)

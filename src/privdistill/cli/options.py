@@ -32,6 +32,9 @@ RunDirOpt = Annotated[
 ]
 Resume = Annotated[bool, typer.Option("--resume", help="continue an interrupted run in --run-dir")]
 Record = Annotated[bool, typer.Option("--record", help="copy summary.json to results/<preset>/")]
+RecipeOpt = Annotated[Optional[str], typer.Option(
+    "--recipe", "-r", help="the method's recipe (default: its best measured one; `paper`: the paper's; "
+                           "`privdistill recipes METHOD` lists them)")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="check and price the plan (what it would spend, what the "
                                                         "noise leaves of the answers), print it, train nothing")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="random seed (run.seed)")]
@@ -146,6 +149,7 @@ class RunArgs:
     method: dict[str, Any] = field(default_factory=dict)  # {"<section>.variant": ...} of a private command
     no_cache: bool = False  # a private command's --no-cache
     dry_run: bool = False  # a private command's --dry-run
+    recipe: Optional[str] = None  # a private command's --recipe (None: the method's default)
 
     def request(self, extra: Mapping[str, Any] | None = None):
         """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides). A dry
@@ -162,6 +166,7 @@ class RunArgs:
                            extra={**self.budget, **self.method, **(extra or {})}, seed=self.seed, device=self.device,
                            precision=self.precision, data_root=self.data_root, no_progress=self.no_progress)
         request.dry_run = self.dry_run
+        request.recipe = self.recipe
         return request
 
 
@@ -181,7 +186,7 @@ def run_command(func: Callable[..., Any], *, budget: bool = False, section: str 
     With `budget`, also the budget options; with `section`, `--variant` (<section>.variant); with `cache`,
     `--no-cache` (`run.no_cache`)."""
     own = inspect.signature(func, eval_str=True)  # the command's own options, annotations evaluated
-    budget_options = (("dry_run", DryRun, False),) + _BUDGET
+    budget_options = (("recipe", RecipeOpt, None), ("dry_run", DryRun, False)) + _BUDGET
     added = _SHARED + (budget_options if budget else ()) + ((("variant", Variant, None),) if section else ()) + (
         (("no_cache", NoCache, False),) if cache else ())
     params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
@@ -192,6 +197,7 @@ def run_command(func: Callable[..., Any], *, budget: bool = False, section: str 
     def command(**kwargs: Any) -> Any:
         run = RunArgs(**{name: kwargs.pop(name) for name, _, _ in _SHARED})
         if budget:
+            run.recipe = kwargs.pop("recipe")
             run.dry_run = kwargs.pop("dry_run")
             run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET})
         if section:

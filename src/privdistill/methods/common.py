@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privdistill.config import RunOptions, chosen_values, keyed_config, resolve_sections
+from privdistill.config import (
+    RunOptions,
+    chosen_values,
+    keyed_config,
+    load_yaml_file,
+    normalize_overrides,
+    resolve_sections,
+)
 from privdistill.data import DataSplits, canonical_name, dataset_slug, load_data
 from privdistill.engine import Env, RunDir, record_result
 from privdistill.engine.run import lock_run_dir, unlock_run_dir
 from privdistill.errors import RunError
 from privdistill.methods.sizing import fit_to_data
 from privdistill.privacy._checks import check_delta_for_records
+from privdistill.recipes import DEFAULT, recipe_layers, recipes
 
 
 @dataclass
@@ -31,6 +39,7 @@ class RunRequest:
     record: bool = False
     results_dir: str = "results"
     dry_run: bool = False  # plan, check and price the run, train nothing (runner.DryRunPlan)
+    recipe: str | None = None  # the method's recipe (recipes/<method>.py); None: its default
 
 
 @dataclass
@@ -50,11 +59,12 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
         raise RunError(f"--resume needs the --run-dir of an earlier run; {request.run_dir or '(none given)'} "
                        "holds none. Drop --resume to start a new run")
     dataset = canonical_name(request.dataset) if ":" not in request.dataset else request.dataset
+    recipe = recipe_layers(method, request.recipe, dataset, target_epsilon(request))
     resolved = resolve_sections({"run": RunOptions, **sections}, preset=request.preset, dataset=dataset,
-                                config_file=request.config_file, overrides=request.overrides)
+                                config_file=request.config_file, overrides=request.overrides, recipe=recipe)
     options: RunOptions = resolved["run"]
     preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
-                                          overrides=request.overrides)
+                                          overrides=request.overrides, recipe=recipe)
     apply_noise_policy(resolved, chosen)
     env = Env.from_options(options)
     data = load_data(dataset, options.data_root, seed=options.seed)
@@ -63,6 +73,7 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     if "budget" in resolved:  # δ against the N private records, before any work (no run directory yet)
         check_delta_for_records(resolved["budget"].delta, len(data.train))
     config = {"method": method, "dataset": dataset, "preset": request.preset,
+              **({"recipe": request.recipe or DEFAULT} if recipes(method) else {}),
               **{name: keyed_config(section) for name, section in resolved.items()}}
     run_dir = request.run_dir or str(
         Path(options.runs_dir) / f"{method}-{dataset_slug(dataset)}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -70,6 +81,17 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     run = RunDir.open(run_dir, config=config, resume=request.resume)
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter(),
                     notes=notes)
+
+
+def target_epsilon(request: RunRequest) -> float | None:
+    """The ε the request asks for (--epsilon, budget.epsilon in --set or --config), for a recipe's by_epsilon."""
+    value = normalize_overrides(request.overrides).get("budget", {}).get("epsilon")
+    if value is None and request.config_file:
+        value = (load_yaml_file(request.config_file).get("budget") or {}).get("epsilon")
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None  # the budget section's own check says what is wrong with it
 
 
 class ReproducibleNoiseWarning(UserWarning):
@@ -115,12 +137,13 @@ class MethodAPI:
     section = ""  # the configuration section the keyword options go to
     method: type = type(None)  # the runner's Method class (methods/runner.py)
 
-    def __init__(self, dataset: str | None = None, *, preset: str = "quick", config: str | None = None,
-                 overrides: list[str] | dict[str, Any] | None = None, run_dir: str | None = None,
-                 record: bool = False, cache: bool = True, **options: Any):
+    def __init__(self, dataset: str | None = None, *, recipe: str | None = None, preset: str = "quick",
+                 config: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
+                 run_dir: str | None = None, record: bool = False, cache: bool = True, **options: Any):
         from privdistill.config import normalize_overrides
 
         self.dataset, self.preset, self.config, self.run_dir, self.record = dataset, preset, config, run_dir, record
+        self.recipe = recipe
         self.cache = cache
         self.overrides = {f"{section}.{key}": value for section, block in normalize_overrides(overrides).items()
                           for key, value in block.items()}
@@ -141,7 +164,7 @@ class MethodAPI:
             raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist'), fit('npz:PATH') "
                               "or fit(images, labels)")
         return RunRequest(dataset=dataset, preset=self.preset, config_file=self.config, overrides=self.overrides,
-                          run_dir=self.run_dir, record=self.record)
+                          run_dir=self.run_dir, record=self.record, recipe=self.recipe)
 
     def fit(self, data: Any = None, labels: Any = None, *, value_range: tuple[float, float] | None = None):
         """Run the method on the private data (see `request`) -> RunResult(student, generator, summary, privacy)."""

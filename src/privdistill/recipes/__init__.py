@@ -1,0 +1,75 @@
+"""Recipes: a method's named, measured configurations, one file per method (recipes/<method>.py).
+
+A recipe is the set of configuration values that made a recorded result, on top of a preset (which sets the
+scale: `quick` for CPU minutes, `paper` for the papers' sizes). `privdistill METHOD -d D -e ε` runs the method's
+`default` recipe: the best measured one that keeps the guarantee the method's paper claims (the same pathways
+covered). `paper` is the paper-literal recipe of its tables (the presets' own values: an empty recipe). Other
+recipes are named for what they add (`end-to-end`; a recipe that leaves a further pathway uncovered says so in
+its `guarantee`, and is never the default). `--recipe NAME` (Python: `recipe=`) picks one; `--config FILE` and
+`--set section.key=value` still override single values.
+
+Resolution order, later winning: dataclass defaults < preset < preset's `by_dataset` block < recipe < recipe's
+`by_dataset` block < recipe's `by_epsilon` block for the target ε < the user's --config file < --set.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from privdistill.errors import ConfigError
+
+#: the methods with recipes, each in recipes/<name>.py as RECIPES = {name: Recipe}
+METHODS = ("dgd", "dpdfd", "srr", "pate", "dpsgd")
+DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """`values`: {section: {key: value}}; `by_dataset`: {dataset: {section: {key: value}}}; `by_epsilon`: a list of
+    (ε_upper, {section: {key: value}}), the first whose ε_upper >= the target ε applies (sizes that depend on the
+    budget, e.g. DP-SGD's epochs); `summary`: one line; `guarantee`: what its ε covers against the paper's recipe;
+    `measured`: {(dataset, ε): "accuracy, ε under both accountings, what it covers, where it is recorded"}."""
+
+    summary: str
+    guarantee: str = "the same pathways as the paper's recipe"
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    by_dataset: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    by_epsilon: tuple[tuple[float, dict[str, dict[str, Any]]], ...] = ()
+    measured: dict[tuple[str, float], str] = field(default_factory=dict)
+
+    def layers(self, dataset: str | None, epsilon: float | None) -> list[dict[str, dict[str, Any]]]:
+        """The recipe's configuration layers for this dataset and target ε, in the order they apply."""
+        out = [self.values]
+        if dataset:
+            out.append(self.by_dataset.get(dataset, {}))
+        if epsilon is not None:
+            for upper, block in self.by_epsilon:
+                if epsilon <= upper:
+                    out.append(block)
+                    break
+        return out
+
+
+def recipes(method: str) -> dict[str, Recipe]:
+    """The method's recipes by name ({} for a command without recipes: baseline training, stages)."""
+    if method not in METHODS:
+        return {}
+    return importlib.import_module(f"privdistill.recipes.{method}").RECIPES
+
+
+def recipe_layers(method: str, name: str | None, dataset: str | None,
+                  epsilon: float | None) -> list[dict[str, dict[str, Any]]]:
+    """The configuration layers of `method`'s recipe `name` (None: the default), or a ConfigError naming the
+    recipes there are."""
+    known = recipes(method)
+    if not known:
+        if name not in (None, DEFAULT):
+            raise ConfigError(f"{method} has no recipes (--recipe {name})")
+        return []
+    name = name or DEFAULT
+    if name not in known:
+        raise ConfigError(f"{method} has no recipe {name!r}; its recipes: {', '.join(known)} "
+                          f"(privdistill recipes {method})")
+    return known[name].layers(dataset, epsilon)
