@@ -13,7 +13,8 @@ from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import DryRunPlan
 from privdistill.privacy._checks import DeltaWarning, check_delta_for_records
 
-SRR = ["srr.setting=label-dp", "srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn",
+SRR = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+       "srr.setting=label-dp", "srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn",
        "budget.epsilon=2", "run.progress=false"]
 
 

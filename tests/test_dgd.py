@@ -18,7 +18,8 @@ from privdistill.methods.dgd import DGD, DGDConfig, plan_queries, run_dgd
 from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 
-TINY = ["baseline.model=small-cnn", "baseline.epochs=2", "baseline.batch_size=32",
+TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+        "baseline.model=small-cnn", "baseline.epochs=2", "baseline.batch_size=32",
         "teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=20", "teachers.batch_size=16",
         "teachers.lr=0.003", "generator.rounds=2", "generator.steps_per_round=4", "generator.batch_size=32",
         "generator.width=32", "vae.steps=20", "vae.batch_size=32", "student.model=small-cnn", "student.steps=12",

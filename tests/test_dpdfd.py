@@ -28,7 +28,8 @@ from privdistill.privacy.mechanisms import clip_and_noise, make_generator, norma
 
 # A DPDFD run small enough for a test: small CNNs, a narrow generator, B = 32; the paper's accounting, asked
 # for explicitly (the budget's default is strict).
-TINY = ["budget.accounting=paper",
+TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+        "budget.accounting=paper",
         "baseline.model=small-cnn", "baseline.epochs=3", "baseline.batch_size=32", "baseline.lr=0.003",
         "run.precision=fp32", "run.progress=false", "run.threads=1",
         "dpdfd.batch_size=32", "dpdfd.student_model=small-cnn", "dpdfd.eval_every=10", "dpdfd.checkpoint_every=4",

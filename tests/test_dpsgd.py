@@ -12,7 +12,8 @@ from privdistill.privacy.accounting import strict_noise_multiplier
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-TINY = ["dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "dpsgd.lr=0.1", "run.progress=false",
+TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+        "dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "dpsgd.lr=0.1", "run.progress=false",
         "run.precision=fp32", "budget.epsilon=10", "budget.accounting=paper"]
 
 

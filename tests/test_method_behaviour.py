@@ -77,7 +77,8 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "dpsgd": (["dpsgd"], ["--epsilon", "5", "--accounting", "paper"], _DPSGD),  # Opacus calibration
 }
 
-RUN_OPTIONS = ["run.precision=fp32", "run.progress=false", "run.threads=1", "run.device=cpu",
+RUN_OPTIONS = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+               "run.precision=fp32", "run.progress=false", "run.threads=1", "run.device=cpu",
                "run.noise=reproducible"]  # the fingerprints replay the noise: reproducible by name
 WEIGHT_FILES = ("student", "generator", "model")
 

@@ -13,7 +13,8 @@ from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
 
-TINY = ["teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=10", "teachers.batch_size=16",
+TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+        "teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=10", "teachers.batch_size=16",
         "teachers.lr=0.003", "pate.holdout=80", "pate_student.model=small-cnn", "pate_student.steps=8",
         "pate_student.batch_size=16", "pate_student.unlabeled_batch_size=16", "pate_student.eval_every=6",
         "pate_student.checkpoint_every=4", "run.precision=fp32", "run.progress=false",
@@ -66,7 +67,7 @@ def test_pate_end_to_end_with_ledger_and_data_dependent_bound(tiny_npz, tmp_path
     if aggregation == "confident-gnmax":
         assert event.answered == s["answered"] <= s["queries"]
         # the answered-only odometer reading is reported, never above the guarantee
-        assert 0 < s["epsilon_realised_answered_only"] <= s["epsilon_strict"] + 1e-9
+        assert 0 < s["epsilon_realised_answered_only"] <= s["epsilon_strict"] + 0.005  # rounded to 2 decimals
     else:
         assert s["epsilon_realised_answered_only"] is None
     assert s["not_covered"], "the held-out slice's own records are not protected: said so"

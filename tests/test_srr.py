@@ -27,7 +27,8 @@ from privdistill.privacy.mechanisms import (
 )
 
 # a config that runs in a few seconds on one thread (fabricated 28x28 patterns, 10 classes)
-TINY = ["srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.batch_size=32",
+TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+        "srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=40", "srr_teacher.batch_size=32",
         "srr_teacher.lr=0.003", "srr_teacher.eval_every_epochs=100",
         "srr_generator.rounds=2", "srr_generator.steps_per_round=5", "srr_generator.batch_size=32",
         "srr_generator.width=32", "srr.stages=4", "srr.num_samples=160", "srr.batch_size=32",

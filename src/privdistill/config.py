@@ -43,6 +43,7 @@ class RunOptions:
     # holds only while the seed stays secret, and `export` refuses the run unless told). An explicit --seed (or
     # run.seed) without run.noise asks for reproducible noise.
     noise: str = "secure"
+    recipe: str = "default"  # the method's recipe (recipes/<method>.py; --recipe): read before the sections resolve
     deterministic: bool = False
     device: str = "auto"
     precision: str = "auto"  # auto | fp32 | bf16 | fp16

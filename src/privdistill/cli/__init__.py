@@ -68,6 +68,7 @@ def _mount_subcommands() -> None:
     app.add_typer(bench.app, name="bench")
     app.command("eval")(evaluate.eval_command)
     app.command("models")(models.models_command)
+    app.command("recipes")(models.recipes_command)
     from privdistill.cli import privacy as privacy_cli
 
     app.add_typer(privacy_cli.app, name="privacy", help="Estimate ε under both accountings; privacy reports.")

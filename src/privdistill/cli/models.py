@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -15,4 +18,19 @@ def models_command() -> None:
         table.add_column(col)
     for entry in list_models():
         table.add_row(entry.name, entry.kind, entry.description)
+    Console().print(table)
+
+
+def recipes_command(method: Annotated[Optional[str], typer.Argument(help="one method (default: all)")] = None
+                    ) -> None:
+    """List each method's recipes: what each is, what its ε covers against the paper's, what it measured."""
+    from privdistill.recipes import METHODS, recipes
+
+    table = Table(title="recipes (privdistill METHOD -d DATASET -e EPSILON [--recipe NAME])")
+    for col in ("method", "recipe", "what it is", "what its ε covers", "measured (quick preset, CPU)"):
+        table.add_column(col)
+    for name in [method] if method else METHODS:
+        for recipe_name, recipe in recipes(name).items():
+            measured = "; ".join(f"{d} ε {e:g}: {text}" for (d, e), text in recipe.measured.items())
+            table.add_row(name, recipe_name, recipe.summary, recipe.guarantee, measured)
     Console().print(table)

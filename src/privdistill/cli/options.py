@@ -149,7 +149,6 @@ class RunArgs:
     method: dict[str, Any] = field(default_factory=dict)  # {"<section>.variant": ...} of a private command
     no_cache: bool = False  # a private command's --no-cache
     dry_run: bool = False  # a private command's --dry-run
-    recipe: Optional[str] = None  # a private command's --recipe (None: the method's default)
 
     def request(self, extra: Mapping[str, Any] | None = None):
         """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides). A dry
@@ -166,7 +165,6 @@ class RunArgs:
                            extra={**self.budget, **self.method, **(extra or {})}, seed=self.seed, device=self.device,
                            precision=self.precision, data_root=self.data_root, no_progress=self.no_progress)
         request.dry_run = self.dry_run
-        request.recipe = self.recipe
         return request
 
 
@@ -197,11 +195,11 @@ def run_command(func: Callable[..., Any], *, budget: bool = False, section: str 
     def command(**kwargs: Any) -> Any:
         run = RunArgs(**{name: kwargs.pop(name) for name, _, _ in _SHARED})
         if budget:
-            run.recipe = kwargs.pop("recipe")
+            run.method = section_overrides("run", recipe=kwargs.pop("recipe"))
             run.dry_run = kwargs.pop("dry_run")
             run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET})
         if section:
-            run.method = section_overrides(section, variant=kwargs.pop("variant"))
+            run.method.update(section_overrides(section, variant=kwargs.pop("variant")))
         if cache:
             run.no_cache = kwargs.pop("no_cache")
         return func(run=run, **kwargs)

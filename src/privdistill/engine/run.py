@@ -302,8 +302,8 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "results",
                   name: str | None = None) -> Path:
-    """Copy a run's summary to results/<preset>/<method>-<dataset>[-eps<ε>][-<variant>].json
-    (small JSON, no weights)."""
+    """Copy a run's summary to results/<preset>/<method>-<dataset>[-eps<ε>][-<recipe>][-<variant>].json (small
+    JSON, no weights; the recipe named unless it is the method's default)."""
     from privdistill.data import dataset_slug
 
     preset = summary.get("preset") or "custom"
@@ -311,6 +311,8 @@ def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "
         name = f"{summary['method']}-{dataset_slug(summary['dataset'])}"
         if summary.get("target_epsilon") is not None:
             name += f"-eps{_fmt_eps(summary['target_epsilon'])}"
+        if summary.get("recipe") not in (None, "default"):
+            name += f"-{summary['recipe']}"
         if summary.get("variant"):  # ablations and sweeps: dgd-mnist-eps10-no-tangent.json
             name += f"-{summary['variant']}"
     path = Path(results_dir) / preset / f"{name}.json"

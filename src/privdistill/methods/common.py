@@ -23,7 +23,7 @@ from privdistill.engine.run import lock_run_dir, unlock_run_dir
 from privdistill.errors import RunError
 from privdistill.methods.sizing import fit_to_data
 from privdistill.privacy._checks import check_delta_for_records
-from privdistill.recipes import DEFAULT, recipe_layers, recipes
+from privdistill.recipes import recipe_layers, recipes
 
 
 @dataclass
@@ -39,7 +39,6 @@ class RunRequest:
     record: bool = False
     results_dir: str = "results"
     dry_run: bool = False  # plan, check and price the run, train nothing (runner.DryRunPlan)
-    recipe: str | None = None  # the method's recipe (recipes/<method>.py); None: its default
 
 
 @dataclass
@@ -51,6 +50,7 @@ class Prepared:
     dataset: str
     started: float
     notes: list[str] = field(default_factory=list)  # what was fitted to the data (methods/sizing.py)
+    method: str = ""  # the method's name, as recipes/ knows it
 
 
 def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> Prepared:
@@ -59,7 +59,9 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
         raise RunError(f"--resume needs the --run-dir of an earlier run; {request.run_dir or '(none given)'} "
                        "holds none. Drop --resume to start a new run")
     dataset = canonical_name(request.dataset) if ":" not in request.dataset else request.dataset
-    recipe = recipe_layers(method, request.recipe, dataset, target_epsilon(request))
+    recipe_name = requested(request, "run", "recipe")
+    recipe = recipe_layers(method, None if recipe_name is None else str(recipe_name), dataset,
+                           _number(requested(request, "budget", "epsilon")))
     resolved = resolve_sections({"run": RunOptions, **sections}, preset=request.preset, dataset=dataset,
                                 config_file=request.config_file, overrides=request.overrides, recipe=recipe)
     options: RunOptions = resolved["run"]
@@ -73,21 +75,25 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     if "budget" in resolved:  # δ against the N private records, before any work (no run directory yet)
         check_delta_for_records(resolved["budget"].delta, len(data.train))
     config = {"method": method, "dataset": dataset, "preset": request.preset,
-              **({"recipe": request.recipe or DEFAULT} if recipes(method) else {}),
               **{name: keyed_config(section) for name, section in resolved.items()}}
     run_dir = request.run_dir or str(
         Path(options.runs_dir) / f"{method}-{dataset_slug(dataset)}-{time.strftime('%Y%m%d-%H%M%S')}")
     lock_run_dir(run_dir)  # held until finish_run: a second process on this directory is refused
     run = RunDir.open(run_dir, config=config, resume=request.resume)
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter(),
-                    notes=notes)
+                    notes=notes, method=method)
 
 
-def target_epsilon(request: RunRequest) -> float | None:
-    """The ε the request asks for (--epsilon, budget.epsilon in --set or --config), for a recipe's by_epsilon."""
-    value = normalize_overrides(request.overrides).get("budget", {}).get("epsilon")
+def requested(request: RunRequest, section: str, key: str) -> Any:
+    """A value the user gave (--set or --config), read before the sections are resolved: the recipe (run.recipe)
+    and the target ε (budget.epsilon) choose the recipe's layers."""
+    value = normalize_overrides(request.overrides).get(section, {}).get(key)
     if value is None and request.config_file:
-        value = (load_yaml_file(request.config_file).get("budget") or {}).get("epsilon")
+        value = (load_yaml_file(request.config_file).get(section) or {}).get(key)
+    return value
+
+
+def _number(value: Any) -> float | None:
     try:
         return None if value is None else float(value)
     except (TypeError, ValueError):
@@ -163,8 +169,9 @@ class MethodAPI:
         if not dataset:
             raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist'), fit('npz:PATH') "
                               "or fit(images, labels)")
-        return RunRequest(dataset=dataset, preset=self.preset, config_file=self.config, overrides=self.overrides,
-                          run_dir=self.run_dir, record=self.record, recipe=self.recipe)
+        overrides = {**self.overrides, **({"run.recipe": self.recipe} if self.recipe is not None else {})}
+        return RunRequest(dataset=dataset, preset=self.preset, config_file=self.config, overrides=overrides,
+                          run_dir=self.run_dir, record=self.record)
 
     def fit(self, data: Any = None, labels: Any = None, *, value_range: tuple[float, float] | None = None):
         """Run the method on the private data (see `request`) -> RunResult(student, generator, summary, privacy)."""
@@ -177,7 +184,8 @@ class MethodAPI:
 
 def finish_run(prep: Prepared, request: RunRequest, *, method: str, wall_seconds: float,
                **fields: Any) -> dict[str, Any]:
-    summary = prep.run.write_summary(method=method, dataset=prep.dataset, preset=request.preset,
+    recipe = {"recipe": prep.sections["run"].recipe} if recipes(prep.method) else {}
+    summary = prep.run.write_summary(method=method, dataset=prep.dataset, preset=request.preset, **recipe,
                                      wall_seconds=round(wall_seconds, 1), device=prep.env.describe(), **fields)
     unlock_run_dir(prep.run.path)
     if request.record:

@@ -22,15 +22,15 @@ from privdistill.errors import ConfigError
 
 #: the methods with recipes, each in recipes/<name>.py as RECIPES = {name: Recipe}
 METHODS = ("dgd", "dpdfd", "srr", "pate", "dpsgd")
-DEFAULT = "default"
+DEFAULT, PAPER = "default", "paper"
 
 
 @dataclass(frozen=True)
 class Recipe:
     """`values`: {section: {key: value}}; `by_dataset`: {dataset: {section: {key: value}}}; `by_epsilon`: a list of
-    (ε_upper, {section: {key: value}}), the first whose ε_upper >= the target ε applies (sizes that depend on the
-    budget, e.g. DP-SGD's epochs); `summary`: one line; `guarantee`: what its ε covers against the paper's recipe;
-    `measured`: {(dataset, ε): "accuracy, ε under both accountings, what it covers, where it is recorded"}."""
+    (ε_upper, {section: {key: value}, by_dataset: ...}), the first whose ε_upper >= the target ε applies (sizes
+    that depend on the budget, e.g. DP-SGD's epochs); `summary`: one line; `guarantee`: what its ε covers against
+    the paper's recipe; `measured`: {(dataset, ε): "accuracy, ε under both accountings, where it is recorded"}."""
 
     summary: str
     guarantee: str = "the same pathways as the paper's recipe"
@@ -40,14 +40,17 @@ class Recipe:
     measured: dict[tuple[str, float], str] = field(default_factory=dict)
 
     def layers(self, dataset: str | None, epsilon: float | None) -> list[dict[str, dict[str, Any]]]:
-        """The recipe's configuration layers for this dataset and target ε, in the order they apply."""
+        """The recipe's configuration layers for this dataset and target ε, in the order they apply (an ε block
+        may hold its own `by_dataset`)."""
         out = [self.values]
         if dataset:
             out.append(self.by_dataset.get(dataset, {}))
         if epsilon is not None:
             for upper, block in self.by_epsilon:
                 if epsilon <= upper:
-                    out.append(block)
+                    out.append({k: v for k, v in block.items() if k != "by_dataset"})
+                    if dataset:
+                        out.append((block.get("by_dataset") or {}).get(dataset, {}))
                     break
         return out
 
@@ -64,11 +67,11 @@ def recipe_layers(method: str, name: str | None, dataset: str | None,
     """The configuration layers of `method`'s recipe `name` (None: the default), or a ConfigError naming the
     recipes there are."""
     known = recipes(method)
-    if not known:
-        if name not in (None, DEFAULT):
-            raise ConfigError(f"{method} has no recipes (--recipe {name})")
+    if not known:  # baseline training, the shared stages: their presets are all there is
+        if name not in (None, DEFAULT, PAPER):
+            raise ConfigError(f"{method} has no recipes (--recipe {name}): its presets are its paper's values")
         return []
-    name = name or DEFAULT
+    name = name or DEFAULT  # run.recipe's own default is "default"
     if name not in known:
         raise ConfigError(f"{method} has no recipe {name!r}; its recipes: {', '.join(known)} "
                           f"(privdistill recipes {method})")

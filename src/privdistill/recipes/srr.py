@@ -1,7 +1,59 @@
-"""srr's recipes (recipes/__init__.py): `default` is the best measured one that keeps the paper's guarantee."""
+"""SRR's recipes (recipes/__init__.py). Data-free SRR's ε covers the released labels; the teacher and the
+generator fitted to it are not covered (as in the paper). `label-dp` is the paper's Table II setting (private
+inputs used directly, labels protected); `end-to-end` covers the whole model.
+
+default: the staged schedule measured best at ε = 1 (docs/research-log.md, "The ε = 1 cells with the staged
+prior"): four stages, a quarter of the labels in the first (no prior), the student trained on every label drawn so
+far by the mechanism's likelihood, its weights averaged (EMA 0.995). At ε = 10 on Fashion-MNIST it gained 3.4
+points over the paper's schedule; on MNIST ε = 10 it is not measured (the paper's schedule: 97.84 %).
+"""
 
 from privdistill.recipes import Recipe
 
-PAPER = Recipe(summary="the paper's recipe (the presets' own values)")
+STAGED = {"stages": 4, "first_stage_fraction": 0.25, "student_data": "cumulative", "loss": "likelihood",
+          "epochs_per_stage": 4, "student_ema": 0.995, "eval_every_stages": 1}
 
-RECIPES = {"default": PAPER, "paper": PAPER}
+DEFAULT = Recipe(
+    summary="four stages, the student's own prior from the second, likelihood loss, weight average",
+    values={"srr": STAGED},
+    measured={("mnist", 1): "94.73 % (seeds 94.74, 94.52), paper ε 1 per label, the labels only",
+              ("fashion-mnist", 1): "74.61 %, paper ε 1 per label", ("fashion-mnist", 10): "84.45 %"},
+)
+
+PAPER = Recipe(
+    summary="the paper's 20 equal stages, each student trained alone by cross-entropy",
+    measured={("mnist", 1): "71.08 %", ("mnist", 10): "97.84 %", ("fashion-mnist", 1): "57.26 %",
+              ("fashion-mnist", 10): "81.03 %"},
+)
+
+LABEL_DP = Recipe(
+    summary="label-DP (Table II's setting): the private images used directly, each label released once by SRR",
+    guarantee="the labels only: the private inputs are used directly (as in the paper's Table II)",
+    values={"srr": {"setting": "label-dp", "mechanism": "srr", "stages": 2, "first_stage_fraction": 0.5,
+                    "student_data": "cumulative", "loss": "likelihood", "epochs_per_stage": 4,
+                    "eval_every_stages": 1}},
+    measured={("mnist", 1): "97.02 % (seed 1: 97.12), ε 1 per label (strict = paper)",
+              ("fashion-mnist", 1): "86.98 %"},
+)
+
+ADVERSARIAL_GENERATOR = {"loss": "srr", "alpha": 0.0, "beta": 3.0, "class_targets": True, "adversarial_weight": 3.0,
+                         "width": 64, "batch_size": 128, "lr": 0.001, "lr_decay": 1.0, "rounds": 12,
+                         "steps_per_round": 100}
+
+END_TO_END = Recipe(
+    summary="one ε for the whole model: a DP-SGD teacher on ScatterNet features and DP feature statistics",
+    guarantee="the whole released model (no pathway left uncovered)",
+    values={"budget": {"privacy": "end-to-end"}, "srr": {"loss": "soft", "num_samples": 180_000},
+            "srr_generator": ADVERSARIAL_GENERATOR},
+    by_dataset={"mnist": {"dp_source": {"model": "scatter-prior-linear", "augment": "affine", "augment_copies": 4,
+                                        "batch_size": 512, "lr": 0.5}},
+                "fashion-mnist": {"dp_source": {"model": "scatter-multiscale-prior-linear", "lr": 1.0}}},
+    by_epsilon=((1.5, {"by_dataset": {"mnist": {"dp_source": {"epochs": 3}},
+                                      "fashion-mnist": {"dp_source": {"epochs": 5}}}}),
+                (float("inf"), {"by_dataset": {"mnist": {"dp_source": {"epochs": 8}},
+                                               "fashion-mnist": {"dp_source": {"epochs": 10}}}})),
+    measured={("mnist", 1): "97.70 %, strict 0.9955, the whole model", ("mnist", 3): "98.31 %, strict 2.994",
+              ("fashion-mnist", 1): "85.08 %, strict 0.9966", ("fashion-mnist", 3): "86.80 %, strict 2.995"},
+)
+
+RECIPES = {"default": DEFAULT, "paper": PAPER, "label-dp": LABEL_DP, "end-to-end": END_TO_END}
