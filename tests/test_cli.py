@@ -91,6 +91,25 @@ def test_user_errors_print_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
         assert message in stderr and "Traceback" not in stderr, (args, stderr)
 
 
+def test_error_text_in_brackets_and_long_dataset_names_print_as_written(tmp_path, monkeypatch, capsys):
+    """Issue 64: "'value_range' ([lo, hi], ..." lost its brackets to rich's markup, and a dataset name wrapped in a
+    table title read as another range ("?range=0,1" / "6: ...")."""
+    import numpy as np
+
+    from privdistill.cli import main
+
+    monkeypatch.setenv("PRIVDISTILL_KEEP_FREED_MEMORY", "0")
+    monkeypatch.setattr(sys, "argv", ["privdistill", "data", "inspect", f"npz:{tmp_path / 'none.npz'}"])
+    with pytest.raises(SystemExit):
+        main()
+    assert "'value_range' ([lo, hi], for pixels" in capsys.readouterr().err
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "digits.npz", x=rng.integers(0, 17, (40, 8, 8)), y=np.arange(40) % 4)
+    result = runner.invoke(get_app(), ["data", "inspect", f"npz:{tmp_path / 'digits.npz'}?range=0,16"])
+    assert result.exit_code == 0, result.output
+    assert "npz:" + str(tmp_path / "digits.npz") + "?range=0,16: 36 training" in result.output
+
+
 def test_dry_run_prices_the_plan_and_trains_nothing(tiny_npz, tmp_path, monkeypatch):
     import subprocess
     import sys

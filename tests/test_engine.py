@@ -90,6 +90,16 @@ def test_run_dir_refuses_to_overwrite_or_resume_with_another_config(tmp_path):
         RunDir.existing(tmp_path / "nothing")
 
 
+def test_resume_ignores_display_only_options(tmp_path):
+    """Issue 64: `--resume` was refused when only the progress display differed."""
+    RunDir.open(tmp_path / "r", config={"run": {"progress": True, "runs_dir": "runs", "seed": 0}, "lr": 1}).log(step=1)
+    RunDir.open(tmp_path / "r", config={"run": {"progress": False, "runs_dir": "elsewhere", "seed": 0}, "lr": 1},
+                resume=True)
+    with pytest.raises(RunError, match=r"differs in run\.seed$"):
+        RunDir.open(tmp_path / "r", config={"run": {"progress": False, "runs_dir": "runs", "seed": 1}, "lr": 1},
+                    resume=True)
+
+
 def test_a_run_that_stopped_before_doing_anything_does_not_block_a_corrected_retry(tmp_path):
     from privdistill.privacy.events import LNMaxQueries
     from privdistill.privacy.ledger import PrivacyLedger

@@ -96,6 +96,25 @@ def test_preprocess_accepts_the_usual_layouts():
         release.preprocess(np.zeros((2, 5, 5, 3), dtype=np.uint8))
 
 
+def test_predict_takes_a_single_image_and_export_names_a_missing_directory(tmp_path):
+    """Issue 64: `predict` refused one image; `export runs/does-not-exist` said it "has no summary.json"."""
+    grey = privdistill.release.Release(model=torch.nn.Flatten(), classes=["a"], image_shape=(1, 4, 4))
+    image = np.zeros((4, 4), dtype=np.uint8)
+    assert grey.preprocess(image).shape == (1, 1, 4, 4)
+    assert grey.preprocess(image[None]).shape == grey.preprocess(image[..., None]).shape == (1, 1, 4, 4)
+    assert grey.preprocess(np.zeros((5, 4, 4), np.uint8)).shape == (5, 1, 4, 4), "[N, H, W] stays a batch"
+    assert grey.predict(image).shape == (1,)
+    rgb = privdistill.release.Release(model=torch.nn.Flatten(), classes=["a"], image_shape=(3, 4, 4))
+    assert rgb.preprocess(np.zeros((4, 4, 3), np.uint8)).shape == (1, 3, 4, 4)
+    assert rgb.preprocess(np.zeros((3, 4, 4), np.uint8)).shape == (1, 3, 4, 4)
+    with pytest.raises(RunError, match="does-not-exist does not exist"):
+        export_run(tmp_path / "does-not-exist", tmp_path / "out")
+    from privdistill.privacy.events import GNMaxQueries, LNMaxQueries
+
+    assert "LNMax: 1 query," in LNMaxQueries(scale=40.0, count=1).describe()
+    assert "GNMax: 2 queries," in GNMaxQueries(sigma=40.0, count=2).describe()
+
+
 def test_weights_that_do_not_fit_their_architecture_are_a_clear_error(tmp_path):
     from privdistill.engine.run import RunDir
     from privdistill.models import create_model

@@ -61,10 +61,15 @@ class Release:
     card: dict[str, Any] = field(default_factory=dict)
 
     def preprocess(self, images: Any) -> torch.Tensor:
-        """uint8 images ([N, H, W], [N, H, W, C] or [N, C, H, W]; numpy or torch) -> float [N, C, H, W] in [-1, 1].
+        """uint8 images ([N, H, W], [N, H, W, C] or [N, C, H, W], or one image [H, W], [C, H, W], [H, W, C]; numpy or
+        torch) -> float [N, C, H, W] in [-1, 1].
         Float input must already be in [-1, 1] (it is checked: [0, 1] floats are refused)."""
         x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images)
         c, h, w = self.image_shape
+        if x.dim() == 2 and c == 1:  # one grey image [H, W]
+            x = x[None, None]
+        elif x.dim() == 3 and (tuple(x.shape) == (c, h, w) or tuple(x.shape) == (h, w, c)):  # one image
+            x = x.unsqueeze(0)
         if x.dim() == 3:
             x = x.unsqueeze(1) if c == 1 else x.unsqueeze(0)
         if x.dim() == 4 and x.shape[1] != c and x.shape[-1] == c:
@@ -95,6 +100,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
     from privdistill.privacy.report import guarantee, is_label_dp
 
     run, out = Path(run_dir), Path(out)
+    if not run.is_dir():
+        raise RunError(f"{run} does not exist" if not run.exists() else f"{run} is not a directory (a run directory "
+                       "holds summary.json, privacy.json and the weights)")
     summary = _read_json(run / "summary.json", f"{run} has no summary.json: only a finished run can be exported")
     privacy = _read_json(run / "privacy.json", f"{run} has no privacy.json (its privacy report): cannot export") \
         if (run / "privacy.json").is_file() else {}

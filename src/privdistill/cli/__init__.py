@@ -164,8 +164,10 @@ def main() -> None:
         app()
     except PrivdistillError as err:
         from rich.console import Console
+        from rich.markup import escape
 
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        # escaped: a message's own brackets ("'value_range' ([lo, hi], ...") are text, not markup to swallow
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except OSError as err:
         message = unwritable_message(err)

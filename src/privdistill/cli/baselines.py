@@ -51,12 +51,14 @@ def pate_command(
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
     from privdistill.methods.pate import run_pate
+    from privdistill.privacy.events import count_of
 
     extra = o.section_overrides("pate", queries=queries, aggregation=aggregation)
     request = run.request(extra)
     s = run_pate(request, cache=not run.no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
-    console.print(f"{s['queries']} queries, {s['answered']} answered (label accuracy {s['label_accuracy']}); ε covers "
+    console.print(f"{count_of(s['queries'], 'query', 'queries')}, {s['answered']} answered (label accuracy "
+                  f"{s['label_accuracy']}); ε covers "
                   f"{s['epsilon_covers']} (δ = {s['delta']:g}). Data-dependent ε {s['epsilon_data_dependent']} "
                   "(not releasable: no smooth-sensitivity step). "
                   f"[yellow]Not covered:[/] {'; '.join(s['not_covered']) or 'nothing'}. "

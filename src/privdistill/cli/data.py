@@ -75,8 +75,11 @@ def inspect_cmd(name: Annotated[str, typer.Argument(help="mnist, fashion-mnist, 
 
     data = load_data(name, data_root)
     train, test = data.train, data.test
-    table = Table(title=f"{name}: {len(train)} training and {len(test)} test images, "
-                        f"{data.channels} x {data.image_size[0]} x {data.image_size[1]}, {data.num_classes} classes")
+    # one unwrapped line, not the table's title: a title wraps to the narrow table ("?range=0,1" / "6: ...")
+    console.print(f"{name}: {len(train)} training and {len(test)} test images, {data.channels} x "
+                  f"{data.image_size[0]} x {data.image_size[1]}, {data.num_classes} classes", highlight=False,
+                  soft_wrap=True, markup=False)
+    table = Table()
     for col in ("class", "train", "test"):
         table.add_column(col, justify="right")
     counts = [torch.bincount(split.labels, minlength=data.num_classes).tolist() for split in (train, test)]

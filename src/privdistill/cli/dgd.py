@@ -26,6 +26,7 @@ def command(
 ) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
     from privdistill.methods.dgd import run_dgd
+    from privdistill.privacy.events import count_of
 
     extra = o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs)
     if no_latent_noise:
@@ -34,6 +35,7 @@ def command(
     result = run_dgd(request, cache=not run.no_cache)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary
-    Console().print(f"ε covers {s['epsilon_covers']} (δ = {s['delta']:g}, {s['queries']} queries). "
+    queries = count_of(s['queries'], 'query', 'queries')
+    Console().print(f"ε covers {s['epsilon_covers']} (δ = {s['delta']:g}, {queries}). "
                     f"[yellow]Not covered:[/] {'; '.join(s['not_covered']) or 'nothing'}. "
                     f"Full report: privdistill privacy report {s['run_dir']}", highlight=False)

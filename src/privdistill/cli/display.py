@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from privdistill.privacy.report import guarantee, is_label_dp
@@ -36,7 +37,10 @@ def strict_label(summary: dict[str, Any], is_dp: bool) -> str:
 
 def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
     is_dp, sentence = guarantee(summary)
-    table = Table(title=title or f"{summary.get('method')} on {summary.get('dataset')}", show_header=False)
+    # the title on a line of its own: as the table's title it wraps to the table's width, mid-name
+    console.print(title or f"{summary.get('method')} on {summary.get('dataset')}", style="italic",
+                  highlight=False, soft_wrap=True, markup=False)
+    table = Table(show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     rows = ["test_accuracy", "baseline_accuracy", "epsilon_strict", "epsilon_paper", "delta",
@@ -47,7 +51,7 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
             table.add_row(label, _fmt(summary[key]))
     console.print(table)
     style = "green" if is_dp else ("red" if summary.get("epsilon_strict") is not None else "yellow")
-    console.print(f"[{style}]Privacy:[/] {sentence}", highlight=False)
+    console.print(f"[{style}]Privacy:[/] {escape(sentence)}", highlight=False)
     if summary.get("epsilon_paper") is not None and summary.get("epsilon_strict") is not None \
             and summary.get("noise_secure") is False:
         console.print("[yellow]Reproducible noise:[/] the privacy noise was drawn from generators seeded with the "
@@ -72,11 +76,11 @@ def show_plan(info: dict[str, Any]) -> None:
     console.print(f"[bold]Dry run[/] of {info['method']} on {info['dataset']} ({info['train_records']} training "
                   f"records): nothing was trained, nothing spent.", highlight=False)
     for event, times in _runs(info["events"]):  # SRR's 20 stages spend 20 equal events: one line
-        console.print(f"  would spend: {f'{times} x ' if times > 1 else ''}{event}", highlight=False)
+        console.print(f"  would spend: {f'{times} x ' if times > 1 else ''}{event}", highlight=False, markup=False)
     eps = info["epsilon"]  # of the whole run, as its summary will state it (the ledger's pricing, or the method's)
     console.print(f"  epsilon at delta {info['delta']:g}: strict {_fmt(eps['strict'])}, paper {_fmt(eps['paper'])} "
                   f"(budget under {info['accounting']}: target {_fmt(info['target_epsilon'])}, max "
                   f"{_fmt(info['max_epsilon'])}; privacy scope: {info['privacy']})", highlight=False)
-    console.print(f"  covers: {info['covers']}", highlight=False)
+    console.print(f"  covers: {info['covers']}", highlight=False, markup=False)
     for note in info["notes"]:
-        console.print(f"  note: {note}", highlight=False)
+        console.print(f"  note: {note}", highlight=False, markup=False)

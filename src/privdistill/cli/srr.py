@@ -58,10 +58,11 @@ def srr_command(
                       highlight=False)
         return
     field = "label_accuracy_vs_truth" if summary["setting"] == "label-dp" else "label_accuracy_vs_teacher"
-    console.print(f"{summary['num_labels']} labels in {summary['stages']} stages, {summary[field]:.4f} of them "
-                  f"{'true' if summary['setting'] == 'label-dp' else 'equal to the teacher'}'s label "
-                  f"(evaluation only); epsilon per label {summary['epsilon_per_label']:.6g} for the target "
-                  f"{summary['target_epsilon']:g} ({summary['accounting']} accounting); paper: "
+    agree = "the true label" if summary["setting"] == "label-dp" else "the teacher's label"
+    console.print(f"{summary['num_labels']} labels in {summary['stages']} stages, a share {summary[field]:.4f} "
+                  f"of them equal to {agree} (evaluation only); epsilon per label "
+                  f"{summary['epsilon_per_label']:.6g} for the target {summary['target_epsilon']:g} "
+                  f"({summary['accounting']} accounting); paper: "
                   f"{summary['epsilon_paper']}, strict {summary['epsilon_strict']} at delta {summary['delta']:g} "
                   f"({summary['relation']}).", highlight=False)
     console.print(f"[yellow]Not covered:[/] {summary['privacy']}. Report: privdistill privacy report "

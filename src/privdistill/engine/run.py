@@ -33,8 +33,9 @@ SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accura
 
 
 # What a resumed run may change: the ledger's hard limit (the ledger records the change and keeps pricing every
-# spend against the limit in force); everything else would mix two experiments.
-CHANGEABLE_ON_RESUME = frozenset({"budget.max_epsilon"})
+# spend against the limit in force), and what only changes how the run is shown or where new runs would go (the
+# progress display; runs_dir, unused once --run-dir names the run); everything else would mix two experiments.
+CHANGEABLE_ON_RESUME = frozenset({"budget.max_epsilon", "run.progress", "run.runs_dir"})
 
 
 def git_commit() -> str | None:

@@ -30,6 +30,11 @@ from privdistill.privacy._checks import (
 EVENT_TYPES: dict[str, type["PrivacyEvent"]] = {}
 
 
+def count_of(n: int, word: str, many: str | None = None) -> str:
+    """'1 query', '27 queries': a count with its noun in the right number (`many`: the plural, else word + 's')."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def _register(cls: type["PrivacyEvent"]) -> type["PrivacyEvent"]:
     EVENT_TYPES[cls.type_name] = cls
     return cls
@@ -135,7 +140,8 @@ class LNMaxQueries(PrivacyEvent):
         return self.sensitivity / self.scale
 
     def describe(self) -> str:
-        return f"LNMax: {self.count} queries, Laplace scale {self.scale:g} (epsilon0 = {self.epsilon0:.4g} each)"
+        return (f"LNMax: {count_of(self.count, 'query', 'queries')}, Laplace scale {self.scale:g} "
+                f"(epsilon0 = {self.epsilon0:.4g} each)")
 
 
 @_register
@@ -160,7 +166,7 @@ class GNMaxQueries(PrivacyEvent):
         object.__setattr__(self, "sensitivity", checked_sensitivity(self.sensitivity, math.sqrt(2.0), "GNMax"))
 
     def describe(self) -> str:
-        return f"GNMax: {self.count} queries, sigma {self.sigma:g}"
+        return f"GNMax: {count_of(self.count, 'query', 'queries')}, sigma {self.sigma:g}"
 
 
 @_register
@@ -241,7 +247,7 @@ class ConfidentGNMaxQueries(PrivacyEvent):
         ans = "answers not known (all counted)" if self.answered is None else f"{self.answered} answered"
         filtered = "" if self.filter_budget is None else \
             f", under an RDP filter with the budget of {self.filter_budget} answered queries"
-        return (f"Confident-GNMax: {self.count} queries ({ans}), threshold {self.threshold:g}, "
+        return (f"Confident-GNMax: {count_of(self.count, 'query', 'queries')} ({ans}), threshold {self.threshold:g}, "
                 f"sigma1 {self.sigma1:g}, sigma2 {self.sigma2:g}{filtered}")
 
 
