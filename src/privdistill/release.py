@@ -13,7 +13,9 @@ the releasable part into a new directory:
 
 A model that is not differentially private as a whole (privacy.report.guarantee) is refused unless the caller
 passes `allow_non_private=True`; its card then says so in its first line. A label-DP model is exported: its
-card states that only the labels are protected.
+card states that only the labels are protected. A model at chance (methods/chance.py: its held-out accuracy within
+max(3 points, 2 standard errors) of the largest class's share, or one class answered for most inputs) is refused
+unless the caller passes `allow_chance=True`; its card then says so in its first lines.
 
 `load(path)` gives back the model (a plain `torch.nn.Module`), its preprocessing and its card.
 """
@@ -94,8 +96,10 @@ class Release:
 
 # ---------------------------------------------------------------------------------------------------- export
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_private: bool = False,
-               generator: bool = False, overwrite: bool = False, allow_reproducible_noise: bool = False) -> Path:
-    """Write the releasable part of a finished run to `out` (see the module docstring); returns `out`."""
+               generator: bool = False, overwrite: bool = False, allow_reproducible_noise: bool = False,
+               allow_chance: bool = False) -> Path:
+    """Write the releasable part of a finished run to `out` (see the module docstring); returns `out`. A model at
+    chance (its summary's `at_chance`, methods/chance.py) is refused unless `allow_chance`."""
     from privdistill.methods.runner import generator_is_covered
     from privdistill.privacy.report import guarantee, is_label_dp
 
@@ -124,6 +128,10 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                            "again without --seed (secure noise, the default) for a release, or pass "
                            "--allow-reproducible-noise (Python: allow_reproducible_noise=True) to export it anyway; "
                            "its model card will then say so first.")
+    if summary.get("at_chance") and not allow_chance:
+        raise RunError(f"refusing to export {run}: {summary.get('warning') or 'its model answers at chance'}. Pass "
+                       "--allow-chance (Python: allow_chance=True) to export it anyway; its model card will then say "
+                       "so first.")
     gen_path = run / "generator.safetensors"
     if generator:
         if not gen_path.is_file():
@@ -149,7 +157,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                  "relation": str(summary.get("relation") or "replace-one: substitute one record of the private "
                                                               "training set"),
                  "preprocessing": json.dumps(PREPROCESSING), "classes": json.dumps(classes),
-                 "test_accuracy": json.dumps(summary.get("test_accuracy"))}
+                 "test_accuracy": json.dumps(summary.get("test_accuracy")),
+                 "at_chance": json.dumps(bool(summary.get("at_chance")))}
     RunDir(partial).save_weights("model", model, metadata={**meta, **card_meta})
     if generator:
         shutil.copy2(gen_path, partial / "generator.safetensors")
@@ -201,7 +210,12 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
              "  - task: {type: image-classification}", f"    dataset: {{name: {dataset}, type: {dataset}}}",
              "    metrics:", f"    - {{type: accuracy, value: {acc}}}", "---", ""]
     title = "differentially private" if is_dp else "label-DP" if is_label_dp(summary) else "NOT differentially private"
+    if summary.get("at_chance"):
+        title += ", AT CHANCE"
     lines = [f"# {meta.get('registry_name')} on {dataset}, trained by {method} ({title})", ""]
+    if summary.get("at_chance"):
+        lines += [f"**{summary.get('warning') or 'AT CHANCE: this model has learned (almost) nothing'}** (rule: "
+                  f"{(summary.get('chance_check') or {}).get('rule', 'see privdistill.methods.chance')}).", ""]
     if summary.get("noise_secure") is False:
         lines += ["**Reproducible noise: the guarantee below holds only while the seed of the run that made this "
                   "model stays secret** (its privacy noise was drawn from generators seeded with it; the seed is "
@@ -270,6 +284,6 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Rele
     model = release.load_weights(name, device=device).eval()
     classes = json.loads(meta["classes"]) if "classes" in meta else [str(i) for i in range(kwargs["num_classes"])]
     card = {k: (json.loads(v) if k in ("dp_as_a_whole", "epsilon_strict", "epsilon_paper", "delta", "preprocessing",
-                                       "classes", "test_accuracy") else v) for k, v in meta.items()}
+                                       "classes", "test_accuracy", "at_chance") else v) for k, v in meta.items()}
     size = kwargs.get("image_size", 28)
     return Release(model=model, classes=classes, card=card, image_shape=(kwargs.get("in_channels", 1), size, size))

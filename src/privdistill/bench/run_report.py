@@ -125,9 +125,9 @@ def render(run_dir: str | Path, *, fmt: str = "md", output: str | Path | None = 
     figures = [(run.path / f, caption) for f, caption in FIGURES if (run.path / f).is_file()]
     notes = list(summary.get("plan_notes") or [])  # what was sized, calibrated or refitted before training
     if fmt == "md":
-        text = _markdown(title, rows, privacy, notes, audit, inversion, figures, out.parent)
+        text = _markdown(title, rows, privacy, notes, audit, inversion, figures, out.parent, summary.get("warning"))
     else:
-        text = _html(title, rows, privacy, notes, audit, inversion, figures)
+        text = _html(title, rows, privacy, notes, audit, inversion, figures, summary.get("warning"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out
@@ -142,8 +142,8 @@ def _rel(path: Path, base: Path) -> str:
 PLAN = "The plan (sized, calibrated and checked before anything trained)"
 
 
-def _markdown(title, rows, privacy, notes, audit, inversion, figures, base: Path) -> str:
-    md = [f"# {title}", "", "| | |", "| --- | --- |"]
+def _markdown(title, rows, privacy, notes, audit, inversion, figures, base: Path, warning=None) -> str:
+    md = ([f"**WARNING: {warning}**", ""] if warning else []) + [f"# {title}", "", "| | |", "| --- | --- |"]
     md += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
     md += ["", "## Privacy", "", "```", privacy.rstrip(), "```", ""]
     if notes:
@@ -165,12 +165,14 @@ def _markdown(title, rows, privacy, notes, audit, inversion, figures, base: Path
     return "\n".join(md) + "\n"
 
 
-def _html(title, rows, privacy, notes, audit, inversion, figures) -> str:
+def _html(title, rows, privacy, notes, audit, inversion, figures, warning=None) -> str:
     esc = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto}td,th{border:1px solid #ccc;"
              "padding:3px 8px;text-align:left}table{border-collapse:collapse}pre{background:#f6f6f6;padding:8px;"
-             "white-space:pre-wrap}</style></head><body>", f"<h1>{esc(title)}</h1><table>"]
+             "white-space:pre-wrap}</style></head><body>",
+             *([f"<p style='color:#b00'><b>WARNING: {esc(warning)}</b></p>"] if warning else []),
+             f"<h1>{esc(title)}</h1><table>"]
     parts += [f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in rows]
     parts += ["</table><h2>Privacy</h2>", f"<pre>{esc(privacy)}</pre>"]
     if notes:

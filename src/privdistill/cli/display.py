@@ -37,6 +37,8 @@ def strict_label(summary: dict[str, Any], is_dp: bool) -> str:
 
 def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
     is_dp, sentence = guarantee(summary)
+    if summary.get("warning"):  # a model at chance (methods/chance.py): said before anything else
+        console.print(f"[bold red]warning:[/] {escape(str(summary['warning']))}", highlight=False, soft_wrap=True)
     # the title on a line of its own: as the table's title it wraps to the table's width, mid-name
     console.print(title or f"{summary.get('method')} on {summary.get('dataset')}", style="italic",
                   highlight=False, soft_wrap=True, markup=False)

@@ -24,6 +24,9 @@ def export_command(
         "--allow-reproducible-noise", help="export a run whose privacy noise a seed regenerates (refused "
                                            "otherwise); its model card says first that the guarantee holds only "
                                            "while the seed stays secret")] = False,
+    allow_chance: Annotated[bool, typer.Option(
+        "--allow-chance", help="export a model that answers at chance (refused otherwise: see its summary's "
+                               "warning); its model card says so first")] = False,
 ) -> None:
     """Export a run's released classifier: weights with their metadata, a model card (what ε covers and what it
     does not, accuracy, audits, preprocessing) and the privacy report; never checkpoints, the ledger or the seed.
@@ -34,11 +37,15 @@ def export_command(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NonPrivateReleaseWarning)
         path = export_run(run_dir, out, allow_non_private=allow_non_private, generator=generator,
-                          overwrite=overwrite, allow_reproducible_noise=allow_reproducible_noise)
+                          overwrite=overwrite, allow_reproducible_noise=allow_reproducible_noise,
+                          allow_chance=allow_chance)
     if any(issubclass(w.category, NonPrivateReleaseWarning) for w in caught):
         console.print("[red]warning:[/] exported with --allow-non-private: this release is not differentially "
                       "private as a whole (its model card says so first)", highlight=False)
     card = load(path).card
+    if card.get("at_chance"):
+        console.print("[red]warning:[/] exported with --allow-chance: this model answers at chance (its model card "
+                      "says so first)", highlight=False)
     style = "green" if card.get("dp_as_a_whole") else "yellow"
     console.print(f"exported {run_dir} -> {path} ({', '.join(sorted(p.name for p in path.iterdir()))})",
                   highlight=False)

@@ -282,6 +282,8 @@ class RunDir:
         summary.update(fields)
         summary["run_dir"] = str(self.path)
         summary["finished"] = datetime.now(timezone.utc).isoformat()
+        if summary.get("warning"):  # e.g. a model at chance (methods/chance.py): the summary's first line says so
+            summary = {"warning": summary.pop("warning"), **summary}
         atomic_write_json(self.path / "summary.json", summary)
         return summary
 

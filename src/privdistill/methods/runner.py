@@ -26,8 +26,8 @@ from privdistill.atomic import atomic_write_text
 from privdistill.engine import RunDir
 from privdistill.engine.cache import StageCache
 from privdistill.engine.stages import Stages
-from privdistill.engine.trainer import evaluate
 from privdistill.errors import ConfigError, RunError
+from privdistill.methods.chance import evaluate_release
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
 from privdistill.methods.dry_run import check_own_budget, dry_run_info
 from privdistill.privacy.events import PrivacyEvent
@@ -274,7 +274,7 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
     trained = method.train(ctx, plan, ledger)
     sampled = noise_draws(prep.run.path)
     student = trained.student
-    accuracy = evaluate(student, prep.data.test, prep.env)
+    accuracy, chance = evaluate_release(student, prep.data.test, prep.env)  # and whether it answers at chance
     prep.run.save_weights(method.weights_name, student, metadata={"method": method.name})
     if trained.generator is not None:
         prep.run.save_weights("generator", trained.generator, metadata={"method": method.name})
@@ -290,6 +290,8 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
     noise = noise_source(report.secure_noise, report.noise_option, draws=sampled["draws"], rho=sampled["rho"],
                          tail=sampled["tail"], epsilon=eps["strict"], delta=budget.delta)
     extra = dict(report.extra)
+    if chance.get("warning"):  # the privacy report says first that the model it describes answers at chance
+        extra["release_warning"] = chance["warning"]
     if report.statement is not None:
         extra["statement"] = report.statement
     write_privacy_json(prep.run.path, report.pathways, method=method.name, noise=noise, extra=extra)
@@ -303,7 +305,7 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
         noise_secure=noise["secure"], epsilon_sampling=_sampling(noise, "epsilon_added"),
         delta_sampling=_sampling(noise, "delta_added"),
         not_covered=uncovered, privacy_scope=budget.privacy,
-        plan_notes=plan.notes, **{**trained.fields, **report.fields})
+        plan_notes=plan.notes, **{**trained.fields, **report.fields, **chance})
     privacy = json.loads((prep.run.path / "privacy.json").read_text())
     return RunResult(student=student.cpu().eval(),
                      generator=None if trained.generator is None else trained.generator.cpu().eval(),

@@ -352,6 +352,8 @@ def _fmt(x: Any) -> str:
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as readable plain text."""
     lines = [report.get("title") or "Privacy report", ""]
+    if report.get("release_warning"):  # a model at chance (methods/chance.py): said before its privacy
+        lines[:0] = [f"WARNING: {report['release_warning']}"]
     lines.append(f"neighbouring relation: {report['relation']}")
     lines.append(f"delta: {report['delta']:g}")
     if report.get("noise"):
@@ -427,6 +429,8 @@ def run_report(run_dir: str | os.PathLike, *, delta: float | None = None) -> dic
                             title=f"Privacy report: {run}")
     if doc.get("noise"):
         report["noise"] = doc["noise"]
+    if doc.get("release_warning"):
+        report["release_warning"] = doc["release_warning"]
     if header:
         report["ledger"] = {"accounting_enforced": header.get("accounting"), "max_epsilon": header.get("max_epsilon"),
                             "records": len(events)}
@@ -464,4 +468,6 @@ def _dpsgd_report(run: Path, doc: dict[str, Any]) -> dict[str, Any]:
     report["accountings"] = {}
     if doc.get("noise"):
         report["noise"] = doc["noise"]
+    if doc.get("release_warning"):
+        report["release_warning"] = doc["release_warning"]
     return report

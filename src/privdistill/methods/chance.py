@@ -1,0 +1,83 @@
+"""Whether a released model answers at chance, said wherever its accuracy is said.
+
+A model whose held-out accuracy is no better than always answering the test set's largest class, or that answers
+one class for most inputs, has learned (almost) nothing; a run that ends there is a failed run, not a result. The
+rule (RULE) is stated with the numbers in the run's summary (`chance_check`); a run at chance gets `at_chance`
+true and a `warning` first in its summary, the first line of the command line's summary, of the run and privacy
+reports and of the model card, and `export` refuses it unless told (`--allow-chance`, allow_chance=True).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+
+#: the least margin above the largest class's share that counts as learning something (3 points)
+CHANCE_MARGIN = 0.03
+#: a model answering one class for more than this share of the test inputs answers that class, not the input
+ONE_CLASS_SHARE = 0.8
+
+RULE = (f"at chance when the held-out accuracy is below the largest class's share of the test set plus "
+        f"max({CHANCE_MARGIN * 100:g} points, 2 binomial standard errors), or when the model answers one class for "
+        f"more than {ONE_CLASS_SHARE:.0%} of the test inputs (beyond that class's own share plus the same margin)")
+
+
+class ChanceWarning(UserWarning):
+    """A released model answers at chance (see privdistill.methods.chance.RULE)."""
+
+
+def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                 classes: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """The rule applied to a model's held-out answers: the numbers, `at_chance`, and the sentence that says so
+    (`warning`, None when the model is above chance)."""
+    predictions, labels = predictions.reshape(-1).long().cpu(), labels.reshape(-1).long().cpu()
+    n = len(labels)
+    if n == 0:
+        return {"at_chance": False, "rule": RULE, "test_records": 0, "warning": None}
+    k = max(num_classes, int(labels.max()) + 1, int(predictions.max()) + 1)
+    truth = torch.bincount(labels, minlength=k).double() / n
+    answered = torch.bincount(predictions, minlength=k).double() / n
+    majority, top = int(truth.argmax()), int(answered.argmax())
+    share, top_share = float(truth[majority]), float(answered[top])
+    accuracy = float((predictions == labels).double().mean())
+    margin = max(CHANCE_MARGIN, 2 * math.sqrt(share * (1 - share) / n))
+    threshold = share + margin
+    near = accuracy < threshold
+    one_class = top_share > ONE_CLASS_SHARE and top_share > float(truth[top]) + margin
+    def name(c: int) -> str:
+        return f"'{classes[c]}'" if c < len(classes) else str(c)
+
+    warning = None
+    if near or one_class:
+        why = []
+        if near:
+            why.append(f"its held-out accuracy {accuracy:.1%} is below {threshold:.1%}, the largest class's share "
+                       f"({name(majority)}, {share:.1%} of the {n} test images) plus {margin * 100:.1f} points")
+        if one_class:
+            why.append(f"it answers class {name(top)} for {top_share:.0%} of the test inputs")
+        warning = (f"AT CHANCE: this model has learned (almost) nothing: {'; '.join(why)}. Try a larger epsilon, "
+                   "another recipe (privdistill recipes) or method; `export` refuses it unless --allow-chance")
+    return {"at_chance": warning is not None, "rule": RULE, "test_records": n, "accuracy": round(accuracy, 4),
+            "majority_class": majority, "majority_share": round(share, 4), "threshold": round(threshold, 4),
+            "top_answer": top, "top_answer_share": round(top_share, 4), "warning": warning}
+
+
+def evaluate_release(model: torch.nn.Module, test, env) -> tuple[float, dict[str, Any]]:
+    """The released model's held-out accuracy on `test` (an ImageDataset) and the summary fields of the chance
+    check (`at_chance`, `chance_check`, and `warning` first when at chance, also raised as a ChanceWarning)."""
+    from privdistill.engine.trainer import predict_logits
+
+    if len(test) == 0:
+        return float("nan"), {}
+    predictions = predict_logits(model, test.images, env).argmax(1)
+    accuracy = float((predictions == test.labels).float().mean())
+    check = chance_check(predictions, test.labels, test.num_classes, test.classes)
+    warning = check.pop("warning")
+    fields: dict[str, Any] = {"at_chance": check["at_chance"], "chance_check": check}
+    if warning:
+        fields["warning"] = warning
+        warnings.warn(warning, ChanceWarning, stacklevel=2)
+    return accuracy, fields
