@@ -127,6 +127,11 @@ FEWER_ITERATIONS = {
 }
 
 
+# at ε = 10 on 600 records, DGD's votes buy 6 labels through noise that leaves a unanimous vote right 91 % of the
+# time: too few to teach 10 classes, refused (measured on 1,500 records: a DGD release at chance, 11 %)
+REFUSED_ON_600 = {"dgd"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(FEWER_ITERATIONS))
 def test_a_small_npz_runs_every_method_with_the_default_preset(method, tmp_path, data_root):
@@ -138,6 +143,10 @@ def test_a_small_npz_runs_every_method_with_the_default_preset(method, tmp_path,
     sets = [arg for s in FEWER_ITERATIONS[method] for arg in (("--set", s) if "=" in s else (s,))]
     args = [method.split("-")[0], "-d", spec, "-e", "10", "--run-dir", str(tmp_path / "run"), "--no-progress"]
     result = CliRunner().invoke(get_app(), args + sets)
+    if method in REFUSED_ON_600:  # the plan judge (methods/plan_judge.py): refused before anything trains
+        assert result.exit_code != 0 and "cannot teach anything" in str(result.exception)
+        assert not (tmp_path / "run" / "ledger.jsonl").exists()
+        return
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["accounting"] == "strict" and summary["epsilon_strict"] <= 10 + 1e-6

@@ -349,20 +349,15 @@ def resolve_sections(sections: dict[str, type], *, preset: str, dataset: str | N
 def chosen_values(*, preset: str, dataset: str | None = None, config_file: str | Path | None = None,
                   overrides: list[str] | dict | None = None,
                   recipe: list[dict[str, Any]] | None = None) -> tuple[dict[str, dict[str, Any]], set[str]]:
-    """(the preset's and recipe's own values by section, the "section.key"s chosen for this run): chosen are those
-    the preset's `by_dataset` block, the user's --config file or --set gives. methods/sizing.py fits only the
-    others to the data: a value someone chose is never changed behind their back; a recipe's values were measured
-    at the datasets' full size, and are refitted like the preset's."""
+    """(the preset's own values by section, the "section.key"s chosen for this run): chosen are those the
+    preset's `by_dataset` block, the recipe (measured as they are), the user's --config file or --set gives.
+    methods/sizing.py fits only the others to the data: a value someone chose is never changed behind their back."""
     base = load_preset(preset)
-    recipe = recipe or []
     layers = _layers(base, dataset, load_yaml_file(config_file), normalize_overrides(overrides), recipe)
-    own_layers = layers[:2 + len(recipe)] if dataset else layers[:1 + len(recipe)]
-    user_layers = layers[len(own_layers):]
-    chosen = {f"{section}.{key}" for layer in ([layers[1]] if dataset else []) + user_layers
-              for section, block in layer.items()
+    chosen = {f"{section}.{key}" for layer in layers[1:] for section, block in layer.items()
               if section != "by_dataset" and isinstance(block, dict) for key in block}
     own: dict[str, dict[str, Any]] = {}
-    for layer in own_layers:  # the preset, its block for this dataset and the recipe: what the values were set for
+    for layer in layers[:2]:  # the preset and its block for this dataset: what the preset's values were set for
         for section, block in layer.items():
             if section != "by_dataset" and isinstance(block, dict):
                 own.setdefault(section, {}).update(block)

@@ -30,6 +30,7 @@ from privdistill.errors import ConfigError, RunError
 from privdistill.methods.chance import evaluate_release
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
 from privdistill.methods.dry_run import check_own_budget, dry_run_info
+from privdistill.methods.plan_judge import check_plan
 from privdistill.privacy.events import PrivacyEvent
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway, noise_source, write_privacy_json
@@ -262,6 +263,7 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
         method.check_end_to_end(ctx)
     plan = method.plan(ctx, LedgerView.read(prep.run.path))
     plan.notes[:0] = prep.notes  # what was fitted to the data comes first
+    check_plan(method, ctx, plan)  # what the budget buys, and whether it can teach anything (methods/plan_judge.py)
     ledger = (PrivacyLedger(prep.run.path, max_epsilon=budget.limit, accounting=budget.accounting,
                             delta=budget.delta) if method.uses_ledger else None)
     if ledger is not None:

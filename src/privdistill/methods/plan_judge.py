@@ -1,0 +1,191 @@
+"""Judging a plan before anything trains: what the privacy budget buys, and whether that can teach anything.
+
+Every method's plan is priced (methods/runner.py); this module asks a second question, with a stated rule per kind
+of channel, in the same units for every method ("informative labels", or a noise-to-signal ratio):
+
+* vote channels (DGD, PATE): Q answered queries, each right with probability at most p (a unanimous vote through
+  the noise, privacy/vote_noise.py). A label carries s = (p - 1/K) / (1 - 1/K) of a clean one beyond chance, so
+  the budget buys about Q s informative labels.
+* randomized response (SRR): N labels at ε per label, each kept with probability p = e^ε / (e^ε + K - 1) (over all
+  K classes; a smaller candidate set only helps). A label's signal beyond chance is s as above, and a learner
+  needs about 1 / s^2 noisy labels for one clean one: N s^2 informative labels.
+* noisy gradients (DP-SGD, DPDFD): the noise on the mean gradient against its largest signal, averaged over the
+  T steps: r = sigma sqrt(d) / (B sqrt(T)) for DP-SGD (d parameters, expected batch B, noise multiplier sigma), and
+  r = sigma sqrt(K) / sqrt(B T) for DPDFD (each of B K-dimensional output gradients per step gets noise sigma C on
+  a norm C).
+
+A plan is refused when its budget buys fewer informative labels than classes (K) or r > R_REFUSE, and warned when
+it buys fewer than WEAK_PER_CLASS labels a class or r > R_WEAK. The thresholds are set from measured cells
+(docs/results.md, "Data of your own"): every recorded release above chance passes, the plans that released
+chance-level models on a 1,500-record dataset are refused. A refusal names the nearest plan that would pass: the
+smallest ε (by doubling) at which this method's plan does, and other methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from privdistill.errors import ConfigError
+from privdistill.privacy.events import (
+    ConfidentGNMaxQueries,
+    DPDFDSteps,
+    GNMaxQueries,
+    LNMaxQueries,
+    RRLabels,
+    SRRLabels,
+)
+from privdistill.privacy.ledger import LedgerView
+from privdistill.privacy.vote_noise import unanimous_label_accuracy
+
+if TYPE_CHECKING:
+    from privdistill.methods.runner import Context, Method, Plan
+
+WEAK_PER_CLASS = 10  # informative labels a class below which a plan is weak
+#: other plans of the same method to try where the budget cannot teach with this one
+OTHER_PLANS = {
+    "srr": ["the end-to-end recipe (-r end-to-end: a DP-SGD teacher, one ε for the whole model)",
+            "the paper's accounting (--accounting paper: ε per label, which is not a guarantee for the model)"],
+    "dgd": ["fewer teachers, each on more records (--set teachers.num_teachers=N): a quieter vote per query"],
+    "pate": ["fewer teachers, each on more records (--set teachers.num_teachers=N)"],
+    "dpdfd": ["the paper's accounting (--accounting paper), as the paper counts"],
+}
+R_REFUSE, R_WEAK = 3.0, 0.3  # gradient noise-to-signal ratios (module docstring)
+
+
+class PlanRefused(ConfigError):
+    """The budget cannot teach anything with this plan: refused before anything trains (the message says why and
+    what would)."""
+
+
+class WeakPlanWarning(UserWarning):
+    """The budget buys little with this plan: the run goes ahead, and says so first."""
+
+
+@dataclass
+class Verdict:
+    level: str  # "ok" | "weak" | "refuse"
+    buys: str  # what the budget buys, in words
+    rule: str  # the rule that decided
+
+    @property
+    def line(self) -> str:
+        return f"plan judged {self.level}: {self.buys} ({self.rule})"
+
+
+def _signal(p: float, k: int) -> float:
+    return max(0.0, (p - 1.0 / k) / (1.0 - 1.0 / k))
+
+
+def _labels_verdict(informative: float, k: int, what: str) -> Verdict:
+    rule = (f"refused below {k} informative labels (one a class), weak below {WEAK_PER_CLASS * k} "
+            f"({WEAK_PER_CLASS} a class)")
+    level = "refuse" if informative < k else "weak" if informative < WEAK_PER_CLASS * k else "ok"
+    return Verdict(level, f"{what}: about {informative:,.0f} informative labels for {k} classes", rule)
+
+
+def _ratio_verdict(ratio: float, what: str) -> Verdict:
+    rule = f"refused above a noise-to-signal ratio of {R_REFUSE:g}, weak above {R_WEAK:g}"
+    level = "refuse" if ratio > R_REFUSE else "weak" if ratio > R_WEAK else "ok"
+    return Verdict(level, f"{what}: noise-to-signal ratio {ratio:.3g} over the run", rule)
+
+
+def _vote_verdict(event: Any, k: int, ctx: "Context") -> Verdict:
+    teachers = ctx.section("teachers").num_teachers
+    if isinstance(event, LNMaxQueries):
+        p, _ = unanimous_label_accuracy(teachers, k, distribution="laplace", scale=event.scale)
+        queries, what = event.count, f"{event.count} LNMax answers (Laplace {event.scale:g}, {teachers} teachers)"
+    elif isinstance(event, ConfidentGNMaxQueries):
+        p, answered = unanimous_label_accuracy(teachers, k, distribution="gaussian", scale=event.sigma2,
+                                               threshold=event.threshold, sigma1=event.sigma1)
+        queries = event.count * answered
+        what = f"{event.count} Confident-GNMax queries, about {queries:,.0f} answered ({teachers} teachers)"
+    else:
+        p, _ = unanimous_label_accuracy(teachers, k, distribution="gaussian", scale=event.sigma)
+        queries, what = event.count, f"{event.count} GNMax answers (σ {event.sigma:g}, {teachers} teachers)"
+    return _labels_verdict(queries * _signal(p, k), k, f"{what}, each right at most {p:.0%} of the time")
+
+
+def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
+    """The verdict on `plan` (None: nothing in it this module knows how to judge, e.g. an end-to-end source)."""
+    k = ctx.data.train.num_classes
+    events = list(plan.remaining)
+    for event in events:
+        if isinstance(event, (LNMaxQueries, GNMaxQueries, ConfidentGNMaxQueries)):
+            return _vote_verdict(event, k, ctx)
+        if isinstance(event, (RRLabels, SRRLabels)):  # every stage's labels together
+            stages = [e for e in events if isinstance(e, (RRLabels, SRRLabels))]
+            count = sum(e.count for e in stages)
+            informative = 0.0
+            for e in stages:
+                p = math.exp(min(e.epsilon, 50.0)) / (math.exp(min(e.epsilon, 50.0)) + k - 1)
+                informative += e.count * _signal(p, k) ** 2
+            p = math.exp(min(event.epsilon, 50.0)) / (math.exp(min(event.epsilon, 50.0)) + k - 1)
+            what = (f"{count:,} labels at ε {event.epsilon:.3g} each, each kept at least {p:.0%} of the time "
+                    f"(chance {1 / k:.0%})")
+            return _labels_verdict(informative, k, what)
+        if isinstance(event, DPDFDSteps):
+            ratio = event.sigma * math.sqrt(k) / math.sqrt(event.batch_size * event.steps)
+            return _ratio_verdict(ratio, f"{event.steps} steps of B = {event.batch_size} at σ {event.sigma:.4g}")
+    if method.name == "dpsgd" and plan.details.get("sigma") is not None:
+        return _ratio_verdict(_dpsgd_ratio(ctx, plan), f"{plan.details['total']} DP-SGD steps at noise multiplier "
+                                                       f"{plan.details['sigma']:.4g}")
+    return None
+
+
+def _dpsgd_ratio(ctx: "Context", plan: "Plan") -> float:
+    from privdistill.models import create_model
+
+    cfg, train = ctx.section("dpsgd"), ctx.data.train
+    model = create_model(cfg.model, kind="classifier", in_channels=train.channels, num_classes=train.num_classes,
+                         image_size=train.image_size[0])
+    d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    batch = plan.details["sample_rate"] * len(train)
+    return plan.details["sigma"] * math.sqrt(d) / (batch * math.sqrt(plan.details["total"]))
+
+
+def nearest_epsilon(method: "Method", ctx: "Context", tries: int = 7) -> float | None:
+    """The smallest ε, doubling from the target, at which this method's plan is not refused (None: none within
+    2^tries times the target)."""
+    budget = ctx.budget
+    if budget.epsilon is None:
+        return None
+    for i in range(1, tries + 1):
+        epsilon = budget.epsilon * 2 ** i
+        trial = dataclasses.replace(budget, epsilon=epsilon, max_epsilon=None)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                verdict = judge(method, dataclasses.replace(ctx, budget=trial), method.plan(
+                    dataclasses.replace(ctx, budget=trial), LedgerView([], None)))
+        except ConfigError:
+            continue
+        if verdict is None or verdict.level != "refuse":
+            return epsilon
+    return None
+
+
+def check_plan(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
+    """Judge the plan: refuse (PlanRefused, naming the nearest plan that would pass) or warn (WeakPlanWarning);
+    the verdict's line goes first among the plan's notes."""
+    verdict = judge(method, ctx, plan)
+    if verdict is None:
+        return None
+    if verdict.level == "refuse":
+        nearer = nearest_epsilon(method, ctx)
+        options = [f"ε = {nearer:g} with this method and recipe" if nearer else
+                   f"no ε up to {2 ** 7:g} times the target with this method"]
+        options += OTHER_PLANS.get(method.name, [])
+        if method.name != "dpsgd":
+            options.append("DP-SGD on the private data itself (privdistill dpsgd, judged the same way)")
+        raise PlanRefused(f"this plan cannot teach anything: {verdict.buys}; {verdict.rule}. Nearest plans that "
+                          f"would pass: {'; '.join(options)}. (--dry-run prints the plan; docs/usage.md, "
+                          "\"Judging a plan\")")
+    plan.notes.insert(0, verdict.line)
+    if verdict.level == "weak":
+        warnings.warn(f"weak plan: {verdict.buys} ({verdict.rule}); the run goes ahead", WeakPlanWarning,
+                      stacklevel=3)
+    return verdict

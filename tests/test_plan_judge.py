@@ -1,0 +1,64 @@
+"""The plan judge (methods/plan_judge.py): every method's plan is refused, before anything trains, when what its
+budget buys cannot teach anything, and warned when it buys little; each verdict states its rule."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from privdistill.methods.common import RunRequest
+from privdistill.methods.dgd import run_dgd
+from privdistill.methods.dpdfd import run_dpdfd
+from privdistill.methods.dpsgd import run_dpsgd
+from privdistill.methods.pate import run_pate
+from privdistill.methods.plan_judge import (
+    WEAK_PER_CLASS,
+    PlanRefused,
+    WeakPlanWarning,
+    _labels_verdict,
+    _ratio_verdict,
+    _signal,
+)
+from privdistill.methods.runner import DryRunPlan
+from privdistill.methods.srr import run_srr
+
+RUNS = {"dgd": run_dgd, "pate": run_pate, "srr": run_srr, "dpsgd": run_dpsgd, "dpdfd": run_dpdfd}
+# (method, extra overrides, ε refused, ε weak) on the 300-record fabricated dataset, paper recipes; the strict
+# accounting unless said (SRR's weak case: ε 2 per label; DPDFD: σ grows with the strict ε's composition)
+CASES = [("dgd", [], 10, 50), ("pate", [], 50, 1000), ("srr", ["budget.accounting=paper"], 0.5, 2),
+         ("dpsgd", [], 2, 10), ("dpdfd", ["dpdfd.batch_size=32"], 10, 100)]
+
+
+def test_the_rules():
+    assert _signal(0.1, 10) == 0 and _signal(1.0, 10) == 1
+    assert _labels_verdict(9, 10, "x").level == "refuse"
+    assert _labels_verdict(10, 10, "x").level == "weak"
+    assert _labels_verdict(WEAK_PER_CLASS * 10, 10, "x").level == "ok"
+    assert _ratio_verdict(3.1, "x").level == "refuse" and _ratio_verdict(1.0, "x").level == "weak"
+    assert _ratio_verdict(0.01, "x").level == "ok"
+    assert "refused below 10 informative labels" in _labels_verdict(50, 10, "x").rule
+
+
+def _dry(method, tiny_npz, tmp_path, epsilon, extra):
+    request = RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / f"{method}-{epsilon}"), dry_run=True,
+                         overrides=["run.recipe=paper", f"budget.epsilon={epsilon}", *extra])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DryRunPlan) as plan:
+            RUNS[method](request)
+    return plan.value.info, [w for w in caught if issubclass(w.category, WeakPlanWarning)]
+
+
+@pytest.mark.parametrize("method,extra,refused,weak", CASES, ids=[c[0] for c in CASES])
+def test_each_method_refuses_a_plan_that_cannot_teach_and_warns_of_a_weak_one(tiny_npz, tmp_path, method, extra,
+                                                                               refused, weak):
+    request = RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"), dry_run=True,
+                         overrides=["run.recipe=paper", f"budget.epsilon={refused}", *extra])
+    with pytest.raises(PlanRefused, match="cannot teach anything") as err:
+        RUNS[method](request)
+    assert "Nearest plans that would pass" in str(err.value) and "refused" in str(err.value)
+    assert not (tmp_path / "refused" / "ledger.jsonl").exists(), "refused before anything was spent"
+    info, weak_warnings = _dry(method, tiny_npz, tmp_path, weak, extra)
+    assert weak_warnings, "a weak plan says so"
+    assert any(n.startswith("plan judged weak") for n in info["notes"])
