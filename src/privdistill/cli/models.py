@@ -31,6 +31,7 @@ def recipes_command(method: Annotated[Optional[str], typer.Argument(help="one me
         table.add_column(col)
     for name in [method] if method else METHODS:
         for recipe_name, recipe in recipes(name).items():
-            measured = "; ".join(f"{d} ε {e:g}: {text}" for (d, e), text in recipe.measured.items())
+            measured = "; ".join(f"{d} ε {e:g} ({recipe.accounting}): {text}"
+                                 for (d, e), text in recipe.measured.items())
             table.add_row(name, recipe_name, recipe.summary, recipe.guarantee, measured)
     Console().print(table)

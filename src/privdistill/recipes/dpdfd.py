@@ -10,16 +10,19 @@ default: Algorithm 2 of the paper (its Table 7), 100 teachers on disjoint parts,
 from privdistill.recipes import Recipe
 
 DEFAULT = Recipe(
+    accounting="paper",
     summary="Algorithm 2: the normalised, noised gradients of 100 teachers on disjoint parts (MNIST)",
     by_dataset={"mnist": {"dpdfd": {"algorithm": 2}}},
     measured={("mnist", 10): "91.97 %, strict 896 / paper 10", ("mnist", 1): "92.08 %, strict 422 / paper 1"},
 )
 
-PAPER = Recipe(summary="Algorithm 1: one teacher, a generator trained from scratch against the student",
+PAPER = Recipe(
+    accounting="paper",summary="Algorithm 1: one teacher, a generator trained from scratch against the student",
                measured={("mnist", 10): "82.97 %", ("mnist", 1): "48.17 %", ("fashion-mnist", 10): "21.87 %",
                          ("fashion-mnist", 1): "16.17 %"})
 
 TEACHER_GENERATOR = Recipe(
+    accounting="paper",
     summary="the generator first fitted to the non-private teacher, then the paper's noisy channel",
     guarantee="NOT the paper's: the generator is fitted to the non-private teacher, a pathway no ε covers",
     values={"dpdfd": {"generator_init": "teacher", "generator_every": 0},

@@ -14,6 +14,7 @@ STAGED = {"stages": 4, "first_stage_fraction": 0.25, "student_data": "cumulative
           "epochs_per_stage": 4, "student_ema": 0.995, "eval_every_stages": 1}
 
 DEFAULT = Recipe(
+    accounting="paper",
     summary="four stages, the student's own prior from the second, likelihood loss, weight average",
     values={"srr": STAGED},
     measured={("mnist", 1): "94.73 % (seeds 94.74, 94.52), paper ε 1 per label, the labels only",
@@ -21,6 +22,7 @@ DEFAULT = Recipe(
 )
 
 PAPER = Recipe(
+    accounting="paper",
     summary="the paper's 20 equal stages, each student trained alone by cross-entropy",
     measured={("mnist", 1): "71.08 %", ("mnist", 10): "97.84 %", ("fashion-mnist", 1): "57.26 %",
               ("fashion-mnist", 10): "81.03 %"},
