@@ -1,4 +1,5 @@
 import gzip
+import warnings
 
 import numpy as np
 import pytest
@@ -159,7 +160,6 @@ def test_npz_float_images_and_holdout(tmp_path):
     ({"x": np.zeros((0, 8, 8), np.uint8), "y": np.zeros(0)}, "holds no images"),
     ({"x": np.full((10, 8, 8), np.nan), "y": np.arange(10) % 2}, "NaN"),
     ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.zeros(10)}, "at least 2"),
-    ({"x": np.zeros((10, 8, 8), np.uint8), "y": np.arange(10) % 2 * 1000}, "relabel"),
     ({"x": np.zeros((3, 8, 8), np.uint8), "y": np.arange(3) % 2}, "needs at least 20"),
     ({"x": np.zeros((30, 8, 8), np.uint8), "y": np.arange(30) % 2, "x_test": np.zeros((6, 8, 8), np.uint8),
       "y_test": np.arange(6) % 3}, r"y_test holds label\(s\) \[2\]"),
@@ -168,6 +168,33 @@ def test_npz_bad_shapes_are_clear_errors(tmp_path, arrays, message):
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(DataError, match=message):
         load_data(f"npz:{tmp_path / 'bad.npz'}")
+
+
+def test_labels_that_skip_class_numbers_are_renumbered_with_a_message(tmp_path):
+    """Issue 64: labels 0..8 and 12 became a 13-class problem with only "some classes are rare". They are renumbered
+    0..9 in order, said in a warning, the labels as given kept as the class names and the mapping recorded."""
+    from privdistill.data.custom import LabelRemapWarning
+
+    y = np.arange(60) % 10
+    y[y == 9] = 12
+    np.savez(tmp_path / "skips.npz", x=np.zeros((60, 8, 8), np.uint8), y=y)
+    with pytest.warns(LabelRemapWarning, match=r"labels \(0\.\.8, 12\) skip class numbers.*renumbered 0\.\.9"):
+        splits = load_data(f"npz:{tmp_path / 'skips.npz'}")
+    assert splits.num_classes == 10 and splits.label_map == {**{k: k for k in range(9)}, 12: 9}
+    assert splits.train.classes == tuple(str(k) for k in range(9)) + ("12",)
+    assert sorted(set(splits.train.labels.tolist()) | set(splits.test.labels.tolist())) == list(range(10))
+    np.savez(tmp_path / "far.npz", x=np.zeros((20, 8, 8), np.uint8), y=np.arange(20) % 2 * 1000,
+             x_test=np.zeros((4, 8, 8), np.uint8), y_test=np.array([0, 1000, 1000, 0]))
+    with pytest.warns(LabelRemapWarning):
+        far = load_data(f"npz:{tmp_path / 'far.npz'}")
+    assert far.num_classes == 2 and far.train.classes == ("0", "1000") and far.test.labels.tolist() == [0, 1, 1, 0]
+    assert far.test_from == "x_test / y_test of far.npz"
+    np.savez(tmp_path / "plain.npz", x=np.zeros((40, 8, 8), np.uint8), y=np.arange(40) % 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LabelRemapWarning)  # 0..K-1 as given: read as it is, without a word
+        plain = load_data(f"npz:{tmp_path / 'plain.npz'}")
+    assert plain.label_map is None and plain.train.classes == ("0", "1", "2", "3")
+    assert plain.test_from.startswith("held out at random from the 40 labelled records given (10%")
 
 
 def test_npz_not_a_zip(tmp_path):

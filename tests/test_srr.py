@@ -348,7 +348,7 @@ def test_fit_takes_arrays_and_torch_datasets(tiny_npz, tmp_path, cache):
     options = dict(setting="label-dp", epsilon=2, accounting="paper",
                    overrides=TINY + ["srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn"])
     from_arrays = SRR(run_dir=str(tmp_path / "a"), **options).fit(x, y).summary
-    assert "/arrays/arrays-" in from_arrays["dataset"] and from_arrays["num_labels"] == 270  # 10 % held out
+    assert from_arrays["dataset"].startswith("arrays:sha256-") and from_arrays["num_labels"] == 270  # 10 % held out
     dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
     from_dataset = SRR(run_dir=str(tmp_path / "b"), **options).fit(dataset).summary
     assert from_dataset["dataset"] == from_arrays["dataset"], "the same data: the same name (and cached stages)"

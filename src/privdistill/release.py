@@ -158,7 +158,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                                                               "training set"),
                  "preprocessing": json.dumps(PREPROCESSING), "classes": json.dumps(classes),
                  "test_accuracy": json.dumps(summary.get("test_accuracy")),
-                 "at_chance": json.dumps(bool(summary.get("at_chance")))}
+                 "at_chance": json.dumps(bool(summary.get("at_chance"))),
+                 "test_split": str(summary.get("test_split") or ""),
+                 "data_value_range": json.dumps(summary.get("data_value_range"))}
     RunDir(partial).save_weights("model", model, metadata={**meta, **card_meta})
     if generator:
         shutil.copy2(gen_path, partial / "generator.safetensors")
@@ -190,7 +192,27 @@ def _classes(summary: dict[str, Any], meta: dict[str, str]) -> list[str]:
     from privdistill.data.dataset import known_class_names
 
     k = int(json.loads(meta.get("registry_kwargs", "{}")).get("num_classes", 10))
+    given = summary.get("classes")  # the data's own class names, or its labels as given when they were renumbered
+    if isinstance(given, list) and len(given) == k:
+        return [str(c) for c in given]
     return known_class_names(str(summary.get("dataset")), k)
+
+
+def _scale_sentence(summary: dict[str, Any]) -> str:
+    """What scale the training data were on, and how to bring images on that scale to the model's 0..255."""
+    given = summary.get("data_value_range")
+    if not (isinstance(given, list) and len(given) == 2):
+        return ""
+    lo, hi = float(given[0]), float(given[1])
+    if (lo, hi) == (0.0, 255.0):
+        return " The training data were uint8 images on this 0..255 scale."
+    if (lo, hi) == (0.0, 1.0):
+        return (" The training data were floats on a 0..1 scale, read as x * 255: give this model uint8 = round(255 "
+                "* x) (or 2 * x - 1 as floats).")
+    offset = f"(x - {lo:g})" if lo else "x"
+    return (f" The training data were on a {lo:g}..{hi:g} scale, mapped to 0..255 as {offset} * 255 / {hi - lo:g}: "
+            f"give this model images on that scale the same way, uint8 = round({offset} * 255 / {hi - lo:g}); fed "
+            f"{lo:g}..{hi:g} values as they are, it sees nearly black images.")
 
 
 # ------------------------------------------------------------------------------------------------------ card
@@ -240,7 +262,8 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
         lines += [f"- {'covered' if p.get('covered') else 'NOT covered'}: {p.get('source')} -> {p.get('via')} -> "
                   f"{p.get('to')}" for p in pathways]
         lines.append("")
-    lines += ["## Accuracy", "", f"- test accuracy on the {dataset} test split: {_fmt(acc)}"]
+    split = summary.get("test_split") or f"the {dataset} test split"
+    lines += ["## Accuracy", "", f"- test accuracy: {_fmt(acc)}, on {split}"]
     if summary.get("baseline_accuracy") is not None:
         what = ("the DP-SGD source model inside the guarantee (not released)" if summary.get("privacy_scope") ==
                 "end-to-end" else "a non-private model trained on the same data (not released)")
@@ -256,10 +279,13 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
               f"Classifying {size} x {size} images like those of "
               f"{dataset} into {len(classes)} classes ({', '.join(classes)}), where the people in the training data "
               "need the stated protection. Out of scope: data unlike the training distribution (accuracy then "
-              "drops with no warning), and any use that relies on a guarantee stronger than the one stated above.",
+              "drops with no warning), and any use that relies on a guarantee stronger than the one stated above."
+              + (f" The data's labels {', '.join(summary['label_map'])} were renumbered "
+                 f"0..{len(summary['label_map']) - 1} in that order: the model's class i is the i-th of them "
+                 "(`release.classes`)." if summary.get("label_map") else ""),
               "", "## Preprocessing", "",
               f"Input: {PREPROCESSING['input']}, shape {channels} x {size} x {size}; scale {PREPROCESSING['scale']}; "
-              f"layout {PREPROCESSING['layout']}. "
+              f"layout {PREPROCESSING['layout']}.{_scale_sentence(summary)} "
               f"Warning: {PREPROCESSING['warning']}.", "", "## How to load", "", "```python", "import privdistill", "",
               'release = privdistill.load("THIS_DIRECTORY")', "labels = release.predict(uint8_images)  # or:",
               "logits = release.model(release.preprocess(uint8_images))  # a plain torch.nn.Module", "```", "",
@@ -284,6 +310,7 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Rele
     model = release.load_weights(name, device=device).eval()
     classes = json.loads(meta["classes"]) if "classes" in meta else [str(i) for i in range(kwargs["num_classes"])]
     card = {k: (json.loads(v) if k in ("dp_as_a_whole", "epsilon_strict", "epsilon_paper", "delta", "preprocessing",
-                                       "classes", "test_accuracy", "at_chance") else v) for k, v in meta.items()}
+                                       "classes", "test_accuracy", "at_chance", "data_value_range") else v)
+            for k, v in meta.items()}
     size = kwargs.get("image_size", 28)
     return Release(model=model, classes=classes, card=card, image_shape=(kwargs.get("in_channels", 1), size, size))

@@ -77,8 +77,8 @@ def inspect_cmd(name: Annotated[str, typer.Argument(help="mnist, fashion-mnist, 
     train, test = data.train, data.test
     # one unwrapped line, not the table's title: a title wraps to the narrow table ("?range=0,1" / "6: ...")
     console.print(f"{name}: {len(train)} training and {len(test)} test images, {data.channels} x "
-                  f"{data.image_size[0]} x {data.image_size[1]}, {data.num_classes} classes", highlight=False,
-                  soft_wrap=True, markup=False)
+                  f"{data.image_size[0]} x {data.image_size[1]}, {data.num_classes} classes; the test images: "
+                  f"{data.test_from or 'the test split'}", highlight=False, soft_wrap=True, markup=False)
     table = Table()
     for col in ("class", "train", "test"):
         table.add_column(col, justify="right")

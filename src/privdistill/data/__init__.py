@@ -16,7 +16,7 @@ from privdistill.data.builtin import (
     status,
 )
 from privdistill.data.catalog import BUILTIN, canonical_name
-from privdistill.data.custom import load_image_folder, load_npz
+from privdistill.data.custom import ARRAYS_PREFIX, load_arrays, load_image_folder, load_npz
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float, to_uint8
 from privdistill.data.partition import missing_classes, partition_indices
 
@@ -38,11 +38,13 @@ def dataset_slug(name: str) -> str:
 
 def load_data(name: str, data_root: str | os.PathLike | None = None, *, verify: bool = True, seed: int = 0,
               test_fraction: float = 0.1, image_size: int | None = None) -> DataSplits:
-    """Load a dataset by name: a built-in name, 'npz:PATH' or 'folder:DIR'."""
+    """Load a dataset by name: a built-in name, 'npz:PATH', 'folder:DIR' or 'arrays:NAME' (arrays passed to fit)."""
     from privdistill.data.builtin import load_builtin
 
     if name.startswith("npz:"):
         return load_npz(name[4:], test_fraction=test_fraction, seed=seed)
+    if name.startswith(ARRAYS_PREFIX):  # arrays passed to fit, in this process's memory (data.custom.as_dataset_spec)
+        return load_arrays(name, test_fraction=test_fraction, seed=seed)
     if name.startswith("folder:"):
         return load_image_folder(name[7:], image_size=image_size, test_fraction=test_fraction, seed=seed)
     if name.endswith(".npz") and os.path.isfile(name):

@@ -240,7 +240,7 @@ def load_builtin(name: str, data_root: str | os.PathLike | None = None, *, verif
             f"{spec.name}: files under {root} could not be read ({type(err).__name__}: {err}). "
             f"They are probably truncated or corrupt: delete them and prepare again. {spec.how_to_get}"
         ) from err
-    return DataSplits(train=train, test=test)
+    return DataSplits(train=train, test=test, test_from=f"the {spec.name} test set")
 
 
 def _load_torchvision(spec: DatasetSpec, root: Path, verify: bool) -> tuple[ImageDataset, ImageDataset]:

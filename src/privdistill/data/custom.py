@@ -1,8 +1,10 @@
-"""A user's own private data: a `.npz` file with arrays `x`, `y`, or an ImageFolder directory."""
+"""A user's own private data: a `.npz` file with arrays `x`, `y`, an ImageFolder directory, or arrays passed to fit
+(kept in memory, never written to disk)."""
 
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,9 @@ class PixelScaleError(DataError):
         self.finding = finding
 
 
-def _as_uint8_images(x: np.ndarray, path: Path, key: str,
-                     value_range: tuple[float, float] | None = None) -> torch.Tensor:
+def _as_uint8_images(x: np.ndarray, path: Path | str, key: str,
+                     value_range: tuple[float, float] | None = None) -> tuple[torch.Tensor, tuple[float, float]]:
+    """The images as uint8 0..255, and the scale they were given on (mapped linearly onto 0..255)."""
     if x.ndim == 3:
         x = x[:, None]
     if x.ndim != 4 or x.shape[1] not in (1, 3):
@@ -42,7 +45,7 @@ def _as_uint8_images(x: np.ndarray, path: Path, key: str,
     if len(x) == 0:
         raise DataError(f"{path}: array {key!r} holds no images. {NPZ_HELP}")
     if x.dtype == np.uint8 and value_range is None:
-        return torch.from_numpy(np.ascontiguousarray(x))
+        return torch.from_numpy(np.ascontiguousarray(x)), (0.0, 255.0)
     if not np.issubdtype(x.dtype, np.number):
         raise DataError(f"{path}: array {key!r} has dtype {x.dtype}; expected numbers. {NPZ_HELP}")
     if not np.isfinite(x).all():
@@ -54,8 +57,10 @@ def _as_uint8_images(x: np.ndarray, path: Path, key: str,
             raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}], outside the stated range "
                             f"[{low:g}, {high:g}]")
         x = (x.astype(np.float64) - low) * (255.0 / (high - low))
+        scale = (float(low), float(high))
     elif lo >= 0.0 and hi <= 1.0:
         x = x * 255.0
+        scale = (0.0, 1.0)
     elif lo < 0.0 or hi > 255.0:
         raise PixelScaleError(path, f"pixel values of {key!r} lie in [{lo:g}, {hi:g}]; expected [0, 1] or [0, 255]",
                               ", or state the scale: npz:PATH?range=LO,HI (or an array value_range in the file)")
@@ -63,10 +68,12 @@ def _as_uint8_images(x: np.ndarray, path: Path, key: str,
         raise PixelScaleError(path, f"pixel values of {key!r} lie in [{lo:g}, {hi:g}]: is that scale 0..255 (dark "
                               f"images) or 0..{hi:g}?", f" State it: npz:PATH?range=0,{hi:g} (or an array value_range "
                               f"= [0, {hi:g}] in the file); 0..255 data is read without asking when stored as uint8")
-    return torch.from_numpy(np.ascontiguousarray(np.rint(x).astype(np.uint8)))
+    else:
+        scale = (0.0, 255.0)
+    return torch.from_numpy(np.ascontiguousarray(np.rint(x).astype(np.uint8))), scale
 
 
-def _value_range(spec: str | None, arrays, path: Path) -> tuple[float, float] | None:
+def _value_range(spec: str | None, arrays, path: Path | str) -> tuple[float, float] | None:
     """The stated pixel scale: `?range=LO,HI` on the dataset name, else the file's `value_range` array."""
     if spec is not None:
         try:
@@ -85,7 +92,7 @@ def _value_range(spec: str | None, arrays, path: Path) -> tuple[float, float] | 
     return low, high
 
 
-def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> torch.Tensor:
+def _as_labels(y: np.ndarray, n: int, path: Path | str, key: str) -> torch.Tensor:
     y = np.asarray(y).reshape(-1) if np.asarray(y).ndim == 2 and 1 in np.asarray(y).shape else np.asarray(y)
     if y.ndim != 1 or len(y) != n:
         raise DataError(f"{path}: {key!r} has shape {y.shape} but there are {n} images. {NPZ_HELP}")
@@ -100,19 +107,97 @@ def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> torch.Tensor:
 
 
 def holdout_split(data: ImageDataset, fraction: float, seed: int) -> DataSplits:
-    """Split a single labelled set into train and test (seeded)."""
+    """Split a single labelled set into train and test (seeded); `test_from` says so."""
     if not 0.0 < fraction < 1.0:
         raise DataError(f"test fraction must lie in (0, 1), got {fraction}")
     n_test = max(1, int(round(len(data) * fraction)))
     if n_test >= len(data):
         raise DataError(f"{data.name}: {len(data)} examples are too few to hold out a test split")
     perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
-    return DataSplits(train=data.subset(perm[n_test:]), test=data.subset(perm[:n_test]))
+    return DataSplits(train=data.subset(perm[n_test:]), test=data.subset(perm[:n_test]),
+                      test_from=f"held out at random from the {len(data):,} labelled records given ({fraction:.0%}, "
+                                f"seeded with run.seed {seed}; the other {len(data) - n_test:,} train), as no test "
+                                "split was given")
 
 
 # Fewer examples than this cannot be split into partitions, batches and a test part meaningfully: refused
 # rather than "trained" to a number that means nothing.
 MIN_TRAIN_EXAMPLES = 20
+
+
+class LabelRemapWarning(UserWarning):
+    """Labels that skip class numbers were renumbered 0..K-1 (the mapping is recorded with the run)."""
+
+
+def _show_labels(values: list[int]) -> str:
+    """0, 1, ..., 8, 12 rather than ten numbers: runs of consecutive labels shortened."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+def _renumber(y: torch.Tensor, test: tuple[torch.Tensor, torch.Tensor] | None, where: str):
+    """Labels that are not 0..K-1 (a class number skipped, e.g. 0..8 and 12, or 1..10) renumbered in order, with a
+    LabelRemapWarning; returns (y, test, classes named by the labels as given, {label: class} or None)."""
+    present = sorted(set(torch.unique(y).tolist()) | (set(torch.unique(test[1]).tolist()) if test else set()))
+    if present == list(range(len(present))):
+        return y, test, (), None
+    mapping = {int(v): k for k, v in enumerate(present)}
+    lookup = torch.full((present[-1] + 1,), -1, dtype=torch.long)
+    lookup[torch.tensor(present)] = torch.arange(len(present))
+    y = lookup[y]
+    test = None if test is None else (test[0], lookup[test[1]])
+    import warnings
+
+    warnings.warn(f"{where}: the labels ({_show_labels(present)}) skip class numbers, so they are renumbered "
+                  f"0..{len(present) - 1} in order, a {len(present)}-class model (label {present[-1]} is class "
+                  f"{len(present) - 1}); the run's summary (label_map) and the model card record the labels as given",
+                  LabelRemapWarning, stacklevel=4)
+    return y, test, tuple(str(v) for v in present), mapping
+
+
+def _splits(arrays, where: Path | str, *, name: str, source: str, range_spec: str | None, test_fraction: float,
+            seed: int, test_given: str) -> DataSplits:
+    """The checked train and test splits of arrays `x`, `y` (optional `x_test`, `y_test`, `value_range`: NPZ_HELP),
+    from an npz file or from arrays passed to fit; `where` names them in messages, `test_given` says where a given
+    test split came from."""
+    value_range = _value_range(range_spec, arrays, where)
+    x, scale = _as_uint8_images(np.asarray(arrays["x"]), where, "x", value_range)
+    y = _as_labels(arrays["y"], len(x), where, "y")
+    test = None
+    if "x_test" in arrays and "y_test" in arrays:
+        xt, _ = _as_uint8_images(np.asarray(arrays["x_test"]), where, "x_test", value_range)
+        yt = _as_labels(arrays["y_test"], len(xt), where, "y_test")
+        test = (xt, yt)
+    present = len(torch.unique(y))
+    if present < 2:
+        raise DataError(f"{where}: the training labels hold {present} class; a classifier needs at least 2")
+    if test is not None:
+        unseen = sorted(set(torch.unique(test[1]).tolist()) - set(torch.unique(y).tolist()))
+        if unseen:  # a class only the test split holds: the model would get an output it can never learn
+            raise DataError(f"{where}: y_test holds label(s) {unseen} that never occur in y; every test class "
+                            "must be present in the training data")
+    if len(x) < MIN_TRAIN_EXAMPLES:
+        raise DataError(f"{where}: {len(x)} training images; privdistill needs at least {MIN_TRAIN_EXAMPLES} "
+                        "(a private training set is split into teachers' partitions, batches and a test part)")
+    # labels are class indices: {0..8, 12} would build a 13-way model with 3 classes never seen, {0, 1000} a
+    # 1001-way one; renumbered 0..K-1 instead, the labels as given kept as the class names
+    y, test, classes, label_map = _renumber(y, test, str(where))
+    num_classes = int(max(int(y.max()), int(test[1].max()) if test else 0)) + 1
+    train = ImageDataset(x, y, num_classes, name=name, classes=classes, source=source)
+    if test is None:
+        splits = holdout_split(train, test_fraction, seed)
+    else:
+        if test[0].shape[1:] != x.shape[1:]:
+            raise DataError(f"{where}: x_test images {tuple(test[0].shape[1:])} differ from x {tuple(x.shape[1:])}")
+        splits = DataSplits(train=train, test=ImageDataset(test[0], test[1], num_classes, name=name, classes=classes,
+                                                           source=source), test_from=test_given)
+    splits.value_range, splits.label_map = scale, label_map
+    return splits
 
 
 def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> DataSplits:
@@ -128,37 +213,9 @@ def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> 
     with arrays:
         if "x" not in arrays or "y" not in arrays:
             raise DataError(f"{path} has arrays {sorted(arrays.files)}; 'x' and 'y' are required. {NPZ_HELP}")
-        value_range = _value_range(range_spec or None, arrays, path)
-        x = _as_uint8_images(arrays["x"], path, "x", value_range)
-        y = _as_labels(arrays["y"], len(x), path, "y")
-        test = None
-        if "x_test" in arrays and "y_test" in arrays:
-            xt = _as_uint8_images(arrays["x_test"], path, "x_test", value_range)
-            yt = _as_labels(arrays["y_test"], len(xt), path, "y_test")
-            test = (xt, yt)
-    num_classes = int(max(int(y.max()), int(test[1].max()) if test else 0)) + 1
-    present = len(torch.unique(y))
-    if present < 2:
-        raise DataError(f"{path}: the training labels hold {present} class; a classifier needs at least 2")
-    if num_classes > max(2 * present, 100):  # a {1, 7} subset of MNIST is fine; {0, 1000} is not
-        # labels are class indices: {0, 1000} would build a 1001-way model with 999 classes never seen
-        raise DataError(f"{path}: labels run up to {num_classes - 1} but only {present} distinct values occur; "
-                        "relabel the classes as 0..K-1")
-    if test is not None:
-        unseen = sorted(set(torch.unique(test[1]).tolist()) - set(torch.unique(y).tolist()))
-        if unseen:  # a class only the test split holds: the model would get an output it can never learn
-            raise DataError(f"{path}: y_test holds label(s) {unseen} that never occur in y; every test class "
-                            "must be present in the training data")
-    if len(x) < MIN_TRAIN_EXAMPLES:
-        raise DataError(f"{path}: {len(x)} training images; privdistill needs at least {MIN_TRAIN_EXAMPLES} "
-                        "(a private training set is split into teachers' partitions, batches and a test part)")
-    name = f"npz:{path.name}" + (f"?range={range_spec}" if range_spec else "")  # another scale, other data
-    train = ImageDataset(x, y, num_classes, name=name, source=str(path))
-    if test is None:
-        return holdout_split(train, test_fraction, seed)
-    if test[0].shape[1:] != x.shape[1:]:
-        raise DataError(f"{path}: x_test images {tuple(test[0].shape[1:])} differ from x {tuple(x.shape[1:])}")
-    return DataSplits(train=train, test=ImageDataset(test[0], test[1], num_classes, name=name, source=str(path)))
+        name = f"npz:{path.name}" + (f"?range={range_spec}" if range_spec else "")  # another scale, other data
+        return _splits(arrays, path, name=name, source=str(path), range_spec=range_spec or None,
+                       test_fraction=test_fraction, seed=seed, test_given=f"x_test / y_test of {path.name}")
 
 
 def _read_image_folder(directory: Path, image_size: int | None, classes: list[str] | None):
@@ -206,27 +263,21 @@ def load_image_folder(directory: str | Path, *, image_size: int | None = None, t
         xt, yt, _ = _read_image_folder(directory / "test", image_size, classes)
         k = len(classes)
         return DataSplits(train=ImageDataset(x, y, k, name=name, classes=tuple(classes), source=str(directory)),
-                          test=ImageDataset(xt, yt, k, name=name, classes=tuple(classes), source=str(directory)))
+                          test=ImageDataset(xt, yt, k, name=name, classes=tuple(classes), source=str(directory)),
+                          test_from=f"the test/ folder of {directory.name}")
     x, y, classes = _read_image_folder(directory, image_size, None)
     data = ImageDataset(x, y, len(classes), name=name, classes=tuple(classes), source=str(directory))
     return holdout_split(data, test_fraction, seed)
 
 
-def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, float] | None = None) -> str:
-    """A dataset given as data rather than by name, as the `npz:PATH` every command reads: arrays (`data` images
-    N x H x W or N x C x H x W with `labels` N), a pair `(images, labels)`, or a torch Dataset of (image, label)
-    items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and `npz:`/`folder:` strings pass through.
+#: Arrays passed to fit, in this process's memory only, by their dataset name ("arrays:NAME"): never written to disk.
+_IN_MEMORY: dict[str, dict[str, np.ndarray]] = {}
+ARRAYS_PREFIX = "arrays:"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
-    The arrays are written once to `<stage cache>/../arrays/<content hash>.npz`, so that the same data gives the
-    same name (and the stage cache recognises it on the next fit). Values are checked like any npz (NPZ_HELP)."""
-    import hashlib
 
-    from privdistill.engine.cache import default_cache_root
-
-    if data is None or isinstance(data, (str, os.PathLike)):
-        if labels is not None:
-            raise DataError("labels given with a dataset name: pass fit(images, labels) or fit('npz:PATH')")
-        return None if data is None else str(data)
+def _as_pair(data: Any, labels: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images, labels) as numpy arrays from arrays, an (images, labels) pair or a torch Dataset of pairs."""
     if isinstance(data, tuple) and len(data) == 2 and labels is None:
         data, labels = data
     if labels is None and hasattr(data, "__getitem__") and hasattr(data, "__len__") and \
@@ -236,24 +287,72 @@ def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, 
             images = np.stack([np.asarray(x) for x, _ in items])
             labels = np.asarray([int(y) for _, y in items])
         except (TypeError, ValueError) as err:
-            raise DataError(f"a dataset passed to fit must yield (image, label) pairs of arrays or tensors ({err}); "
-                            "for PIL images add transforms.PILToTensor()") from None
+            raise DataError(f"{what} must yield (image, label) pairs of arrays or tensors ({err}); for PIL images "
+                            "add transforms.PILToTensor()") from None
         data = images
     if labels is None:
         raise DataError("fit(images) needs the labels too: fit(images, labels)")
-    x = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
-    y = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
-    extra = {} if value_range is None else {"value_range": np.asarray(value_range, dtype=np.float64)}
-    digest = hashlib.sha256(x.tobytes() + str((x.dtype, x.shape, value_range)).encode() + y.tobytes()).hexdigest()[:16]
-    path = default_cache_root().parent / "arrays" / f"arrays-{digest}.npz"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial.npz")
-        np.savez(partial, x=x, y=y, **extra)
-        os.replace(partial, path)
+    x = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    y = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    return np.array(x, copy=True), np.array(y, copy=True)  # copies: the caller may change theirs afterwards
+
+
+def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, float] | None = None,
+                    name: str | None = None, test: Any = None) -> str | None:
+    """A dataset given as data rather than by name, as the `arrays:NAME` that `load_data` reads: arrays (`data`
+    images N x H x W or N x C x H x W with `labels` N), a pair `(images, labels)`, or a torch Dataset of (image,
+    label) items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and `npz:`/`folder:` strings pass
+    through. `test`: the held-out split the test accuracy is measured on, in the same forms (default: 10 % of the
+    records held out at random, which are then not trained on).
+
+    The arrays stay in this process's memory (a copy, held for the process's lifetime so that a later audit or
+    resumed fit finds them); nothing is written to disk. NAME is `name` (letters, digits, '.', '_', '-'), or else
+    `sha256-` and a hash of the content, so that the same data gives the same name; summaries and model cards name
+    the data by it. Values are checked like any npz (NPZ_HELP), now, before anything trains."""
+    import hashlib
+
+    if data is None or isinstance(data, (str, os.PathLike)):
+        if labels is not None or test is not None:
+            raise DataError("labels or test arrays given with a dataset name: pass fit(images, labels, test=...) or "
+                            "fit('npz:PATH') (an npz holds its own x_test, y_test)")
+        return None if data is None else str(data)
+    if name is not None and not _NAME.fullmatch(str(name)):
+        raise DataError(f"name={name!r}: a dataset name is 1 to 64 letters, digits, '.', '_' or '-', starting with a "
+                        "letter or digit (it names the data in summaries, run directories and model cards)")
+    x, y = _as_pair(data, labels, "a dataset passed to fit")
+    arrays = {"x": x, "y": y}
+    if test is not None:
+        arrays["x_test"], arrays["y_test"] = _as_pair(test, None, "the test set passed to fit")
+    if value_range is not None:
+        arrays["value_range"] = np.asarray(value_range, dtype=np.float64)
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        h.update(f"{key}{arrays[key].dtype}{arrays[key].shape}".encode())
+        h.update(np.ascontiguousarray(arrays[key]).tobytes())
+    spec = ARRAYS_PREFIX + (str(name) if name is not None else f"sha256-{h.hexdigest()[:16]}")
+    previous = _IN_MEMORY.get(spec)
+    _IN_MEMORY[spec] = arrays
     try:
-        load_npz(path)  # every check now, before any training
-    except PixelScaleError as err:  # the npz advice (npz:PATH?range=...) names a file the user never wrote
-        raise DataError(f"{err.finding.rstrip('?')}? State the scale of the arrays: fit(images, labels, "
-                        "value_range=(LO, HI))") from None
-    return f"npz:{path}"
+        load_arrays(spec)  # every check now, before any training
+    except DataError as err:
+        if previous is None:
+            _IN_MEMORY.pop(spec, None)
+        else:
+            _IN_MEMORY[spec] = previous
+        if isinstance(err, PixelScaleError):  # the npz advice (npz:PATH?range=...) names a file the user never wrote
+            raise DataError(f"{err.finding.rstrip('?')}? State the scale of the arrays: fit(images, labels, "
+                            "value_range=(LO, HI))") from None
+        raise
+    return spec
+
+
+def load_arrays(spec: str, *, test_fraction: float = 0.1, seed: int = 0) -> DataSplits:
+    """The splits of arrays passed to fit in this process (`as_dataset_spec`), by their name `arrays:NAME`."""
+    arrays = _IN_MEMORY.get(spec)
+    if arrays is None:
+        raise DataError(f"{spec} names arrays passed to fit() in another process: they are kept in memory only, "
+                        "never on disk. Pass them to fit again, or save them (np.savez('data.npz', x=images, "
+                        "y=labels)) and name the file: npz:data.npz")
+    return _splits(arrays, "the arrays passed to fit", name=spec, source="arrays passed to fit (in memory)",
+                   range_spec=None, test_fraction=test_fraction, seed=seed,
+                   test_given="the test arrays passed to fit (test=...)")

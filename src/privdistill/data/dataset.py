@@ -116,6 +116,12 @@ class ImageDataset:
 class DataSplits:
     train: ImageDataset
     test: ImageDataset
+    # where the test split came from, in words (a summary and a model card state it with "test accuracy")
+    test_from: str = ""
+    # the pixel scale of the data as given, before it was mapped to uint8 0..255 (a model card states both)
+    value_range: tuple[float, float] = (0.0, 255.0)
+    # labels that skipped class numbers, renumbered 0..K-1: {label as given: class index} (None: as given)
+    label_map: dict[int, int] | None = None
 
     @property
     def num_classes(self) -> int:

@@ -72,6 +72,7 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     data = load_data(dataset, options.data_root, seed=options.seed)
     # the preset's sizes and vote noise refitted to this dataset's N before anything is keyed or planned
     resolved, notes = fit_to_data(resolved, data, preset_values=preset_values, chosen=chosen)
+    notes += data_notes(data, dataset)
     if "budget" in resolved:  # δ against the N private records, before any work (no run directory yet)
         check_delta_for_records(resolved["budget"].delta, len(data.train))
     config = {"method": method, "dataset": dataset, "preset": request.preset,
@@ -82,6 +83,20 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     run = RunDir.open(run_dir, config=config, resume=request.resume)
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter(),
                     notes=notes, method=method)
+
+
+def data_notes(data: DataSplits, dataset: str) -> list[str]:
+    """What the plan says of data of one's own: the labels renumbered, and where the test accuracy is measured."""
+    notes = []
+    if data.label_map:
+        given = ", ".join(str(v) for v in data.label_map)
+        notes.append(f"labels renumbered: the data's labels {given} are classes 0..{len(data.label_map) - 1} in that "
+                     "order (label_map in the summary; the model card lists the labels as given)")
+    if ":" in dataset and data.test_from:  # a built-in dataset's test set goes without saying
+        notes.append(f"test accuracy is measured on {len(data.test):,} images: {data.test_from}"
+                     + ("; give your own test split: x_test / y_test in the npz, or fit(..., test=(images, labels))"
+                        if data.test_from.startswith("held out") else ""))
+    return notes
 
 
 def requested(request: RunRequest, section: str, key: str) -> Any:
@@ -157,15 +172,17 @@ class MethodAPI:
         self.overrides.update({f"budget.{k}": options.pop(k) for k in BUDGET_KEYWORDS if options.get(k) is not None})
         self.overrides.update({f"{self.section}.{k}": v for k, v in options.items() if v is not None})
 
-    def request(self, data: Any = None, labels: Any = None, value_range: tuple[float, float] | None = None
-                ) -> RunRequest:
+    def request(self, data: Any = None, labels: Any = None, value_range: tuple[float, float] | None = None,
+                name: str | None = None, test: Any = None) -> RunRequest:
         """`data`: a dataset name or source string, images with `labels` (numpy or torch), an (images, labels)
-        pair, or a torch Dataset of (image, label) items (data.custom.as_dataset_spec); `value_range`: the pixel
-        scale of such images when it is neither 0..255 nor 0..1 (e.g. (0, 16))."""
+        pair, or a torch Dataset of (image, label) items (data.custom.as_dataset_spec: such arrays stay in memory,
+        nothing is written to disk); `value_range`: the pixel scale of such images when it is neither 0..255 nor
+        0..1 (e.g. (0, 16)); `name`: what summaries and model cards call them (default: a hash of their content);
+        `test`: the held-out (images, labels) the test accuracy is measured on (default: 10 % held out at random)."""
         from privdistill.data.custom import as_dataset_spec
         from privdistill.errors import ConfigError
 
-        dataset = as_dataset_spec(data, labels, value_range=value_range) or self.dataset
+        dataset = as_dataset_spec(data, labels, value_range=value_range, name=name, test=test) or self.dataset
         if not dataset:
             raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist'), fit('npz:PATH') "
                               "or fit(images, labels)")
@@ -173,9 +190,11 @@ class MethodAPI:
         return RunRequest(dataset=dataset, preset=self.preset, config_file=self.config, overrides=overrides,
                           run_dir=self.run_dir, record=self.record)
 
-    def fit(self, data: Any = None, labels: Any = None, *, value_range: tuple[float, float] | None = None):
+    def fit(self, data: Any = None, labels: Any = None, *, value_range: tuple[float, float] | None = None,
+            name: str | None = None, test: Any = None):
         """Run the method on the private data (see `request`) -> RunResult(student, generator, summary, privacy)."""
-        return self.method().run(self.request(data, labels, value_range), cache=self.cache, **self.inputs())
+        return self.method().run(self.request(data, labels, value_range, name=name, test=test), cache=self.cache,
+                                 **self.inputs())
 
     def inputs(self) -> dict[str, Any]:
         """What the method takes besides the request (DPDFD: the teacher)."""
@@ -185,8 +204,17 @@ class MethodAPI:
 def finish_run(prep: Prepared, request: RunRequest, *, method: str, wall_seconds: float,
                **fields: Any) -> dict[str, Any]:
     recipe = {"recipe": prep.sections["run"].recipe} if recipes(prep.method) else {}
+    data = prep.data
+    # what the data were: where the test accuracy comes from, the labels as given, the pixel scale as given
+    about = {"test_split": f"{len(data.test):,} images: {data.test_from or 'the test split'}",
+             "data_value_range": list(data.value_range)}
+    if list(data.train.classes) != [str(k) for k in range(data.num_classes)]:
+        about["classes"] = list(data.train.classes)
+    if data.label_map:
+        about["label_map"] = {str(k): v for k, v in data.label_map.items()}
     summary = prep.run.write_summary(method=method, dataset=prep.dataset, preset=request.preset, **recipe,
-                                     wall_seconds=round(wall_seconds, 1), device=prep.env.describe(), **fields)
+                                     wall_seconds=round(wall_seconds, 1), device=prep.env.describe(),
+                                     **{**about, **fields})
     unlock_run_dir(prep.run.path)
     if request.record:
         summary["recorded_as"] = str(record_result(summary, results_dir=request.results_dir))
