@@ -44,7 +44,8 @@ DataRoot = Annotated[
     Optional[Path],
     typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)"),
 ]
-NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bars")]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="no plan or progress lines (a bar on a terminal, "
+                                                                   "plain lines on a file or a pipe)")]
 NoCache = Annotated[bool, typer.Option(
     "--no-cache", help="build every stage (baseline, teachers, generator, ...) inside this run; share none")]
 Variant = Annotated[Optional[str], typer.Option(

@@ -66,3 +66,18 @@ def dry_run_info(method: Method, ctx: Context, plan: Plan, ledger: PrivacyLedger
             "not_covered": not_covered, "covers": covers, "delta": ctx.budget.delta,
             "target_epsilon": ctx.budget.epsilon, "max_epsilon": ctx.budget.limit,
             "accounting": ctx.budget.accounting, "privacy": ctx.budget.privacy, "notes": list(plan.notes)}
+
+
+def plan_lines(method: Method, ctx: Context, plan: Plan) -> list[str]:
+    """The plan in a few lines, said as a run starts training (engine.progress.say: on a terminal, a file or a pipe):
+    what it trains on, what it will spend, the budget, and the plan's notes. Cheap: no accounting is repeated."""
+    budget = ctx.budget
+    events = [e.describe() for e in merge_events(plan.remaining)] + [s["describe"] for s in plan.spends]
+    target = "none" if budget.epsilon is None else f"{budget.epsilon:g}"
+    lines = [f"plan: {method.name} on {ctx.dataset} ({len(ctx.data.train):,} training records, "
+             f"{len(ctx.data.test):,} test), run directory {ctx.run.path}"]
+    lines += [f"  will spend: {event}" for event in events]
+    lines.append(f"  budget: target epsilon {target} under {budget.accounting} accounting, delta {budget.delta:g}"
+                 + (f", max {budget.limit:g}" if budget.limit is not None and budget.limit != budget.epsilon else ""))
+    lines += [f"  note: {note}" for note in plan.notes]
+    return lines

@@ -25,11 +25,12 @@ from torch import nn
 from privdistill.atomic import atomic_write_text
 from privdistill.engine import RunDir
 from privdistill.engine.cache import StageCache
+from privdistill.engine.progress import say
 from privdistill.engine.stages import Stages
 from privdistill.errors import ConfigError, RunError
 from privdistill.methods.chance import evaluate_release
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
-from privdistill.methods.dry_run import check_own_budget, dry_run_info
+from privdistill.methods.dry_run import check_own_budget, dry_run_info, plan_lines
 from privdistill.methods.plan_judge import check_plan
 from privdistill.privacy.events import PrivacyEvent
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
@@ -271,6 +272,8 @@ def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs
     check_own_budget(method, budget, plan)  # a method without the ledger: its plan's ε (methods/dry_run.py)
     if request.dry_run:
         raise DryRunPlan(dry_run_info(method, ctx, plan, ledger))
+    for line in plan_lines(method, ctx, plan):  # said now, on a terminal, a file or a pipe (engine/progress.py)
+        say(line, enabled=prep.env.progress)
 
     TALLY.reset()  # this invocation's secure draws; earlier invocations' are in the run directory (noise_draws)
     trained = method.train(ctx, plan, ledger)
