@@ -129,7 +129,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                            "--allow-reproducible-noise (Python: allow_reproducible_noise=True) to export it anyway; "
                            "its model card will then say so first.")
     if summary.get("at_chance") and not allow_chance:
-        raise RunError(f"refusing to export {run}: {summary.get('warning') or 'its model answers at chance'}. Pass "
+        why = (summary.get("chance_check") or {}).get("finding") or "AT CHANCE: its model answers at chance"
+        raise RunError(f"refusing to export {run}: {why}. Pass "
                        "--allow-chance (Python: allow_chance=True) to export it anyway; its model card will then say "
                        "so first.")
     gen_path = run / "generator.safetensors"
@@ -236,7 +237,8 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
         title += ", AT CHANCE"
     lines = [f"# {meta.get('registry_name')} on {dataset}, trained by {method} ({title})", ""]
     if summary.get("at_chance"):
-        lines += [f"**{summary.get('warning') or 'AT CHANCE: this model has learned (almost) nothing'}** (rule: "
+        finding = (summary.get("chance_check") or {}).get("finding") or "AT CHANCE: it has learned (almost) nothing"
+        lines += [f"**{finding}** (rule: "
                   f"{(summary.get('chance_check') or {}).get('rule', 'see privdistill.methods.chance')}).", ""]
     if summary.get("noise_secure") is False:
         lines += ["**Reproducible noise: the guarantee below holds only while the seed of the run that made this "

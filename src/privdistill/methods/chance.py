@@ -50,7 +50,7 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
     def name(c: int) -> str:
         return f"'{classes[c]}'" if c < len(classes) else str(c)
 
-    warning = None
+    warning = finding = None
     if near or one_class:
         why = []
         if near:
@@ -58,11 +58,13 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
                        f"({name(majority)}, {share:.1%} of the {n} test images) plus {margin * 100:.1f} points")
         if one_class:
             why.append(f"it answers class {name(top)} for {top_share:.0%} of the test inputs")
-        warning = (f"AT CHANCE: this model has learned (almost) nothing: {'; '.join(why)}. Try a larger epsilon, "
-                   "another recipe (privdistill recipes) or method; `export` refuses it unless --allow-chance")
+        finding = f"AT CHANCE: this model has learned (almost) nothing: {'; '.join(why)}"
+        warning = (f"{finding}. Try a larger epsilon, another recipe (privdistill recipes) or method; `export` "
+                   "refuses it unless --allow-chance")
     return {"at_chance": warning is not None, "rule": RULE, "test_records": n, "accuracy": round(accuracy, 4),
             "majority_class": majority, "majority_share": round(share, 4), "threshold": round(threshold, 4),
-            "top_answer": top, "top_answer_share": round(top_share, 4), "warning": warning}
+            "top_answer": top, "top_answer_share": round(top_share, 4),
+            **({"finding": finding} if warning else {}), "warning": warning}
 
 
 def evaluate_release(model: torch.nn.Module, test, env) -> tuple[float, dict[str, Any]]:
