@@ -18,9 +18,10 @@ from typing import Any
 from privdistill.engine.run import RunDir
 from privdistill.errors import ConfigError
 
-SUMMARY_ROWS = ("method", "variant", "dataset", "preset", "test_accuracy", "baseline_accuracy", "target_epsilon",
-                "epsilon_paper", "epsilon_strict", "epsilon_data_dependent", "delta", "epsilon_covers", "not_covered",
-                "privacy", "queries", "answered", "wall_seconds", "device", "git_commit", "command", "run_dir")
+SUMMARY_ROWS = ("method", "variant", "dataset", "preset", "test_accuracy", "test_split", "baseline_accuracy",
+                "target_epsilon", "epsilon_paper", "epsilon_strict", "epsilon_data_dependent", "delta",
+                "epsilon_covers", "not_covered", "privacy", "queries", "answered", "wall_seconds", "device",
+                "git_commit", "command", "run_dir")
 FIGURES = (("samples.png", "Synthetic samples"), ("audit/inversion.png", "Model inversion (one column per class)"),
            ("audit/mia_roc.png", "Membership inference ROC"), ("report-curve.png", "Training curve"))
 

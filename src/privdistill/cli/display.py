@@ -45,7 +45,7 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
     table = Table(show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
-    rows = ["test_accuracy", "baseline_accuracy", "epsilon_strict", "epsilon_paper", "delta",
+    rows = ["test_accuracy", "test_split", "baseline_accuracy", "epsilon_strict", "epsilon_paper", "delta",
             "wall_seconds", "device", "run_dir", "recorded_as"]
     for key in rows:
         if key in summary and summary[key] is not None:
