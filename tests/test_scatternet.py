@@ -10,7 +10,8 @@ from privdistill.methods.dpsgd import run_dpsgd
 pytest.importorskip("kymatio")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-SCATTER = ["dpsgd.model=scatter-linear", "dpsgd.batch_size=100", "dpsgd.max_grad_norm=0.1", "dpsgd.lr=4",
+SCATTER = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
+           "dpsgd.model=scatter-linear", "dpsgd.batch_size=100", "dpsgd.max_grad_norm=0.1", "dpsgd.lr=4",
            "dpsgd.lr_schedule=constant", "dpsgd.epochs=3", "run.progress=false", "run.precision=fp32",
            "budget.epsilon=8"]
 
@@ -41,6 +42,42 @@ def test_scatternet_is_a_fixed_transform_with_a_trainable_head():
     assert rgb(torch.zeros(2, 3, 32, 32)).shape == (2, 5)
     with pytest.raises(ModelError, match="divisible by 4"):
         create_model("scatter-linear", in_channels=1, num_classes=10, image_size=30)
+
+
+@pytest.mark.parametrize("J, channels, size", [(2, 1, 28), (1, 1, 28), (2, 3, 32), (1, 3, 32)])
+def test_fast_scattering_equals_kymatio(J, channels, size):
+    """The default transform (batched FFTs, compiled kernels) gives kymatio's coefficients, in kymatio's layout, and
+    with gradients (torch operations) its values and gradients too."""
+    from privdistill.models.scatternet import FastScattering2D, make_scattering
+
+    torch.manual_seed(J * 100 + channels)
+    x = torch.rand(9, channels, size, size) * 2 - 1
+    kymatio = make_scattering((size, size), J=J, reference=True)
+    fast = make_scattering((size, size), J=J)
+    assert isinstance(fast, FastScattering2D) and not isinstance(kymatio, FastScattering2D)
+    fast.chunk = 4  # several chunks, the last short; fewer maps than a block of the second order's kernel
+    reference = kymatio(x)
+    with torch.no_grad():
+        compiled = fast(x)
+    assert compiled.shape == reference.shape == (9, channels, *fast.out_shape)
+    assert (compiled - reference).abs().max() < 1e-4
+    weights = torch.randn_like(reference)
+    grads = []
+    for transform in (kymatio, fast):
+        xg = x.clone().requires_grad_(True)
+        out = transform(xg)
+        assert (out - reference).abs().max() < 1e-4
+        (out * weights).sum().backward()
+        grads.append(xg.grad)
+    assert (grads[0] - grads[1]).abs().max() < 1e-4
+
+
+def test_scatternet_uses_the_fast_scattering():
+    from privdistill.models.scatternet import FastScattering2D, ScatterNet
+
+    model = ScatterNet(1, 10, 28, fine=True)  # the multiscale models' two scales
+    assert isinstance(model._scattering, FastScattering2D) and model._scattering.J == 2
+    assert isinstance(model._fine_scattering, FastScattering2D) and model._fine_scattering.J == 1
 
 
 def test_scatternet_dpsgd_release_covers_the_model_and_reloads(tiny_npz, tmp_path, monkeypatch):
