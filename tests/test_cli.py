@@ -116,7 +116,8 @@ def test_dry_run_prices_the_plan_and_trains_nothing(tiny_npz, tmp_path, monkeypa
 
     monkeypatch.chdir(tmp_path)
     cmd = [sys.executable, "-m", "privdistill", "pate", "-d", f"npz:{tiny_npz}", "-e", "10", "--dry-run",
-           "--recipe", "paper", "--set", "teachers.num_teachers=5", "--set", "teachers.batch_size=16",
+           "--recipe", "paper", "--set", "run.plan_check=warn", "--set", "teachers.num_teachers=5",
+           "--set", "teachers.batch_size=16",
            "--set", "pate.holdout=80"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     text = " ".join(out.stdout.split())

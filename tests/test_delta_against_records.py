@@ -13,7 +13,7 @@ from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import DryRunPlan
 from privdistill.privacy._checks import DeltaWarning, check_delta_for_records
 
-SRR = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+SRR = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
        "srr.setting=label-dp", "srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn",
        "budget.epsilon=2", "run.progress=false"]
 

@@ -18,7 +18,7 @@ from privdistill.methods.dgd import DGD, DGDConfig, plan_queries, run_dgd
 from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 
-TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+TINY = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
         "baseline.model=small-cnn", "baseline.epochs=2", "baseline.batch_size=32",
         "teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=20", "teachers.batch_size=16",
         "teachers.lr=0.003", "generator.rounds=2", "generator.steps_per_round=4", "generator.batch_size=32",

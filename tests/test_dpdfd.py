@@ -28,7 +28,7 @@ from privdistill.privacy.mechanisms import clip_and_noise, make_generator, norma
 
 # A DPDFD run small enough for a test: small CNNs, a narrow generator, B = 32; the paper's accounting, asked
 # for explicitly (the budget's default is strict).
-TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+TINY = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
         "budget.accounting=paper",
         "baseline.model=small-cnn", "baseline.epochs=3", "baseline.batch_size=32", "baseline.lr=0.003",
         "run.precision=fp32", "run.progress=false", "run.threads=1",

@@ -12,7 +12,7 @@ from privdistill.privacy.accounting import strict_noise_multiplier
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+TINY = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
         "dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "dpsgd.lr=0.1", "run.progress=false",
         "run.precision=fp32", "budget.epsilon=10", "budget.accounting=paper"]
 

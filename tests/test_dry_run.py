@@ -114,7 +114,7 @@ def test_cli_prints_the_runs_label_dp_epsilon(tiny_npz, tmp_path, monkeypatch, c
 
     monkeypatch.chdir(tmp_path)
     args = ["privdistill", "srr", "-d", f"npz:{tiny_npz}", "--setting", "label-dp", "--epsilon", "1", "--dry-run",
-            "--set", "srr.stages=4", "--set", "srr.num_samples=160"]
+            "--set", "srr.stages=4", "--set", "srr.num_samples=160", "--set", "run.plan_check=warn"]
     monkeypatch.setattr(sys, "argv", args + ["--max-epsilon", "1"])
     main()
     out = " ".join(capsys.readouterr().out.split())

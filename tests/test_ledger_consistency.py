@@ -128,7 +128,7 @@ def test_a_crash_between_the_line_and_the_rename_keeps_the_record(tmp_path, monk
 
 
 # -------------------------------------------------------------------------------------------- the methods
-SRR_TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+SRR_TINY = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
             "srr.setting=label-dp", "srr.num_samples=0", "srr.student_model=small-cnn", "srr.epochs_per_stage=1",
             "budget.accounting=paper", "budget.epsilon=2", "run.threads=1", "run.precision=fp32",
             "run.progress=false", "run.device=cpu"]
@@ -178,7 +178,7 @@ def test_srr_run_with_its_last_record_cut_refuses_report_and_resume(tiny_npz, tm
     assert run_srr(request).summary["epsilon_paper"] == summary["epsilon_paper"]
 
 
-DPSGD_TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+DPSGD_TINY = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
               "dpsgd.epochs=2", "dpsgd.batch_size=100", "dpsgd.model=small-cnn", "run.progress=false",
               "run.precision=fp32", "run.device=cpu", "budget.epsilon=1", "budget.accounting=paper"]
 

@@ -77,7 +77,7 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "dpsgd": (["dpsgd"], ["--epsilon", "5", "--accounting", "paper"], _DPSGD),  # Opacus calibration
 }
 
-RUN_OPTIONS = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+RUN_OPTIONS = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
                "run.precision=fp32", "run.progress=false", "run.threads=1", "run.device=cpu",
                "run.noise=reproducible"]  # the fingerprints replay the noise: reproducible by name
 WEIGHT_FILES = ("student", "generator", "model")

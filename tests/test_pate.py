@@ -13,7 +13,7 @@ from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
 
-TINY = ["run.recipe=paper",  # the mechanics, on the paper recipe (tests/test_recipes.py: the others)
+TINY = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
         "teachers.num_teachers=5", "teachers.model=small-cnn", "teachers.steps=10", "teachers.batch_size=16",
         "teachers.lr=0.003", "pate.holdout=80", "pate_student.model=small-cnn", "pate_student.steps=8",
         "pate_student.batch_size=16", "pate_student.unlabeled_batch_size=16", "pate_student.eval_every=6",

@@ -44,6 +44,9 @@ class RunOptions:
     # run.seed) without run.noise asks for reproducible noise.
     noise: str = "secure"
     recipe: str = "default"  # the method's recipe (recipes/<method>.py; --recipe): read before the sections resolve
+    # a plan that cannot teach anything (methods/plan_judge.py) is refused; "warn" runs it all the same, saying so
+    # first (research on what such a plan does, the tests' tiny datasets)
+    plan_check: str = "refuse"
     deterministic: bool = False
     device: str = "auto"
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
@@ -55,6 +58,7 @@ class RunOptions:
     def validate(self) -> None:
         _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"run.precision: unknown {self.precision!r}")
         _check(self.noise in NOISE_SOURCES, f"run.noise must be one of {', '.join(NOISE_SOURCES)}, got {self.noise!r}")
+        _check(self.plan_check in ("refuse", "warn"), f"run.plan_check must be refuse or warn, got {self.plan_check!r}")
         _check(self.threads >= 0, "run.threads must be >= 0")
         _check(0 <= self.seed < 2**63 - 1, f"run.seed must lie in [0, 2**63 - 1), got {self.seed}")
 

@@ -174,6 +174,11 @@ def check_plan(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None
     verdict = judge(method, ctx, plan)
     if verdict is None:
         return None
+    if verdict.level == "refuse" and ctx.section("run").plan_check == "warn":
+        plan.notes.insert(0, f"{verdict.line}; run all the same (run.plan_check=warn)")
+        warnings.warn(f"this plan cannot teach anything: {verdict.buys} ({verdict.rule}); it runs all the same "
+                      "(run.plan_check=warn)", WeakPlanWarning, stacklevel=3)
+        return verdict
     if verdict.level == "refuse":
         nearer = nearest_epsilon(method, ctx)
         options = [f"ε = {nearer:g} with this method and recipe" if nearer else
@@ -182,8 +187,8 @@ def check_plan(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None
         if method.name != "dpsgd":
             options.append("DP-SGD on the private data itself (privdistill dpsgd, judged the same way)")
         raise PlanRefused(f"this plan cannot teach anything: {verdict.buys}; {verdict.rule}. Nearest plans that "
-                          f"would pass: {'; '.join(options)}. (--dry-run prints the plan; docs/usage.md, "
-                          "\"Judging a plan\")")
+                          f"would pass: {'; '.join(options)}. (--dry-run prints the plan; --set run.plan_check=warn "
+                          "runs it all the same; docs/usage.md, \"Judging a plan\")")
     plan.notes.insert(0, verdict.line)
     if verdict.level == "weak":
         warnings.warn(f"weak plan: {verdict.buys} ({verdict.rule}); the run goes ahead", WeakPlanWarning,
