@@ -16,7 +16,7 @@ done
 # The strongest method here whose ε covers everything from the private data to the model (docs/results.md):
 # DP-SGD on ScatterNet features, strict replace-one ε = 1 at δ = 1e-5, secure noise (the default).
 run="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
-.venv/bin/privdistill dpsgd --dataset mnist --epsilon 1 --config scatternet --run-dir "$run" "$@"
+.venv/bin/privdistill dpsgd --dataset mnist --epsilon 1 --recipe scatternet --run-dir "$run" "$@"
 .venv/bin/privdistill privacy report "$run"
 .venv/bin/privdistill export "$run" release/quickstart --overwrite
 echo "Load it from Python:  import privdistill; release = privdistill.load('release/quickstart')"

@@ -290,3 +290,16 @@ def test_feature_statistics_of_a_prior_model_are_read_before_its_projection():
     assert bn.pop().item() > 1e-2 and wrapped.statistics.running_mean.shape == (d,)
     plain = ScatterNet(1, 10, 28)
     assert torch.allclose(WithFeatureStatistics(plain, torch.zeros(81 * 49), torch.ones(81 * 49))(x), plain(x))
+
+
+def test_ghost_clipping_trains_the_head_as_the_per_example_gradients_do(tiny_npz, tmp_path):
+    """Opacus's fast gradient clipping (the quickstart recipe's): the same clipping without per-example gradients,
+    the same accountant; it refuses augmented copies, whose loss is not per example."""
+    ghost = _run(tiny_npz, tmp_path, "ghost", ["dpsgd.grad_sample_mode=ghost", "run.noise=reproducible"])
+    hooks = _run(tiny_npz, tmp_path, "hooks", ["run.noise=reproducible"])
+    assert ghost["epsilon_strict"] == hooks["epsilon_strict"] and ghost["noise_secure"] is False
+    assert ghost["dpsgd_accounting"]["steps"] == hooks["dpsgd_accounting"]["steps"]
+    assert ghost["test_accuracy"] > 0.5 and abs(ghost["test_accuracy"] - hooks["test_accuracy"]) < 0.1
+    with pytest.raises(ConfigError, match="ghost"):
+        _run(tiny_npz, tmp_path, "copies", ["dpsgd.grad_sample_mode=ghost", "dpsgd.augment_copies=2",
+                                             "dpsgd.augment=affine"])

@@ -124,6 +124,7 @@ class _Private:
     sample_gen: torch.Generator
     noise_gen: torch.Generator
     test_inputs: torch.Tensor  # what dp_model reads for the test set (images, or scattering features)
+    criterion: Any = None  # grad_sample_mode "ghost": Opacus's loss that clips per example without per-example grads
 
 
 class DPSGDMethod(Method):
@@ -241,15 +242,27 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
         engine = PrivacyEngine(accountant=cfg.accountant, secure_mode=False)
     common = dict(module=trainable, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.max_grad_norm,
                   poisson_sampling=True, noise_generator=noise_gen, grad_sample_mode=cfg.grad_sample_mode)
+    criterion = None
+    if cfg.grad_sample_mode == "ghost":
+        # ghost clipping (Opacus's fast gradient clipping): the per-example norms from two backward passes, never
+        # the [B, parameters] per-example gradients; the loss must then be per example, so not over augmented copies
+        if cfg.augment_copies > 1:
+            raise ConfigError("dpsgd.grad_sample_mode=ghost clips each example's loss: it cannot average augmented "
+                              "copies (dpsgd.augment_copies > 1); use hooks")
+        common["criterion"] = nn.CrossEntropyLoss()
     # σ as planned (and printed by a dry run): calibrated on the run's T steps under the budget's accounting
-    dp_model, dp_optimizer, dp_loader = engine.make_private(**common, noise_multiplier=plan.details["sigma"])
+    made = engine.make_private(**common, noise_multiplier=plan.details["sigma"])
+    if criterion is None and len(made) == 4:
+        dp_model, dp_optimizer, criterion, dp_loader = made
+    else:
+        dp_model, dp_optimizer, dp_loader = made
     dp_loader.batch_sampler.generator = sample_gen  # the generator re-seeded at every epoch below
     dp_optimizer.generator = noise_gen
     if cfg.secure_mode:
         use_secure_noise(dp_optimizer)
     return _Private(model=model, dp_model=dp_model, optimizer=dp_optimizer, loader=dp_loader, engine=engine,
                     sigma=float(dp_optimizer.noise_multiplier), sample_gen=sample_gen, noise_gen=noise_gen,
-                    test_inputs=test_inputs)
+                    test_inputs=test_inputs, criterion=criterion)
 
 
 def refuse_lost_record(run: RunDir, start: int, epochs: int) -> None:
@@ -311,6 +324,13 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
             p.optimizer.zero_grad(set_to_none=True)
             if len(x):
                 out = p.dp_model(x)  # [B, classes], or [B, copies, classes]: the loss averages the copies
+                if p.criterion is not None:  # ghost clipping: Opacus's loss runs both backward passes
+                    loss = p.criterion(out, y)
+                    loss.backward()
+                    running += float(loss.item()) * len(x)
+                    seen += len(x)
+                    p.optimizer.step()
+                    continue
                 loss = F.cross_entropy(out.flatten(0, -2), y.repeat_interleave(out[0].numel() // out.shape[-1]))
                 loss.backward()
                 running += float(loss.detach()) * len(x)

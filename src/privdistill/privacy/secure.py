@@ -133,7 +133,7 @@ class _Sampler:
         if distribution == "laplace":
             self.b = self.scale
         else:
-            self.b = float(2.0 ** max(0, round(math.log2(self.scale)))) if self.scale > 1 else 1.0
+            self.b = self.scale if self.scale > 1 else 1.0  # CKS20 is correct for every t; t = sigma is its best
         self.block_bits = max(0, math.floor(math.log2(self.b / BLOCK_DIVISOR))) if self.b >= 2 * BLOCK_DIVISOR else 0
         self.block = 1 << self.block_bits
         q = mpmath.exp(-mpmath.mpf(self.block) / mpmath.mpf(self.b))
