@@ -25,6 +25,13 @@ METHODS = ("dgd", "dpdfd", "srr", "pate", "dpsgd")
 DEFAULT, PAPER = "default", "paper"
 
 
+#: adversarial synthesis (DeepInversion's BN statistics of a BN baseline, class targets, the student in the loop:
+#: docs/research-log.md, "Samples that teach"), the generator DGD's default and SRR's end-to-end recipes fit
+ADVERSARIAL_GENERATOR = {"loss": "srr", "alpha": 0.0, "beta": 3.0, "class_targets": True, "adversarial_weight": 3.0,
+                         "width": 64, "batch_size": 128, "lr": 0.001, "lr_decay": 1.0, "rounds": 12,
+                         "steps_per_round": 100}
+
+
 @dataclass(frozen=True)
 class Recipe:
     """`values`: {section: {key: value}}; `by_dataset`: {dataset: {section: {key: value}}}; `by_epsilon`: a list of

@@ -9,11 +9,7 @@ steps (on MNIST on affine copies). The VAE's latent channel goes with Eq. 1's un
 is not spent. About 25 CPU minutes with every stage built.
 """
 
-from privdistill.recipes import Recipe
-
-ADVERSARIAL_GENERATOR = {"loss": "srr", "alpha": 0.0, "beta": 3.0, "class_targets": True, "adversarial_weight": 3.0,
-                         "width": 64, "batch_size": 128, "lr": 0.001, "lr_decay": 1.0, "rounds": 12,
-                         "steps_per_round": 100}
+from privdistill.recipes import ADVERSARIAL_GENERATOR, Recipe
 
 DEFAULT = Recipe(
     summary="DGD+: Gaussian votes on a k-center cover of adversarial samples, the noisy histogram released",

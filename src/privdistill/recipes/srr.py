@@ -8,7 +8,7 @@ far by the mechanism's likelihood, its weights averaged (EMA 0.995). At ε = 10 
 points over the paper's schedule; on MNIST ε = 10 it is not measured (the paper's schedule: 97.84 %).
 """
 
-from privdistill.recipes import Recipe
+from privdistill.recipes import ADVERSARIAL_GENERATOR, Recipe
 
 STAGED = {"stages": 4, "first_stage_fraction": 0.25, "student_data": "cumulative", "loss": "likelihood",
           "epochs_per_stage": 4, "student_ema": 0.995, "eval_every_stages": 1}
@@ -37,10 +37,6 @@ LABEL_DP = Recipe(
     measured={("mnist", 1): "97.02 % (seed 1: 97.12), ε 1 per label (strict = paper)",
               ("fashion-mnist", 1): "86.98 %"},
 )
-
-ADVERSARIAL_GENERATOR = {"loss": "srr", "alpha": 0.0, "beta": 3.0, "class_targets": True, "adversarial_weight": 3.0,
-                         "width": 64, "batch_size": 128, "lr": 0.001, "lr_decay": 1.0, "rounds": 12,
-                         "steps_per_round": 100}
 
 END_TO_END = Recipe(
     summary="one ε for the whole model: a DP-SGD teacher on ScatterNet features and DP feature statistics",
