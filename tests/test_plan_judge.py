@@ -13,6 +13,7 @@ from privdistill.methods.dpdfd import run_dpdfd
 from privdistill.methods.dpsgd import run_dpsgd
 from privdistill.methods.pate import run_pate
 from privdistill.methods.plan_judge import (
+    REFUSE_PER_CLASS,
     WEAK_PER_CLASS,
     PlanRefused,
     WeakPlanWarning,
@@ -26,18 +27,18 @@ from privdistill.methods.srr import run_srr
 RUNS = {"dgd": run_dgd, "pate": run_pate, "srr": run_srr, "dpsgd": run_dpsgd, "dpdfd": run_dpdfd}
 # (method, extra overrides, ε refused, ε weak) on the 300-record fabricated dataset, paper recipes; the strict
 # accounting unless said (SRR's weak case: ε 2 per label; DPDFD: σ grows with the strict ε's composition)
-CASES = [("dgd", [], 10, 50), ("pate", [], 50, 1000), ("srr", ["budget.accounting=paper"], 0.5, 2),
+CASES = [("dgd", [], 10, 100), ("pate", [], 50, 1000), ("srr", ["budget.accounting=paper"], 0.5, 2),
          ("dpsgd", [], 2, 10), ("dpdfd", ["dpdfd.batch_size=32"], 10, 100)]
 
 
 def test_the_rules():
     assert _signal(0.1, 10) == 0 and _signal(1.0, 10) == 1
-    assert _labels_verdict(9, 10, "x").level == "refuse"
-    assert _labels_verdict(10, 10, "x").level == "weak"
+    assert _labels_verdict(REFUSE_PER_CLASS * 10 - 1, 10, "x").level == "refuse"
+    assert _labels_verdict(REFUSE_PER_CLASS * 10, 10, "x").level == "weak"
     assert _labels_verdict(WEAK_PER_CLASS * 10, 10, "x").level == "ok"
     assert _ratio_verdict(3.1, "x").level == "refuse" and _ratio_verdict(1.0, "x").level == "weak"
     assert _ratio_verdict(0.01, "x").level == "ok"
-    assert "refused below 10 informative labels" in _labels_verdict(50, 10, "x").rule
+    assert f"refused below {REFUSE_PER_CLASS * 10} informative labels" in _labels_verdict(50, 10, "x").rule
 
 
 def _dry(method, tiny_npz, tmp_path, epsilon, extra):

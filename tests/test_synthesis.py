@@ -324,7 +324,7 @@ def test_srr_and_dpdfd_generators_use_the_engine(tiny_npz, tmp_path, monkeypatch
     from privdistill.methods.srr import run_srr
 
     monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
-    run = ["run.precision=fp32", "run.progress=false", "run.threads=1"]
+    run = ["run.precision=fp32", "run.progress=false", "run.threads=1", "run.recipe=paper", "run.plan_check=warn"]
     sources = ["source_models=2", "source_parts=4", "source_steps=5", "source_batch_size=16"]
     srr = run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), overrides=run + [
         "srr_teacher.model=paper-cnn-bn", "srr_teacher.steps=10", "srr_teacher.batch_size=32", "srr_generator.rounds=1",
@@ -594,7 +594,7 @@ def test_the_adversarial_overlay_runs_srr_end_to_end(tiny_npz, tmp_path, monkeyp
 
     monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
     run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), config_file="adversarial",
-                       overrides=["run.precision=fp32", "run.progress=false", "run.threads=1",
+                       overrides=["run.precision=fp32", "run.progress=false", "run.threads=1", "run.plan_check=warn",
                                   "srr_teacher.steps=10", "srr_teacher.batch_size=32", "srr_generator.rounds=2",
                                   "srr_generator.steps_per_round=3", "srr_generator.batch_size=16",
                                   "srr_generator.width=16", "srr.stages=2", "srr.num_samples=40", "srr.batch_size=16",
