@@ -29,7 +29,10 @@ class NoiseTiming:
 
 
 def _best(fn, repeats: int) -> float:
-    fn()  # warm (numba compiles once per process; the sampler's constants are cached per scale)
+    # each timing follows a call of the same function (numba compiles once a process, a sampler's constants are
+    # cached per scale, and the caches then hold what that function reads): both sides timed in steady state,
+    # where timing a side right after the other measures the other's cache evictions too
+    fn()
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()

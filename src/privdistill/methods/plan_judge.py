@@ -157,12 +157,11 @@ def nearest_epsilon(method: "Method", ctx: "Context", tries: int = 7) -> float |
         return None
     for i in range(1, tries + 1):
         epsilon = budget.epsilon * 2 ** i
-        trial = dataclasses.replace(budget, epsilon=epsilon, max_epsilon=None)
+        trial = dataclasses.replace(ctx, budget=dataclasses.replace(budget, epsilon=epsilon, max_epsilon=None))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                verdict = judge(method, dataclasses.replace(ctx, budget=trial), method.plan(
-                    dataclasses.replace(ctx, budget=trial), LedgerView([], None)))
+                verdict = judge(method, trial, method.plan(trial, LedgerView([], None)))
         except ConfigError:
             continue
         if verdict is None or verdict.level != "refuse":

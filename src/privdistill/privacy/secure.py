@@ -60,7 +60,6 @@ ULP = 2.0 ** -53  # float64's unit roundoff
 EXP_ULPS = 2  # exp's error in ulps assumed by the bounds (libm: < 1; tests/test_secure_noise.py measures it)
 THRESHOLD_WORDS = 6  # V's thresholds floor(q^k 2^192), as six 32-bit words
 BULK_SIGMAS, BULK_SCALES = 12, 70  # the bulk of the Gaussian (in sigma) and of the Laplace (in b)
-_TWO_M53 = 2.0 ** -53
 
 
 class SecureStream:
@@ -76,10 +75,6 @@ class SecureStream:
 
     def words32(self, n: int) -> np.ndarray:
         return self.words((n + 1) // 2).view(np.uint32)[:n]
-
-    def uniform(self, n: int) -> np.ndarray:
-        """n floats uniform on the 53-bit grid of [0, 1)."""
-        return (self.words(n) >> np.uint64(11)).astype(np.float64) * _TWO_M53
 
 
 @dataclass
@@ -105,10 +100,6 @@ class Tally:
 
 _LOCK = threading.Lock()
 TALLY = Tally()
-
-
-def _pow2_at_least(x: float) -> int:
-    return 1 << max(0, math.ceil(math.log2(x))) if x > 1 else 1
 
 
 class _Sampler:
@@ -195,12 +186,10 @@ class _Sampler:
 
     def sample(self, stream: SecureStream, n: int) -> np.ndarray:
         out = np.empty(n, dtype=np.int64)
-        # two threads (the compiled loop releases the GIL) each fill half of `out` from their own stream
-        halves = [(0, n // 2), (n // 2, n)] if n >= PARALLEL_FROM else [(0, n)]
-        if len(halves) == 1:
+        if n < PARALLEL_FROM:
             self._fill(stream, out)
-        else:
-            list(_pool().map(lambda span: self._fill(SecureStream(), out[span[0]:span[1]]), halves))
+        else:  # two threads (the compiled loop releases the GIL) each fill half of `out` from their own stream
+            list(_pool().map(lambda half: self._fill(SecureStream(), half), (out[:n // 2], out[n // 2:])))
         return out
 
     def _fill(self, stream: SecureStream, out: np.ndarray) -> None:
@@ -453,21 +442,22 @@ def _opendp():
     return dp
 
 
+def _opendp_measurement(distribution: str, scale: float, size: int):
+    """OpenDP's exact discrete Laplace / Gaussian on vectors of `size` integers (L1 / L2 metric)."""
+    dp = _opendp()
+    domain = dp.vector_domain(dp.atom_domain(T=int), size=size)
+    metric = dp.l1_distance(T=int) if distribution == "laplace" else dp.l2_distance(T=int)
+    make = dp.m.make_laplace if distribution == "laplace" else dp.m.make_gaussian
+    return make(domain, metric, float(scale))
+
+
 def opendp_integers(n: int, *, distribution: str, scale: float) -> np.ndarray:
     """n draws of OpenDP's exact discrete Laplace / Gaussian on the integers: the reference the tests and
     `privdistill bench noise` compare the samplers here with."""
-    dp = _opendp()
-    domain = dp.vector_domain(dp.atom_domain(T=int), size=n)
-    metric = dp.l1_distance(T=int) if distribution == "laplace" else dp.l2_distance(T=int)
-    make = dp.m.make_laplace if distribution == "laplace" else dp.m.make_gaussian
-    return np.asarray(make(domain, metric, float(scale))([0] * n), dtype=np.int64)
+    return np.asarray(_opendp_measurement(distribution, scale, n)([0] * n), dtype=np.int64)
 
 
 def privacy_map_check(distribution: str, scale: float, size: int, sensitivity: float) -> float:
     """OpenDP's own privacy figure for its discrete mechanism on integers at `sensitivity` (L1 for Laplace: ε; L2
     for Gaussian: zCDP ρ). The tests compare it with Δ/b and Δ²/(2σ²), the figures the accountants use."""
-    dp = _opendp()
-    domain = dp.vector_domain(dp.atom_domain(T=int), size=size)
-    metric = dp.l1_distance(T=int) if distribution == "laplace" else dp.l2_distance(T=int)
-    make = dp.m.make_laplace if distribution == "laplace" else dp.m.make_gaussian
-    return float(make(domain, metric, float(scale)).map(int(sensitivity)))
+    return float(_opendp_measurement(distribution, scale, size).map(int(sensitivity)))
