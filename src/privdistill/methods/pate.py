@@ -9,9 +9,14 @@ answered queries and, semi-supervised, from the rest of the public data.
     aggregation        LNMax (PATE 2017: argmax(votes + Lap(b))), GNMax (PATE 2018: argmax(votes + N(0, σ²))) or
                        Confident-GNMax (PATE 2018 Alg. 1: answer only when max(votes) + N(0, σ1²) >= T)
                        on `queries` public images, spent through the privacy ledger with the vote histograms
+    query choice       `pate.query_selection`: random public images (the papers), or the medoids of the public
+                       slice's k-means clusters in a data-independent feature space (engine/few_label.py), so
+                       that each bought label speaks for a cluster
     student            cross-entropy on the answered queries + virtual adversarial training (VAT, Miyato et
                        al. 2018, the semi-supervised method PATE 2018 uses for its student) and entropy
-                       minimisation on the whole public slice
+                       minimisation on the whole public slice; with `pate_student.labels=spread` the answers are
+                       first spread over the whole slice (label spreading, engine/few_label.py) and the
+                       cross-entropy reads every public image with its spread label
 
 Privacy: the number of queries is calibrated from the target ε under the data-INDEPENDENT strict accounting
 (every Confident-GNMax query priced as answered, since the answered count is unknown beforehand); the headline
@@ -39,6 +44,7 @@ from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import RunDir, streams
 from privdistill.engine.context import Env
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
+from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
 from privdistill.engine.holdout import holdout_split
 from privdistill.engine.manifold import vat_loss
 from privdistill.engine.student_loop import StudentLoop, StudentTraining, sample_batch
@@ -53,6 +59,8 @@ from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway, pate_pathways
 
 AGGREGATIONS = ("lnmax", "gnmax", "confident-gnmax")
+QUERY_SELECTIONS = ("random", "medoids")
+STUDENT_LABELS = ("answers", "spread")
 QUERY_KEY = "pate/queries"
 
 
@@ -70,6 +78,7 @@ class PATEConfig:
     # Confident-GNMax under an RDP privacy filter (Feldman & Zrnic 2021): the planned queries become the filter's
     # budget and public images are asked until it is spent; a refused query costs only its threshold check
     filter: bool = False
+    query_selection: str = "random"  # random (the papers) | medoids (one per k-means cluster, engine/few_label.py)
     holdout: float = 1 / 6  # the held-out public slice: records, or a fraction below 1 (engine.holdout; as dgd.holdout)
     noise_seed: Optional[int] = None
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
@@ -87,6 +96,8 @@ class PATEConfig:
             raise ConfigError("pate.holdout must be > 0 (records, or a fraction of the training set below 1)")
         if self.holdout >= 1:
             self.holdout = int(self.holdout)  # a count: recorded as before (10000, not 10000.0)
+        if self.query_selection not in QUERY_SELECTIONS:
+            raise ConfigError(f"pate.query_selection must be one of {QUERY_SELECTIONS}, got {self.query_selection!r}")
         if self.filter and self.aggregation != "confident-gnmax":
             raise ConfigError("pate.filter applies to Confident-GNMax only (--aggregation confident-gnmax): "
                               f"every {self.aggregation} query is answered, so a filter would change nothing")
@@ -108,11 +119,14 @@ class PATEStudentConfig(StudentTraining):
     vat_xi: float = 1e-2
     entropy_weight: float = 1.0  # VAT + EntMin (Miyato et al. 2018, Sec. 4)
     semi_supervised: bool = True  # false: the supervised-only ablation
+    labels: str = "answers"  # answers: CE on the answered queries | spread: on the whole slice, answers spread
 
     def validate(self) -> None:
         super().validate()
         if self.vat_eps < 0 or self.vat_xi <= 0 or self.vat_weight < 0 or self.entropy_weight < 0:
             raise ConfigError("pate_student VAT parameters must be >= 0 (vat_xi > 0)")
+        if self.labels not in STUDENT_LABELS:
+            raise ConfigError(f"pate_student.labels must be one of {STUDENT_LABELS}, got {self.labels!r}")
 
 
 SECTIONS = {"teachers": TeacherTraining, "pate": PATEConfig, "pate_student": PATEStudentConfig}
@@ -149,10 +163,12 @@ def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, 
     return n, notes
 
 
-def pathways(aggregation: str) -> dict[str, list[Pathway]]:
+def pathways(aggregation: str, *, few_label: bool = False) -> dict[str, list[Pathway]]:
     student = [p for p in pate_pathways(aggregation=aggregation)["student"] if p.source != "public unlabelled data"]
     student.append(Pathway("held-out slice of the training set (PATE's public data)",
-                           "used directly as queries and as the student's unlabelled (VAT) inputs",
+                           "used directly as queries and as the student's unlabelled (VAT) inputs"
+                           + (", clustered and its labels spread in a fixed ScatterNet feature space" if few_label
+                              else ""),
                            "the student's inputs", False,
                            "covered only if that slice is genuinely public: its own records get no protection; "
                            "the epsilon is for the private rest"))
@@ -184,20 +200,34 @@ class PATEMethod(Method):
         private, public, queries = plan.details["private"], plan.details["public"], plan.details["queries"]
         teachers, teachers_stage = ctx.stages.teachers_on(private, ctx.section("teachers"))
 
+        st: PATEStudentConfig = ctx.section("pate_student")
         order = torch.randperm(len(public), generator=env.generator(streams.PATE_QUERIES))
+        few_label = cfg.query_selection == "medoids" or st.labels == "spread"
+        # the public slice in a fixed feature space: reads no private record and no model, so it costs no ε
+        embedding = embed_pool(public.images, seed=env.seed) if few_label else None
+        if cfg.query_selection == "medoids":  # the medoids first, the rest (asked only under the filter) at random
+            first = medoid_queries(embedding, min(queries, len(public)), seed=env.seed)
+            rest = torch.ones(len(public), dtype=torch.bool)
+            rest[first] = False
+            order = torch.cat([first, order[rest[order]]])
         # under the filter, `queries` is its budget and the whole slice is the pool it asks from, in this order
         order = order if cfg.filter else order[:queries]
         labels, answered, event = _answer(ledger, teachers, public.images[order], cfg, env, budget=queries)
         order = order[:len(labels)]  # the queries asked
         query_images, keep = public.images[order], labels >= 0
-        labelled = ImageDataset(query_images[keep], labels[keep], data.num_classes, name="answered queries")
         label_accuracy = float((labels[keep] == public.labels[order][keep]).float().mean()) if keep.any() else None
+        spread_accuracy = None
+        if st.labels == "spread":  # post-processing of the released answers over the public slice
+            spread = spread_labels(embedding, order, labels, data.num_classes).argmax(1)
+            labelled = ImageDataset(public.images, spread, data.num_classes, name="public slice, spread labels")
+            spread_accuracy = round(float((spread == public.labels).float().mean()), 4)
+        else:
+            labelled = ImageDataset(query_images[keep], labels[keep], data.num_classes, name="answered queries")
 
-        st: PATEStudentConfig = ctx.section("pate_student")
         torch.manual_seed(env.generator(streams.PATE_INIT).initial_seed())
         student = create_model(st.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
                                image_size=data.image_size[0])
-        if len(labelled) == 0:
+        if not keep.any():
             raise ConfigError("no query was answered: nothing to train the student on (lower pate.threshold)")
         student, train_stats = train_student(student, labelled, public.images, st, env, run=ctx.run, test=data.test)
         info = teachers_stage.info()
@@ -205,7 +235,9 @@ class PATEMethod(Method):
             "aggregation": cfg.aggregation, "queries": len(labels), "answered": int(keep.sum()),
             **({"filter_budget": event.filter_budget} if cfg.filter else {}),
             "public_size": len(public), "private_size": len(private), "num_teachers": teachers.num_teachers,
-            "label_accuracy": None if label_accuracy is None else round(label_accuracy, 4), "event": event.to_dict(),
+            "label_accuracy": None if label_accuracy is None else round(label_accuracy, 4),
+            **({"spread_label_accuracy": spread_accuracy} if spread_accuracy is not None else {}),
+            "query_selection": cfg.query_selection, "student_labels": st.labels, "event": event.to_dict(),
             "variant": cfg.variant or _variant(cfg), "stages": {"teachers": teachers_stage.ref()},
             "teachers_stage_info": {k: v for k, v in info.items()
                                     if k in ("ensemble_accuracy", "mean_teacher_accuracy", "wall_seconds",
@@ -213,7 +245,9 @@ class PATEMethod(Method):
             "student_training": train_stats})
 
     def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
-        return pathways(ctx.section("pate").aggregation)  # the module's function (a method's name is not in scope)
+        return pathways(ctx.section("pate").aggregation,  # the module's function (a method's name is not in scope)
+                        few_label=ctx.section("pate").query_selection == "medoids"
+                        or ctx.section("pate_student").labels == "spread")
 
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg: PATEConfig = ctx.section("pate")

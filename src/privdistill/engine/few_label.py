@@ -1,0 +1,93 @@
+"""A few noisy labels, spread over an unlabelled pool (ours, not a paper's).
+
+At a strict ε of 1 a vote channel buys tens of labels. A student that learns from those alone answers one class
+(DGD) or stays near 60 % (PATE). The pool the queries come from carries structure the labels can follow:
+
+    embedding     the pool in a data-independent feature space: normalised ScatterNet coefficients (J = 2, L = 8,
+                  models/scatternet.py: a fixed wavelet transform, no parameter fitted to any data), projected by a
+                  PCA fitted to the pool itself and standardised. It reads only the pool, which every method using
+                  it already holds outside the ε (PATE's public slice, DGD's synthetic samples): no ε is spent
+    medoid query  k-means with k = the label budget in that space; each cluster's member nearest its centre is
+                  queried, so that each bought label speaks for a cluster rather than for one sample
+    spreading     label spreading over the pool's k-NN graph (Zhou et al. 2004, scikit-learn's LabelSpreading):
+                  the answers diffuse along the graph, each sample gets a distribution over the classes
+    student       trained on the whole pool with the spread labels (the method's own student loop)
+
+All of it is post-processing of the released answers and of the pool: the ledger prices the queries exactly as
+it would for randomly chosen ones (tests/test_few_label.py checks that nothing new is recorded).
+The measured curve (experiments/few_label_proxy.py, docs/research-log.md "Few labels") chose the constants below.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.cluster import KMeans
+from sklearn.decomposition import PCA
+from sklearn.semi_supervised import LabelSpreading
+
+from privdistill.data.dataset import to_float
+from privdistill.models.scatternet import ScatterNet
+
+EMBEDDING_DIMS = 64  # PCA dimensions of the pool embedding
+NEIGHBOURS = 10  # k of the k-NN graph the labels spread along
+ALPHA = 0.2  # LabelSpreading's clamping: the share of a sample's label taken from its neighbours
+BATCH = 1000
+SCATTER_CHANNELS = 81  # coefficients per input channel at J = 2, L = 8 (1 + J L + L² J (J - 1) / 2)
+
+
+@torch.no_grad()
+def embed_pool(images: torch.Tensor, *, dims: int = EMBEDDING_DIMS, seed: int = 0) -> np.ndarray:
+    """[n, dims] float64: the pool (uint8 or [-1, 1] images) in the data-independent space above. Images whose sides
+    are not multiples of 4 (the scattering's J = 2) are embedded from their pixels instead."""
+    c, h, w = images.shape[1:]
+    if h % 4 == 0 and w % 4 == 0:  # (ScatterNet's GroupNorm of 27 groups divides 81 C)
+        net = ScatterNet(c, 2, (h, w))
+        coefficients = torch.cat([net.normalised_scattering(to_float(images[i:i + BATCH])).flatten(1)
+                                  for i in range(0, len(images), BATCH)])
+    else:
+        coefficients = to_float(images).flatten(1)
+    x = coefficients.double().numpy()
+    dims = max(1, min(dims, x.shape[0] - 1, x.shape[1]))
+    z = PCA(dims, random_state=seed, svd_solver="randomized" if min(x.shape) > 4 * dims else "full").fit_transform(x)
+    return (z - z.mean(0)) / (z.std(0) + 1e-8)
+
+
+
+def medoid_queries(embedding: np.ndarray, count: int, *, seed: int = 0) -> torch.Tensor:
+    """Indices of `count` pool samples, one per k-means cluster (k = `count`): each cluster's member nearest its
+    centre, in the order of the clusters."""
+    if not 0 < count <= len(embedding):
+        raise ValueError(f"cannot choose {count} medoids from a pool of {len(embedding)}")
+    km = KMeans(n_clusters=count, n_init=3 if count <= 200 else 1, random_state=seed).fit(embedding)
+    chosen = []
+    for cluster, centre in enumerate(km.cluster_centers_):
+        members = np.flatnonzero(km.labels_ == cluster)
+        chosen.append(members[((embedding[members] - centre) ** 2).sum(1).argmin()])
+    return torch.as_tensor(np.asarray(chosen), dtype=torch.long)
+
+
+def spread_labels(embedding: np.ndarray, queried: torch.Tensor, answers: torch.Tensor, num_classes: int, *,
+                  neighbours: int = NEIGHBOURS, alpha: float = ALPHA) -> torch.Tensor:
+    """[n, num_classes] label distributions over the whole pool from `answers` (class indices; -1 = not answered)
+    of the samples at `queried`. A sample the graph does not reach gets the answers' class frequencies."""
+    queried, answers = torch.as_tensor(queried).long(), torch.as_tensor(answers).long()
+    keep = answers >= 0
+    n = len(embedding)
+    prior = torch.bincount(answers[keep], minlength=num_classes).double()
+    prior = prior / prior.sum() if prior.sum() > 0 else torch.full((num_classes,), 1 / num_classes)
+    y = np.full(n, -1, dtype=np.int64)
+    y[queried[keep].numpy()] = answers[keep].numpy()
+    if len(np.unique(y[y >= 0])) < 2:  # LabelSpreading needs two classes; one class spreads to all
+        out = prior.expand(n, num_classes).clone()
+    else:
+        model = LabelSpreading(kernel="knn", n_neighbors=min(neighbours, n - 1), alpha=alpha, max_iter=100)
+        model.fit(embedding, y)
+        dist = np.nan_to_num(model.label_distributions_)
+        out = torch.zeros(n, num_classes, dtype=torch.float64)
+        out[:, torch.as_tensor(model.classes_)] = torch.as_tensor(dist)
+        unreached = out.sum(1) <= 0
+        out[unreached] = prior
+    out = out / out.sum(1, keepdim=True)
+    out[queried[keep]] = torch.nn.functional.one_hot(answers[keep], num_classes).double()  # answers stand as given
+    return out.float()

@@ -1,0 +1,76 @@
+"""The few-label student's parts (engine/few_label.py): medoid queries, label spreading, the pool embedding, and
+PATE with them: the same ε is spent as with random queries (the embedding and the spreading cost nothing)."""
+
+import numpy as np
+import torch
+
+from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
+from privdistill.methods.common import RunRequest
+from privdistill.methods.pate import run_pate
+from privdistill.privacy.ledger import PrivacyLedger
+from tests.test_pate import TINY
+
+
+def _clusters(k=6, per=40, dim=8, seed=0):
+    """k well-separated Gaussian blobs: points, their cluster, their centres."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, dim)) * 20
+    labels = np.repeat(np.arange(k), per)
+    points = centres[labels] + rng.normal(size=(k * per, dim))
+    return points, labels, centres
+
+
+def test_the_medoid_rule_queries_one_sample_per_cluster_near_its_centre():
+    points, labels, _ = _clusters()
+    chosen = medoid_queries(points, 6, seed=1).numpy()
+    assert len(chosen) == 6 and len(set(chosen)) == 6
+    assert sorted(labels[chosen]) == list(range(6)), "one query in each cluster"
+    for i in chosen:  # each is the member nearest its cluster's centre (k-means: the members' mean)
+        members = np.flatnonzero(labels == labels[i])
+        assert i == members[((points[members] - points[members].mean(0)) ** 2).sum(1).argmin()]
+
+
+def test_one_label_a_cluster_spreads_to_every_member():
+    points, labels, _ = _clusters()
+    chosen = medoid_queries(points, 6, seed=1)
+    answers = torch.as_tensor(labels[chosen.numpy()] + 3) % 9  # classes need not be 0..k-1
+    dist = spread_labels(points, chosen, answers, num_classes=9)
+    assert dist.shape == (len(points), 9) and torch.allclose(dist.sum(1), torch.ones(len(points)))
+    expected = (torch.as_tensor(labels) + 3) % 9
+    assert torch.equal(dist.argmax(1), expected), "every member takes its cluster's one label"
+    # an unanswered query (-1) adds nothing; a single answered class spreads to all
+    one = spread_labels(points, chosen[:2], torch.tensor([4, -1]), num_classes=9)
+    assert torch.equal(one.argmax(1), torch.full((len(points),), 4))
+
+
+def test_a_wrong_label_stays_in_its_cluster():
+    points, labels, _ = _clusters(per=30)
+    chosen = medoid_queries(points, 6, seed=2)
+    answers = torch.as_tensor(labels[chosen.numpy()]).clone()
+    answers[0] = (answers[0] + 1) % 6  # one noisy answer
+    spread = spread_labels(points, chosen, answers, num_classes=6).argmax(1).numpy()
+    wrong = spread != labels
+    assert wrong.sum() == 30 and len(set(labels[wrong])) == 1, "only the mislabelled cluster is wrong"
+
+
+def test_the_embedding_reads_images_of_any_size():
+    images = torch.randint(0, 256, (50, 1, 12, 12), dtype=torch.uint8)
+    z = embed_pool(images, dims=8)
+    assert z.shape == (50, 8) and np.allclose(z.mean(0), 0, atol=1e-6)
+    odd = embed_pool(torch.randint(0, 256, (30, 3, 10, 10), dtype=torch.uint8), dims=8)  # sides not 4k: pixels
+    assert odd.shape == (30, 8)
+
+
+def test_pate_with_medoids_and_spread_labels_spends_what_random_queries_spend(tiny_npz, tmp_path):
+    base = TINY + ["budget.epsilon=10", "pate.aggregation=gnmax"]
+    runs = {}
+    for name, extra in {"random": [], "few": ["pate.query_selection=medoids", "pate_student.labels=spread"]}.items():
+        runs[name] = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=base + extra,
+                                         run_dir=str(tmp_path / name))).summary
+    random, few = runs["random"], runs["few"]
+    assert few["query_selection"] == "medoids" and few["student_labels"] == "spread"
+    assert 0 <= few["spread_label_accuracy"] <= 1
+    assert few["epsilon_strict"] == random["epsilon_strict"] and few["epsilon_paper"] == random["epsilon_paper"]
+    events = [PrivacyLedger(tmp_path / name).events() for name in ("random", "few")]
+    assert events[0] == events[1], "the embedding, the medoids and the spreading record nothing"
+    assert any("ScatterNet" in str(p) for p in few["not_covered"]), "the report names the feature space"
