@@ -38,7 +38,7 @@ class RunRequest:
     resume: bool = False
     record: bool = False
     results_dir: str = "results"
-    dry_run: bool = False  # plan, check and price the run, train nothing (runner.DryRunPlan)
+    dry_run: bool = False  # plan, check and price the run, train nothing (dry_run.DryRunPlan)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from privdistill.engine.stages import Stages
 from privdistill.errors import ConfigError, RunError
 from privdistill.methods.chance import evaluate_release
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
-from privdistill.methods.dry_run import check_own_budget, dry_run_info, plan_lines
+from privdistill.methods.dry_run import DryRunPlan, check_own_budget, dry_run_info, plan_lines, round_epsilon
 from privdistill.methods.plan_judge import check_plan
 from privdistill.privacy.events import PrivacyEvent
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
@@ -79,11 +79,6 @@ class Budget:
     def limit(self) -> float | None:
         """The ε the ledger never lets the run exceed (under `accounting`)."""
         return self.max_epsilon if self.max_epsilon is not None else self.epsilon
-
-
-def round_epsilon(x: float) -> float | str:
-    """Every summary prints ε the same way: 6 significant decimals, "inf" for no guarantee."""
-    return "inf" if math.isinf(x) else round(float(x), 6)
 
 
 # ============================================================================================ result
@@ -222,15 +217,6 @@ class Method:
 
     def run(self, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
         return execute(self, request, cache=cache, **inputs)
-
-
-class DryRunPlan(Exception):
-    """Raised by a dry run (RunRequest.dry_run) once the plan has passed every check: `info` is what the run would
-    spend and what the plan notes (e.g. what the vote noise leaves of the teachers' answer). Nothing trained."""
-
-    def __init__(self, info: dict[str, Any]):
-        super().__init__("dry run: nothing was trained")
-        self.info = info
 
 
 NOISE_DRAWS = "noise_draws.json"  # the secure samplers' draws and bounds, summed over a run's invocations
