@@ -210,10 +210,9 @@ class Method:
 
     def check_end_to_end(self, ctx: Context) -> None:
         """`--privacy end-to-end`: refuse, before anything trains, a configuration whose released model could not
-        be covered as a whole (methods/end_to_end.py). A method without such a mode refuses every configuration."""
-        from privdistill.methods.end_to_end import why_not_end_to_end
-
-        raise ConfigError(why_not_end_to_end(self.name, ctx))
+        be covered as a whole (methods/end_to_end.py). A method without such a mode refuses every configuration; one
+        that can say why it has none (SRR's label-DP setting, PATE) overrides this with its reason."""
+        raise ConfigError(f"{self.name} has no end-to-end mode: drop --privacy end-to-end")
 
     def run(self, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
         return execute(self, request, cache=cache, **inputs)

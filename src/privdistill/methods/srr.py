@@ -94,7 +94,8 @@ class SRRMethod(Method):
 
     def check_end_to_end(self, ctx: Context) -> None:  # a DP teacher and DP feature statistics (end_to_end.py)
         if ctx.section("srr").setting != "data-free":
-            super().check_end_to_end(ctx)  # label-dp reads the private images: refused with its reason
+            raise ConfigError("SRR's label-DP setting trains on the private images themselves: it protects labels only "
+                              "and cannot be end to end (drop --privacy end-to-end, or use dpsgd)")
         e2e.check_srr(ctx)
 
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
