@@ -6,11 +6,12 @@ Each entry has a kind (classifier, generator, vae) so that commands can list and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-from torch import nn
+from typing import TYPE_CHECKING, Callable
 
 from privdistill.errors import ModelError
+
+if TYPE_CHECKING:  # annotations only: the registry imports no torch, so config can check model names without it
+    from torch import nn
 
 
 @dataclass(frozen=True)
