@@ -62,5 +62,6 @@ def create_model(name: str, *, kind: str | None = None, **kwargs) -> nn.Module:
 
 
 def _ensure_loaded() -> None:
-    # The model modules register themselves on import.
+    # The model modules register themselves on import, on the first lookup: they import this module (and torch,
+    # which listing or checking a name does without), so this module cannot import them at its top.
     from privdistill.models import cnn, generator, resnet, scatternet, vae  # noqa: F401
