@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from privdistill.data import load_data
 from privdistill.data.dataset import to_float, to_uint8
 from privdistill.engine import Env, RunDir, evaluate
-from privdistill.engine.datafree import BatchNormStatistics
-from privdistill.engine.synthesis import ceiling_accuracy, disagreement, distillation_loss
+from privdistill.engine.datafree import BatchNormStatistics, disagreement, distillation_loss
+from privdistill.engine.synthesis import ceiling_accuracy
 from privdistill.models import create_model
 
 

@@ -16,7 +16,7 @@ from privdistill.errors import BudgetExceededError, ConfigError, DataError, Priv
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget
 from privdistill.methods.srr import SRRConfig, label_event, run_srr
-from privdistill.methods.srr_training import stage_sizes
+from privdistill.methods.srr_schedule import stage_sizes
 from privdistill.privacy.events import RRLabels, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import (

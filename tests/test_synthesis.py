@@ -13,13 +13,12 @@ from privdistill.data import ImageDataset, load_data
 from privdistill.data.dataset import to_float
 from privdistill.engine import Env
 from privdistill.engine.cache import StageCache
-from privdistill.engine.datafree import GeneratorTraining, datafree_loss, train_generator
+from privdistill.engine.datafree import GeneratorTraining, datafree_loss, image_prior, train_generator
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
 from privdistill.engine.synthesis import (
     SourceEnsemble,
-    image_prior,
     label_balance,
     ranked_samples,
     synthesis_quality,
@@ -456,7 +455,7 @@ def test_contrastive_diversity_is_low_for_distinct_samples_and_passes_gradients(
     """The contrastive term (generator.diversity_weight) is at chance (ln B) for a batch of one repeated image,
     far lower for distinct smooth images (a shifted view still resembles its own image most), and passes
     gradients to the images; a generator trained with it logs it."""
-    from privdistill.engine.synthesis import contrastive_diversity
+    from privdistill.engine.datafree import contrastive_diversity
 
     torch.manual_seed(0)
     model = Pixels()
@@ -527,7 +526,7 @@ def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):
     """generator.adversarial_weight (DFAD): the disagreement is 0 for equal predictions and 2 for opposite sure
     ones, its gradient reaches the images; in a generator run the student in the loop learns the source (its
     imitation loss falls) and the run resumes to the same generator."""
-    from privdistill.engine.synthesis import disagreement, distillation_loss
+    from privdistill.engine.datafree import disagreement, distillation_loss
 
     sure = torch.tensor([[20.0, -20.0], [-20.0, 20.0]])
     assert float(disagreement(sure, sure)) == pytest.approx(0.0, abs=1e-6)

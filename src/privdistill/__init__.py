@@ -19,6 +19,8 @@ __version__ = "0.1.0"
 def load(path, *, device="cpu"):
     """Load an exported release (`privdistill export`): a ``Release`` with ``.model`` (a plain torch.nn.Module),
     ``.preprocess``, ``.predict``, ``.classes`` and ``.card``. See privdistill.release."""
+    # imported on use: release imports torch (and this package, for __version__), which `import privdistill`
+    # and the command line's start do without
     from privdistill.release import load as _load
 
     return _load(path, device=device)

@@ -36,8 +36,11 @@ import torch
 from torch import nn
 
 from privdistill import __version__
+from privdistill.data.dataset import known_class_names
 from privdistill.engine.run import RunDir
 from privdistill.errors import PrivacyError, RunError
+from privdistill.methods.runner import generator_is_covered
+from privdistill.privacy.report import _fmt, guarantee, is_label_dp
 
 #: What every classifier here reads: images scaled from [0, 255] to [-1, 1] (data.dataset.to_float), NCHW.
 PREPROCESSING = {"input": "uint8 images in [0, 255], or floats already in [-1, 1]",
@@ -100,9 +103,6 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
                allow_chance: bool = False) -> Path:
     """Write the releasable part of a finished run to `out` (see the module docstring); returns `out`. A model at
     chance (its summary's `at_chance`, methods/chance.py) is refused unless `allow_chance`."""
-    from privdistill.methods.runner import generator_is_covered
-    from privdistill.privacy.report import guarantee, is_label_dp
-
     run, out = Path(run_dir), Path(out)
     if not run.is_dir():
         raise RunError(f"{run} does not exist" if not run.exists() else f"{run} is not a directory (a run directory "
@@ -190,8 +190,6 @@ def _read_json(path: Path, missing: str) -> dict[str, Any]:
 
 
 def _classes(summary: dict[str, Any], meta: dict[str, str]) -> list[str]:
-    from privdistill.data.dataset import known_class_names
-
     k = int(json.loads(meta.get("registry_kwargs", "{}")).get("num_classes", 10))
     given = summary.get("classes")  # the data's own class names, or its labels as given when they were renumbered
     if isinstance(given, list) and len(given) == k:
@@ -220,8 +218,6 @@ def _scale_sentence(summary: dict[str, Any]) -> str:
 def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, is_dp: bool, classes: list[str],
                meta: dict[str, str], *, generator: bool = False) -> str:
     """The model card, in the Hugging Face README.md format (YAML front matter, then markdown)."""
-    from privdistill.privacy.report import _fmt, is_label_dp
-
     method, dataset = summary.get("method"), summary.get("dataset")
     kwargs = json.loads(meta.get("registry_kwargs", "{}"))
     relation = summary.get("relation") or "replace-one: substitute one record of the private training set"

@@ -24,9 +24,12 @@ import numpy as np
 from privdistill.atomic import atomic_write_json
 from privdistill.audits.inversion import InversionConfig, inversion_audit
 from privdistill.audits.membership import AuditConfig, audit_split, load_shadows, membership_audit, shadow_stage
+from privdistill.audits.metrics import roc_curve
 from privdistill.config import ClassifierTraining, RunOptions, resolve_sections
+from privdistill.data import load_data
 from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
+from privdistill.engine.holdout import public_indices
 from privdistill.engine.run import RunDir, record_result
 from privdistill.errors import RunError
 
@@ -51,8 +54,6 @@ def _public_slice_overlap(summary: dict, config: dict, members, n_train: int) ->
         holdout = (config.get("dgd") or {}).get("holdout")
     else:
         return None
-    from privdistill.engine.holdout import public_indices
-
     seed = (config.get("run") or {}).get("seed", 0)
     public = set(public_indices(n_train, int(holdout), int(seed)).tolist())
     return sum(int(i) in public for i in members.tolist())
@@ -62,8 +63,6 @@ def audit_run(run_dir: str | Path, *, preset: str | None = None, config_file: st
               overrides: list[str] | dict | None = None, record: bool = False, results_dir: str | Path = "results",
               cache: bool = True, result_name: str | None = None) -> dict[str, Any]:
     """Audit one finished run; returns the `audit` block added to its summary."""
-    from privdistill.data import load_data
-
     started = time.perf_counter()
     run = RunDir.existing(run_dir)
     summary = run.summary()
@@ -134,8 +133,6 @@ def _roc_figure(mia: dict, path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from privdistill.audits.metrics import roc_curve
 
     fig, ax = plt.subplots(figsize=(4.2, 4))
     for name, scores in mia["scores"].items():

@@ -48,8 +48,9 @@ from privdistill.data.dataset import DataSplits, ImageDataset, to_float
 from privdistill.engine import streams
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
+from privdistill.engine.holdout import holdout_size, public_indices
 from privdistill.engine.run import RunDir
-from privdistill.engine.trainer import train_classifier
+from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.errors import ConfigError
 from privdistill.models import create_model
 
@@ -109,8 +110,6 @@ def audit_split(data: DataSplits, cfg: AuditConfig) -> AuditSplit:
     """The member/non-member split of a dataset: a function of (dataset sizes, cfg) only."""
     n_train, n_test = len(data.train), len(data.test)
     excluded = torch.zeros(n_train, dtype=torch.bool)
-    from privdistill.engine.holdout import holdout_size, public_indices
-
     if 0 < cfg.holdout and holdout_size(cfg.holdout, n_train) < n_train:
         excluded[public_indices(n_train, cfg.holdout, cfg.split_seed)] = True
     candidates = torch.nonzero(~excluded).flatten()
@@ -193,8 +192,6 @@ def shadow_stage(data: DataSplits, split: AuditSplit, cfg: AuditConfig, shadow_c
                                  checkpoint=f"shadow-{i}-checkpoint", description=f"shadow {i + 1}/{cfg.shadows}")
                 model = model.float().to(env.device).to(memory_format=torch.contiguous_format)
                 out = model_outputs(model, audit_images, audit_labels, score_env.device)
-                from privdistill.engine.trainer import evaluate
-
                 rec = {"phi": out["phi"], "loss": out["loss"], "train_size": len(train),
                        "test_accuracy": evaluate(model, data.test, env), "seconds": time.perf_counter() - started}
                 atomic_torch_save(done, rec)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from privdistill.config import load_yaml_file
+from privdistill.engine.run import record_result
 from privdistill.errors import ConfigError
 
 CPU_LOCK = os.environ.get("PRIVDISTILL_CPU_LOCK", "/tmp/privdistill-cpu.lock")
@@ -234,8 +235,6 @@ def run_matrix(matrix: Matrix, *, lock: str | Path | None = CPU_LOCK, audits: bo
         if state == "finished":  # the run ended but was not recorded (e.g. killed between the two)
             summary = load_json(cell.run_dir / "summary.json")
             if summary is not None and not dry_run:
-                from privdistill.engine.run import record_result
-
                 record_result(summary, results_dir=cell.result.parent.parent, name=cell.name)
                 statuses[cell.name] = "recorded from its finished run"
                 continue

@@ -22,7 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from privdistill.audits.metrics import roc_curve
 from privdistill.bench.report import load_results
+from privdistill.privacy.accounting import epsilon
+from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
+from privdistill.privacy.report import guarantee
 
 
 def _plt():
@@ -65,8 +69,6 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     top, the models that are DP as a whole (privacy.report.guarantee), at their strict ε; bottom, the others
     (DGD, data-free SRR, label-DP, paper-accounting runs) at the target ε they were sized for, which is not a
     guarantee for the whole model."""
-    from privdistill.privacy.report import guarantee
-
     rows = [r for r in results if r.get("test_accuracy") is not None and r.get("target_epsilon") is not None]
     # the Table I cells, plus variants that form a curve (e.g. DPDFD direct at three ε); one-point ablations
     # would only clutter the legend (they are in the tables)
@@ -137,9 +139,6 @@ def dgd_accuracy_vs_queries(results: list[dict], path: str | Path) -> Path | Non
 def privacy_vs_queries(path: str | Path, *, max_queries: int = 1500, delta: float = 1e-5,
                        laplace_scale: float = 40.0, sigma: float = 40.0) -> Path:
     """DGD Fig. 8 (bottom right): privacy cost against the number of queries, from the accountants."""
-    from privdistill.privacy.accounting import epsilon
-    from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
-
     qs = np.unique(np.r_[1, np.linspace(10, max_queries, 40).astype(int), 27, 1300])
     curves = {
         f"DGD paper formula (LNMax b={laplace_scale:g}, + ε1 = 0.01)":
@@ -179,8 +178,6 @@ def _audited(results: list[dict], dataset: str) -> list[tuple[dict, Path]]:
 
 
 def mia_roc(results: list[dict], dataset: str, path: str | Path, attack: str = "lira_online") -> Path | None:
-    from privdistill.audits.metrics import roc_curve
-
     runs = [(r, run) for r, run in _audited(results, dataset) if (run / "audit" / "mia_scores.npz").is_file()]
     if not runs:
         return None

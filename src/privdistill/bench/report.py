@@ -14,8 +14,11 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from privdistill.bench.matrix import load_matrix
 from privdistill.config import PRESETS
 from privdistill.data import dataset_slug
+from privdistill.privacy.report import guarantee
+from privdistill.recipes import METHODS, recipes
 
 # Accuracy the papers print (fractions), by (method, dataset, ε). Sources: DGD Table I (δ = 1e-5) and its
 # baselines; DPDFD Table 1; SRR Table I.
@@ -88,8 +91,6 @@ def _cmd(r: dict) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _bench_cells(preset: str) -> dict[str, Any]:
-    from privdistill.bench.matrix import load_matrix
-
     if preset not in PRESETS:
         return {}
     return {cell.name: cell for cell in load_matrix(preset).cells}
@@ -350,8 +351,6 @@ def bench_table(results: list[dict]) -> str:
 def strict_end_to_end_table(results: list[dict]) -> str:
     """Every method's best released model that is DP as a whole (privacy.report.guarantee: its strict ε covers
     every pathway from the private data to it), at strict ε <= 1, 3 and 10, one row per dataset and method."""
-    from privdistill.privacy.report import guarantee
-
     whole = [r for r in results if r.get("method") in DP_METHODS and guarantee(r)[0]
              and isinstance(r.get("epsilon_strict"), (int, float))]
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -386,8 +385,6 @@ def headline_table(results: list[dict]) -> str:
     """Every recipe but the paper's × MNIST / Fashion-MNIST × ε 1 and 10 (the cells a recipe measured at another ε,
     e.g. DGD's strict 9.34, at that ε): the run recorded with the recipe's own short command where there is one (a
     summary naming its recipe), else the recipe's recorded best from before recipes existed, said so."""
-    from privdistill.recipes import METHODS, recipes
-
     recorded = {}
     for r in results:
         if r.get("recipe") is not None and r.get("target_epsilon") is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from privdistill.engine.run import RunDir
 from privdistill.errors import ConfigError
+from privdistill.privacy.report import guarantee, has_run_report, render_text, run_report
 
 SUMMARY_ROWS = ("method", "variant", "dataset", "preset", "test_accuracy", "test_split", "baseline_accuracy",
                 "target_epsilon", "epsilon_paper", "epsilon_strict", "epsilon_data_dependent", "delta",
@@ -38,8 +39,6 @@ def _fmt(v: Any) -> str:
 
 def privacy_text(run: RunDir, summary: dict[str, Any]) -> str:
     """The privacy report as plain text, whatever kind of run this is."""
-    from privdistill.privacy.report import has_run_report, render_text, run_report
-
     if has_run_report(run.path):
         return render_text(run_report(run.path))
     lines = []
@@ -116,8 +115,6 @@ def render(run_dir: str | Path, *, fmt: str = "md", output: str | Path | None = 
     training_curve(run, run.path / "report-curve.png")
     out = Path(output) if output else run.path / f"report.{fmt}"
     title = f"{summary.get('method')} on {summary.get('dataset')} ({summary.get('preset')})"
-    from privdistill.privacy.report import guarantee
-
     rows = [("privacy, in words", guarantee(summary)[1])]
     rows += [(k, _fmt(summary.get(k))) for k in SUMMARY_ROWS if summary.get(k) is not None]
     privacy = privacy_text(run, summary)

@@ -6,7 +6,18 @@ import sys
 
 import typer
 
+from privdistill import __version__
+from privdistill.cli import audit as audit_cli
+from privdistill.cli import baselines as baselines_cli
+from privdistill.cli import bench, data, dgd, evaluate, models, stages, train
+from privdistill.cli import dpdfd as dpdfd_cli
+from privdistill.cli import privacy as privacy_cli
+from privdistill.cli import release as release_cli
+from privdistill.cli import srr as srr_cli
+from privdistill.cli.display import show_plan
+from privdistill.cli.process import keep_freed_memory
 from privdistill.errors import PrivdistillError
+from privdistill.methods.dry_run import DryRunPlan
 
 
 def _flags_without_metavar() -> None:
@@ -37,8 +48,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from privdistill import __version__
-
         typer.echo(f"privdistill {__version__}")
         raise typer.Exit()
 
@@ -57,8 +66,6 @@ def _mount_subcommands() -> None:
     if _MOUNTED:
         return
     _MOUNTED = True
-    from privdistill.cli import bench, data, dgd, evaluate, models, stages, train
-
     app.add_typer(data.app, name="data")
     app.add_typer(train.app, name="train")
     app.add_typer(stages.teachers_app, name="teachers")
@@ -69,24 +76,13 @@ def _mount_subcommands() -> None:
     app.command("eval")(evaluate.eval_command)
     app.command("models")(models.models_command)
     app.command("recipes")(models.recipes_command)
-    from privdistill.cli import privacy as privacy_cli
-
     app.add_typer(privacy_cli.app, name="privacy", help="Estimate ε under both accountings; privacy reports.")
-    from privdistill.cli import srr as srr_cli
-
     app.command("srr")(srr_cli.srr_command)
-    from privdistill.cli import dpdfd as dpdfd_cli
-
     app.command("dpdfd")(dpdfd_cli.command)
-    from privdistill.cli import audit as audit_cli
-    from privdistill.cli import baselines as baselines_cli
-
     app.command("dpsgd")(baselines_cli.dpsgd_command)
     app.command("pate")(baselines_cli.pate_command)
     app.command("audit")(audit_cli.audit_command)
     app.command("report")(bench.run_report_command)
-    from privdistill.cli import release as release_cli
-
     app.command("export")(release_cli.export_command)
 
 
@@ -155,8 +151,6 @@ def unwritable_message(err: OSError) -> str | None:
 
 
 def main() -> None:
-    from privdistill.cli.process import keep_freed_memory
-
     keep_freed_memory()  # before any tensor exists; see its docstring for the measured cost of not doing it
     _quiet_library_warnings()
     _mount_subcommands()
@@ -179,13 +173,9 @@ def main() -> None:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Exception as exc:
-        # Imported only here: methods.runner brings torch, which `--help` and the one-line errors do without.
-        from privdistill.methods.runner import DryRunPlan
-
+        # a dry run ends by raising its plan (methods/dry_run.py, which imports no torch): printed, not an error
         if not isinstance(exc, DryRunPlan):
             raise
-        from privdistill.cli.display import show_plan
-
         show_plan(exc.info)
 
 

@@ -10,6 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from privdistill.cli import options as o
+from privdistill.cli.lazy import lazy_module
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+audits = lazy_module("privdistill.audits.audit")
 
 console = Console()
 
@@ -35,8 +39,6 @@ def audit_command(
 ) -> None:
     """Membership inference (loss threshold, LiRA online/offline) and model inversion; numbers go into
     each run's summary.json (and results/<preset>/ with --record)."""
-    from privdistill.audits.audit import audit_run
-
     extra: dict = {}
     if no_mia:
         extra["audit.mia"] = False
@@ -49,8 +51,8 @@ def audit_command(
     for col in ("run", "attack", "AUC", "TPR @ 1% FPR", "loss-attack AUC", "inversion corr.", "seconds"):
         table.add_column(col)
     for run_dir in run_dirs:
-        r = audit_run(run_dir, preset=preset, config_file=str(config) if config else None, overrides=overrides,
-                      record=record, cache=not no_cache, result_name=result_name if len(run_dirs) == 1 else None)
+        r = audits.audit_run(run_dir, preset=preset, config_file=str(config) if config else None, overrides=overrides,
+                             record=record, cache=not no_cache, result_name=result_name if len(run_dirs) == 1 else None)
         table.add_row(str(run_dir), r.get("mia_attack", "-"), str(r.get("mia_auc", "-")),
                       str(r.get("mia_tpr_at_1pct_fpr", "-")), str(r.get("mia_loss_auc", "-")),
                       str((r.get("inversion") or {}).get("mean_correlation_with_class_mean", "-")), str(r["seconds"]))

@@ -10,6 +10,12 @@ from rich.console import Console
 
 from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
+from privdistill.cli.lazy import lazy_module
+from privdistill.privacy.events import count_of
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+dpsgd = lazy_module("privdistill.methods.dpsgd")
+pate = lazy_module("privdistill.methods.pate")
 
 console = Console()
 
@@ -25,11 +31,9 @@ def dpsgd_command(
     """DP-SGD through Opacus: the paper CNN trained on the private data with clipped, noised gradients. σ is
     calibrated to --epsilon under --accounting: strict (the default) on the replace-one ε, paper by Opacus's
     make_private_with_epsilon under --accountant (add/remove-one, as DP-SGD papers report)."""
-    from privdistill.methods.dpsgd import run_dpsgd
-
     extra = o.section_overrides("dpsgd", accountant=accountant, epochs=epochs)
     request = run.request(extra)
-    s = run_dpsgd(request).summary
+    s = dpsgd.run_dpsgd(request).summary
     show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
     a = s["dpsgd_accounting"]
     console.print(f"σ = {a['noise_multiplier']:g}, q = {a['sample_rate']:.4g}, {a['steps']} steps, "
@@ -50,12 +54,9 @@ def pate_command(
     ] = None,
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
-    from privdistill.methods.pate import run_pate
-    from privdistill.privacy.events import count_of
-
     extra = o.section_overrides("pate", queries=queries, aggregation=aggregation)
     request = run.request(extra)
-    s = run_pate(request, cache=not run.no_cache).summary
+    s = pate.run_pate(request, cache=not run.no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{count_of(s['queries'], 'query', 'queries')}, {s['answered']} answered (label accuracy "
                   f"{s['label_accuracy']}); ε covers "

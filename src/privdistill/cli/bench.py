@@ -10,6 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from privdistill.cli.lazy import lazy_module
+from privdistill.errors import ConfigError
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+bench_matrix = lazy_module("privdistill.bench.matrix")
+bench_plots = lazy_module("privdistill.bench.plots")
+bench_report = lazy_module("privdistill.bench.report")
+noise_bench = lazy_module("privdistill.bench.noise")
+run_reports = lazy_module("privdistill.bench.run_report")
+teacher_bench = lazy_module("privdistill.bench.teachers")
+
 app = typer.Typer(help="The reproduction matrix (run with no sub-command), its report, timing benchmarks.",
                   invoke_without_command=True)
 console = Console()
@@ -39,14 +50,12 @@ def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, 
                 stop_on_failure: bool) -> None:
     import time
 
-    from privdistill.bench.matrix import load_matrix, run_matrix
-
-    m = load_matrix(matrix or preset, results_dir=results, datasets=datasets, only=only)
+    m = bench_matrix.load_matrix(matrix or preset, results_dir=results, datasets=datasets, only=only)
     console.print(f"matrix {m.source}: {len(m.cells)} cells at preset {m.preset}", highlight=False)
     started = time.perf_counter()
-    out = run_matrix(m, lock=None if no_lock else lock, audits=not no_audit, dry_run=dry_run,
-                     keep_going=not stop_on_failure,
-                     say=lambda line: console.print(line, highlight=False, markup=False))
+    out = bench_matrix.run_matrix(m, lock=None if no_lock else lock, audits=not no_audit, dry_run=dry_run,
+                                  keep_going=not stop_on_failure,
+                                  say=lambda line: console.print(line, highlight=False, markup=False))
     table = Table(title=f"bench {m.preset}: {out['wall_seconds'] / 60:.1f} min")
     table.add_column("cell")
     table.add_column("status")
@@ -61,19 +70,14 @@ def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, 
 
 
 def _report(results: Path, doc: Path, figures: Path | None) -> None:
-    from privdistill.bench.report import regenerate
-    from privdistill.errors import ConfigError
-
     if not results.is_dir():
         raise ConfigError(f"no results directory {results}: run from the repository root or pass --results DIR")
     if not doc.parent.is_dir():
         raise ConfigError(f"cannot write {doc}: {doc.parent} does not exist (pass --doc FILE)")
-    names = regenerate(results, doc)
+    names = bench_report.regenerate(results, doc)
     console.print(f"updated {len(names)} tables in {doc}", highlight=False)
     if figures is not None:
-        from privdistill.bench.plots import make_figures
-
-        files = make_figures(results, figures)
+        files = bench_plots.make_figures(results, figures)
         console.print(f"wrote {len(files)} figures to {figures}", highlight=False)
 
 
@@ -105,16 +109,14 @@ def run(preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: Datasets
 @app.command("status")
 def status(preset: PresetOpt = "quick", matrix: MatrixOpt = None, results: ResultsOpt = Path("results")) -> None:
     """Each cell of the matrix: recorded, finished, resumable or new; audited or not."""
-    from privdistill.bench.matrix import cell_state, load_json, load_matrix
-
-    m = load_matrix(matrix or preset, results_dir=results)
+    m = bench_matrix.load_matrix(matrix or preset, results_dir=results)
     table = Table(title=f"{m.source}")
     for col in ("cell", "state", "accuracy", "MIA AUC", "owner", "command"):
         table.add_column(col)
     for c in m.cells:
-        r = load_json(c.result) or {}
-        table.add_row(c.name, cell_state(c), str(r.get("test_accuracy", "-")), str(r.get("mia_auc", "-")), c.owner,
-                      "privdistill " + " ".join(c.args))
+        r = bench_matrix.load_json(c.result) or {}
+        table.add_row(c.name, bench_matrix.cell_state(c), str(r.get("test_accuracy", "-")), str(r.get("mia_auc", "-")),
+                      c.owner, "privdistill " + " ".join(c.args))
     console.print(table)
 
 
@@ -135,11 +137,10 @@ def teachers(dataset: Annotated[str, typer.Option("--dataset", "-d")] = "mnist",
                  Optional[Path], typer.Option("--output", "-o", help="write the result as JSON")
              ] = None) -> None:
     """Teachers per minute, vectorised vs plain loop, measured side by side on the same teachers."""
-    from privdistill.bench.teachers import bench_teachers
-
-    r = bench_teachers(dataset, num_teachers=num_teachers, steps=steps, batch_size=batch_size, model=model,
-                       trainers=tuple(t.strip() for t in trainers.split(",")), full_steps=full_steps, device=device,
-                       precision=precision, chunk_size=chunk_size, output=output)
+    r = teacher_bench.bench_teachers(dataset, num_teachers=num_teachers, steps=steps, batch_size=batch_size,
+                                     model=model, trainers=tuple(t.strip() for t in trainers.split(",")),
+                                     full_steps=full_steps, device=device, precision=precision,
+                                     chunk_size=chunk_size, output=output)
     table = Table(title=f"{num_teachers} {model} teachers on {dataset}, "
                         f"{steps} steps of batch {batch_size} ({r['device']})")
     for col in ("trainer", "wall s", "samples/s", "teachers/min (full schedule)",
@@ -158,10 +159,8 @@ def noise(size: Annotated[int, typer.Option("--size", help="coordinates a draw (
           opendp_size: Annotated[int, typer.Option("--opendp-size", help="draws timed for OpenDP (0: skip)")] = 2_000,
           ) -> None:
     """Draws per second of each secure sampler against torch's plain noise on the same shape (and OpenDP's)."""
-    from privdistill.bench.noise import bench_noise, machine
-
-    rows = bench_noise(size=size, repeats=repeats, opendp_size=opendp_size)
-    table = Table(title=f"secure noise, {size:,} coordinates a draw ({machine()})")
+    rows = noise_bench.bench_noise(size=size, repeats=repeats, opendp_size=opendp_size)
+    table = Table(title=f"secure noise, {size:,} coordinates a draw ({noise_bench.machine()})")
     for col in ("sampler", "secure M draws/s", "plain M draws/s", "secure / plain", "OpenDP k draws/s"):
         table.add_column(col)
     for r in rows:
@@ -189,6 +188,4 @@ def run_report_command(
     ] = None,
 ) -> None:
     """A short report of one run: summary, privacy report, audits and figures (markdown or self-contained HTML)."""
-    from privdistill.bench.run_report import render
-
-    console.print(f"wrote {render(run_dir, fmt=format, output=output)}", highlight=False)
+    console.print(f"wrote {run_reports.render(run_dir, fmt=format, output=output)}", highlight=False)

@@ -10,6 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from privdistill.cli import options as o
+from privdistill.cli.lazy import lazy_module
+from privdistill.errors import DataError
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+datasets = lazy_module("privdistill.data")
+synthetic = lazy_module("privdistill.engine.synthetic")
 
 app = typer.Typer(help="List, prepare and verify datasets (run without a sub-command to list).",
                   invoke_without_command=True)
@@ -22,13 +28,11 @@ def data_main(ctx: typer.Context, data_root: o.DataRoot = None,
     """List the built-in datasets: where each was found, sizes, integrity."""
     if ctx.invoked_subcommand is not None:
         return
-    from privdistill.data import BUILTIN, resolve_data_root, status
-
-    root = resolve_data_root(data_root)
+    root = datasets.resolve_data_root(data_root)
     table = Table(title=f"datasets under {root}")
     for col in ("dataset", "status", "train", "test", "integrity", "location"):
         table.add_column(col)
-    statuses = [status(name, root, verify=not no_verify) for name in BUILTIN]
+    statuses = [datasets.status(name, root, verify=not no_verify) for name in datasets.BUILTIN]
     for st in statuses:
         integrity = {True: "[green]verified[/]", False: "[red]FAILED[/]", None: "-"}[st.verified]
         table.add_row(st.name, "[green]ready[/]" if st.present and not st.problems else
@@ -48,15 +52,12 @@ def prepare_cmd(names: Annotated[list[str], typer.Argument(help="datasets, e.g. 
                 data_root: o.DataRoot = None,
                 offline: Annotated[bool, typer.Option("--offline", help="never download")] = False) -> None:
     """Copy (and verify) datasets into the data root from offline files, or download them."""
-    from privdistill.data import prepare, resolve_data_root
-    from privdistill.errors import DataError
-
-    root = resolve_data_root(data_root)
+    root = datasets.resolve_data_root(data_root)
     for name in names:
         if name.startswith(("npz:", "folder:")):
             raise DataError(f"{name}: your own data is read in place and needs no preparing; pass it as "
                             "--dataset to any command")
-        how = prepare(name, root, source=source, download=not offline)
+        how = datasets.prepare(name, root, source=source, download=not offline)
         console.print(f"[green]{name}[/]: {how} -> {root}", highlight=False, soft_wrap=True)
 
 
@@ -70,10 +71,7 @@ def inspect_cmd(name: Annotated[str, typer.Argument(help="mnist, fashion-mnist, 
     grid to look at before training anything (a wrong scale shows as black or washed-out images)."""
     import torch
 
-    from privdistill.data import load_data
-    from privdistill.engine.synthetic import save_grid
-
-    data = load_data(name, data_root)
+    data = datasets.load_data(name, data_root)
     train, test = data.train, data.test
     # one unwrapped line, not the table's title: a title wraps to the narrow table ("?range=0,1" / "6: ...")
     console.print(f"{name}: {len(train)} training and {len(test)} test images, {data.channels} x "
@@ -96,5 +94,5 @@ def inspect_cmd(name: Annotated[str, typer.Argument(help="mnist, fashion-mnist, 
         console.print("[yellow]warning:[/] some classes are rare in the training split (see the counts)",
                       highlight=False)
     if grid is not None:
-        path = save_grid(train.images, train.labels, grid, per_class=10, num_classes=data.num_classes)
+        path = synthetic.save_grid(train.images, train.labels, grid, per_class=10, num_classes=data.num_classes)
         console.print(f"sample grid: {path}", highlight=False)

@@ -9,6 +9,11 @@ from rich.console import Console
 
 from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
+from privdistill.cli.lazy import lazy_module
+from privdistill.privacy.events import count_of
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+dgd = lazy_module("privdistill.methods.dgd")
 
 
 @o.private_command("dgd")
@@ -25,14 +30,11 @@ def command(
     inputs: Annotated[Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7)")] = None,
 ) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""
-    from privdistill.methods.dgd import run_dgd
-    from privdistill.privacy.events import count_of
-
     extra = o.section_overrides("dgd", queries=queries, aggregation=aggregation, inputs=inputs)
     if no_latent_noise:
         extra["dgd.latent_noise"] = False
     request = run.request(extra)
-    result = run_dgd(request, cache=not run.no_cache)
+    result = dgd.run_dgd(request, cache=not run.no_cache)
     show_summary(result.summary, title=f"{result.summary['method']} on {result.summary['dataset']}")
     s = result.summary
     queries = count_of(s['queries'], 'query', 'queries')

@@ -10,6 +10,10 @@ from rich.console import Console
 
 from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
+from privdistill.cli.lazy import lazy_module
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+dpdfd = lazy_module("privdistill.methods.dpdfd")
 
 console = Console()
 
@@ -40,14 +44,12 @@ def command(
     weights: Annotated[Optional[Path], typer.Option("--weights", help="state_dict file for --torchvision")] = None,
 ) -> None:
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
-    from privdistill.methods.dpdfd import TeacherSpec, run_dpdfd
-
     extra = o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps)
     request = run.request(extra)
-    spec = TeacherSpec(run_dir=str(teacher) if teacher else None,
-                       module_file=str(teacher_module) if teacher_module else None,
-                       torchvision=torchvision_model, weights=str(weights) if weights else None)
-    summary = run_dpdfd(request, teacher=spec, cache=not run.no_cache).summary
+    spec = dpdfd.TeacherSpec(run_dir=str(teacher) if teacher else None,
+                             module_file=str(teacher_module) if teacher_module else None,
+                             torchvision=torchvision_model, weights=str(weights) if weights else None)
+    summary = dpdfd.run_dpdfd(request, teacher=spec, cache=not run.no_cache).summary
     show_summary({k: v for k, v in summary.items() if k != "history"},
                  title=f"DPDFD (Alg. {summary['algorithm']}) on {summary['dataset']}")
     console.print(f"{summary['steps']} steps (planned {summary['planned_steps']}), sigma {summary['sigma']:g}, "

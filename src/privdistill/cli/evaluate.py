@@ -9,6 +9,13 @@ import typer
 from rich.console import Console
 
 from privdistill.cli import options as o
+from privdistill.cli.lazy import lazy_module
+from privdistill.config import RunOptions
+from privdistill.errors import ModelError, RunError
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+datasets = lazy_module("privdistill.data")
+engine = lazy_module("privdistill.engine")
 
 
 def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")],
@@ -20,12 +27,7 @@ def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")
                  ] = None,
                  data_root: o.DataRoot = None, device: o.Device = None) -> None:
     """Evaluate the released model of a run on a test split and print its accuracy."""
-    from privdistill.config import RunOptions
-    from privdistill.data import load_data
-    from privdistill.engine import Env, RunDir, evaluate
-    from privdistill.errors import RunError
-
-    run = RunDir.existing(run_dir)
+    run = engine.RunDir.existing(run_dir)
     config = run.config()
     name = weights or next((w for w in ("student", "model") if run.has_weights(w)), None)
     if name is None:
@@ -33,11 +35,11 @@ def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")
     if not run.has_weights(name):
         present = sorted(p.stem for p in Path(run_dir).glob("*.safetensors"))
         raise RunError(f"{run_dir} has no {name}.safetensors; weights in it: {', '.join(present) or 'none'}")
-    env = Env.from_options(RunOptions(device=device or "auto", progress=False))
+    env = engine.Env.from_options(RunOptions(device=device or "auto", progress=False))
     model = run.load_weights(name, device=env.device)
-    data = load_data(dataset or config["dataset"], data_root or config.get("run", {}).get("data_root"))
+    data = datasets.load_data(dataset or config["dataset"], data_root or config.get("run", {}).get("data_root"))
     _check_fits(model, data, run_dir, name)
-    accuracy = evaluate(env.place(model), data.test, env)
+    accuracy = engine.evaluate(env.place(model), data.test, env)
     Console().print(f"{name} of {run_dir} on {data.test.name} test ({len(data.test)} images): "
                     f"[bold]accuracy {accuracy:.4f}[/]", highlight=False)
 
@@ -45,8 +47,6 @@ def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")
 def _check_fits(model, data, run_dir: Path, name: str) -> None:
     """A model built for other images or classes gives a shape error deep in torch, or a meaningless
     accuracy: compare what the registry built it for with the test split first."""
-    from privdistill.errors import ModelError
-
     built = getattr(model, "registry_kwargs", {}) or {}
     wanted = {"in_channels": data.channels, "num_classes": data.num_classes, "image_size": data.image_size[0]}
     differ = [f"{k} {built[k]} (data: {v})" for k, v in wanted.items() if k in built and built[k] != v]

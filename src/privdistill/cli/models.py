@@ -8,11 +8,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from privdistill.models import list_models
+from privdistill.recipes import METHODS, recipes
+
 
 def models_command() -> None:
     """List the registered networks."""
-    from privdistill.models import list_models
-
     table = Table(title="models")
     for col in ("name", "kind", "description"):
         table.add_column(col)
@@ -24,8 +25,6 @@ def models_command() -> None:
 def recipes_command(method: Annotated[Optional[str], typer.Argument(help="one method (default: all)")] = None
                     ) -> None:
     """List each method's recipes: what each is, what its ε covers against the paper's, what it measured."""
-    from privdistill.recipes import METHODS, recipes
-
     table = Table(title="recipes (privdistill METHOD -d DATASET -e EPSILON [--recipe NAME])")
     for col in ("method", "recipe", "what it is", "what its ε covers", "measured (quick preset, CPU)"):
         table.add_column(col)

@@ -12,6 +12,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from privdistill.cli.lazy import lazy_module
+from privdistill.config import parse_overrides
+
+# imported when a command builds its request, not for --help: it imports torch (cli/lazy.py)
+common = lazy_module("privdistill.methods.common")
+
 Dataset = Annotated[
     str, typer.Option("--dataset", "-d", help="mnist, fashion-mnist, cifar10, svhn, npz:PATH or folder:DIR")
 ]
@@ -105,20 +111,16 @@ def run_request(*, dataset: str, preset: str, config: Path | None, overrides: li
                 resume: bool, record: bool, extra: Mapping[str, Any] | None = None, seed=None, device=None,
                 precision=None, data_root=None, no_progress: bool = False):
     """The RunRequest every method command builds from the shared options above (``extra``: see run_overrides)."""
-    from privdistill.methods.common import RunRequest
-
-    return RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                      overrides=run_overrides(overrides, extra=extra, seed=seed, device=device, precision=precision,
-                                              data_root=data_root, no_progress=no_progress),
-                      run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
+    return common.RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
+                             overrides=run_overrides(overrides, extra=extra, seed=seed, device=device,
+                                                     precision=precision, data_root=data_root, no_progress=no_progress),
+                             run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
 
 
 def run_overrides(overrides: list[str] | None, *, extra: Mapping[str, Any] | None = None, seed=None, device=None,
                   precision=None, data_root=None, no_progress=False) -> dict[str, Any]:
     """--set overrides, then ``extra`` (a command's dedicated options, from section_overrides), then the shared
     options folded into the `run` section; later wins. Returns {"section.key": value}."""
-    from privdistill.config import parse_overrides
-
     out: dict[str, Any] = {f"{section}.{key}": value for section, block in parse_overrides(overrides).items()
                            for key, value in block.items()}
     out.update(extra or {})

@@ -19,6 +19,26 @@ import typer
 
 from privdistill.cli import options as o
 from privdistill.errors import PrivacyError
+from privdistill.privacy._checks import check_delta
+from privdistill.privacy.calibration import calibrate_noise, max_count
+from privdistill.privacy.events import (
+    ConfidentGNMaxQueries,
+    DPDFDSteps,
+    GNMaxQueries,
+    LatentLaplace,
+    LNMaxQueries,
+    RRLabels,
+    SRRLabels,
+)
+from privdistill.privacy.report import (
+    dgd_pathways,
+    dpdfd_pathways,
+    pate_pathways,
+    privacy_report,
+    render_text,
+    run_report,
+    srr_pathways,
+)
 
 app = typer.Typer(help="Estimate epsilon under both accountings (paper and strict); privacy reports of runs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -47,16 +67,6 @@ def _need(value: Any, flag: str, mechanism: str) -> Any:
 def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilon0, sigma, sigma1, sigma2,
                   threshold, answered, clip_norm, batch_size, num_teachers, granularity, algorithm,
                   dataset_size, num_classes, epsilon_per_label, srr_setting, latent_epsilon, filter_budget=None):
-    from privdistill.privacy.events import (
-        ConfidentGNMaxQueries,
-        DPDFDSteps,
-        GNMaxQueries,
-        LatentLaplace,
-        LNMaxQueries,
-        RRLabels,
-        SRRLabels,
-    )
-
     m = mechanism.value
     if mechanism is Mechanism.dpdfd:
         if queries is not None and steps is None:
@@ -96,18 +106,16 @@ def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilo
 
 
 def _pathways_for(mechanism: Mechanism, algorithm: int, srr_setting: o.SRRSetting):
-    from privdistill.privacy import report
-
     if mechanism is Mechanism.lnmax:
-        return "DGD", report.dgd_pathways(aggregation="laplace")
+        return "DGD", dgd_pathways(aggregation="laplace")
     if mechanism is Mechanism.gnmax:
-        return "DGD+ (Gaussian aggregation)", report.dgd_pathways(aggregation="gaussian")
+        return "DGD+ (Gaussian aggregation)", dgd_pathways(aggregation="gaussian")
     if mechanism is Mechanism.confident_gnmax:
-        return "PATE (Confident-GNMax, public inputs)", report.pate_pathways(aggregation="Confident-GNMax")
+        return "PATE (Confident-GNMax, public inputs)", pate_pathways(aggregation="Confident-GNMax")
     if mechanism is Mechanism.dpdfd:
-        return f"DPDFD Alg. {algorithm}", report.dpdfd_pathways(algorithm=algorithm)
+        return f"DPDFD Alg. {algorithm}", dpdfd_pathways(algorithm=algorithm)
     if mechanism is Mechanism.srr:
-        return f"SRR ({srr_setting.value})", report.srr_pathways(setting=srr_setting.value)
+        return f"SRR ({srr_setting.value})", srr_pathways(setting=srr_setting.value)
     return None, None
 
 
@@ -170,9 +178,6 @@ def estimate(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Epsilon of a mechanism under both accountings, side by side, and what each covers."""
-    from privdistill.privacy._checks import check_delta
-    from privdistill.privacy.report import privacy_report
-
     check_delta(delta)
     if algorithm is None:
         algorithm = 2 if num_teachers > 1 else 1
@@ -215,8 +220,6 @@ def estimate(
 
 
 def _calibrate(main, fixed, target_epsilon: float, delta: float) -> dict[str, Any]:
-    from privdistill.privacy.calibration import calibrate_noise, max_count
-
     out: dict[str, Any] = {"target_epsilon": target_epsilon, "delta": delta, "count_field": main.count_field,
                            "noise_field": main.noise_field}
     for acc in ("paper", "strict"):
@@ -281,8 +284,6 @@ def report_command(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """A run's privacy report: epsilon under both accountings and what each released artifact's epsilon covers."""
-    from privdistill.privacy.report import render_text, run_report
-
     rep = run_report(run_dir, delta=delta)
     if as_json:
         typer.echo(json.dumps(rep, indent=2))

@@ -9,6 +9,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from privdistill.cli.lazy import lazy_module
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+release = lazy_module("privdistill.release")
+
 
 def export_command(
     run_dir: Annotated[Path, typer.Argument(help="a finished run directory")],
@@ -31,18 +36,16 @@ def export_command(
     """Export a run's released classifier: weights with their metadata, a model card (what ε covers and what it
     does not, accuracy, audits, preprocessing) and the privacy report; never checkpoints, the ledger or the seed.
     Load it with `privdistill.load(OUT)`."""
-    from privdistill.release import NonPrivateReleaseWarning, export_run, load
-
     console = Console()
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", NonPrivateReleaseWarning)
-        path = export_run(run_dir, out, allow_non_private=allow_non_private, generator=generator,
-                          overwrite=overwrite, allow_reproducible_noise=allow_reproducible_noise,
-                          allow_chance=allow_chance)
-    if any(issubclass(w.category, NonPrivateReleaseWarning) for w in caught):
+        warnings.simplefilter("always", release.NonPrivateReleaseWarning)
+        path = release.export_run(run_dir, out, allow_non_private=allow_non_private, generator=generator,
+                                  overwrite=overwrite, allow_reproducible_noise=allow_reproducible_noise,
+                                  allow_chance=allow_chance)
+    if any(issubclass(w.category, release.NonPrivateReleaseWarning) for w in caught):
         console.print("[red]warning:[/] exported with --allow-non-private: this release is not differentially "
                       "private as a whole (its model card says so first)", highlight=False)
-    card = load(path).card
+    card = release.load(path).card
     if card.get("at_chance"):
         console.print("[red]warning:[/] exported with --allow-chance: this model answers at chance (its model card "
                       "says so first)", highlight=False)

@@ -10,6 +10,10 @@ from rich.console import Console
 
 from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
+from privdistill.cli.lazy import lazy_module
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+srr = lazy_module("privdistill.methods.srr")
 
 console = Console()
 
@@ -43,12 +47,10 @@ def srr_command(
     Prints the student's accuracy with both epsilons: the paper's (per label, pure) and the strict one
     (composed over every label from the one teacher), and what neither covers.
     """
-    from privdistill.methods.srr import run_srr
-
     extra = o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
                                    stages=stages, num_samples=samples)
     request = run.request(extra)
-    summary = run_srr(request, cache=not run.no_cache).summary
+    summary = srr.run_srr(request, cache=not run.no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
     if summary.get("dp_source"):  # end to end: the labels are a DP teacher's own, no mechanism ran
         console.print(f"{summary['num_labels']} labels in {summary['stages']} stages from the DP teacher "

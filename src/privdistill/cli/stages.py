@@ -11,6 +11,13 @@ from rich.table import Table
 
 from privdistill.cli import options as o
 from privdistill.cli.display import show_summary
+from privdistill.cli.lazy import lazy_module
+from privdistill.errors import ConfigError
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+datafree = lazy_module("privdistill.methods.datafree")
+stage_cache = lazy_module("privdistill.engine.cache")
+teachers = lazy_module("privdistill.methods.teachers")
 
 teachers_app = typer.Typer(help="Teacher ensembles on disjoint partitions.", no_args_is_help=True)
 generator_app = typer.Typer(help="Data-free generators.", no_args_is_help=True)
@@ -35,17 +42,14 @@ def teachers_train(
     no_cache: o.NoCache = False,
 ) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
-    from privdistill.errors import ConfigError
-    from privdistill.methods.teachers import train_teachers_workflow
-
     if not laplace_scale > 0:
         raise ConfigError(f"--laplace-scale must be > 0, got {laplace_scale}")
 
     # `or None`: an empty --trainer means "not given"
     extra = o.section_overrides("teachers", num_teachers=num_teachers, trainer=trainer or None)
     request = run.request(extra)
-    summary = train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache,
-                                      ray_address=ray_address)
+    summary = teachers.train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache,
+                                               ray_address=ray_address)
     show_summary(summary, title=f"{summary['num_teachers']} teachers on {summary['dataset']}")
     console.print(f"ensemble (plurality) {summary['ensemble_accuracy']:.4f}, Laplace b={laplace_scale:g} noisy vote "
                   f"{summary.get('noisy_ensemble_accuracy', float('nan')):.4f}, mean single teacher "
@@ -65,15 +69,14 @@ def generator_train(teacher: Annotated[
                     samples: Annotated[Optional[int], typer.Option("--samples", help="N synthetic samples")] = None,
                     variant: o.Variant = None, no_cache: o.NoCache = False) -> None:
     """Train a generator against a fixed classifier, write N samples + a grid, report their quality."""
-    from privdistill.methods.datafree import GeneratorRequest, train_generator_workflow
-
     extra = o.section_overrides("generator", loss=loss or None, num_samples=samples or None)
-    req = GeneratorRequest(teacher=str(teacher), preset=preset, config_file=str(config) if config else None,
-                           overrides=o.run_overrides(set_, extra=extra, seed=seed, device=device,
-                                                     precision=precision, data_root=data_root, no_progress=no_progress),
-                           run_dir=str(run_dir) if run_dir else None, resume=resume, record=record, cache=not no_cache,
-                           variant=variant)
-    summary = train_generator_workflow(req)
+    req = datafree.GeneratorRequest(teacher=str(teacher), preset=preset, config_file=str(config) if config else None,
+                                    overrides=o.run_overrides(set_, extra=extra, seed=seed, device=device,
+                                                              precision=precision, data_root=data_root,
+                                                              no_progress=no_progress),
+                                    run_dir=str(run_dir) if run_dir else None, resume=resume, record=record,
+                                    cache=not no_cache, variant=variant)
+    summary = datafree.train_generator_workflow(req)
     show_summary(summary, title=f"generator ({summary['loss']} loss) on {summary['dataset']}")
     q = summary["synthetic_quality"]
     console.print(f"teacher on {summary['num_samples']} synthetic samples: histogram {q['class_histogram']}, "
@@ -111,19 +114,17 @@ def generator_quality(
                        "seeds says which differences between generators are noise")] = 0,
 ) -> None:
     """Print the quality of any generator stage: class balance, other models' agreement, ceiling, a grid."""
-    from privdistill.errors import ConfigError
-    from privdistill.methods.datafree import generator_quality as measure
-
     readers = {}
     for item in reader or []:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"--reader takes NAME=DIR, got {item!r}")
         readers[name] = path
-    report = measure(stage, dataset=dataset, source=str(source) if source else None, readers=readers,
-                     samples=samples, ceiling=ceiling, ceiling_labels=ceiling_labels, ceiling_copies=ceiling_copies,
-                     ceiling_epochs=ceiling_epochs, out=str(out) if out else None,
-                     data_root=str(data_root) if data_root else None, seed=seed)
+    report = datafree.generator_quality(stage, dataset=dataset, source=str(source) if source else None,
+                                        readers=readers, samples=samples, ceiling=ceiling,
+                                        ceiling_labels=ceiling_labels, ceiling_copies=ceiling_copies,
+                                        ceiling_epochs=ceiling_epochs, out=str(out) if out else None,
+                                        data_root=str(data_root) if data_root else None, seed=seed)
     table = Table(title=f"generator stage {report['stage']} on {dataset} (evaluation only, no epsilon)")
     table.add_column("measure")
     table.add_column("value")
@@ -138,9 +139,7 @@ def generator_quality(
 @cache_app.command("ls")
 def cache_ls() -> None:
     """List cached stages."""
-    from privdistill.engine.cache import StageCache
-
-    cache = StageCache()
+    cache = stage_cache.StageCache()
     table = Table(title=f"stage cache {cache.root}")
     for col in ("stage", "complete", "size", "built in", "created"):
         table.add_column(col)
@@ -154,10 +153,7 @@ def cache_ls() -> None:
 def cache_rm(pattern: Annotated[Optional[str], typer.Argument(help="remove entries whose name contains this")] = None,
              all_: Annotated[bool, typer.Option("--all", help="remove every entry")] = False) -> None:
     """Remove cached stages (by name fragment, or --all)."""
-    from privdistill.engine.cache import StageCache
-    from privdistill.errors import ConfigError
-
     if pattern is None and not all_:
         raise ConfigError("say which entries to remove (a name fragment) or pass --all")
-    removed = StageCache().remove(None if all_ else pattern)
+    removed = stage_cache.StageCache().remove(None if all_ else pattern)
     console.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}: {', '.join(removed) or '-'}")

@@ -7,6 +7,11 @@ import typer
 
 from privdistill.cli import options as o
 from privdistill.cli.display import console, show_summary
+from privdistill.cli.lazy import lazy_module
+
+# imported when a command runs, not for --help: they import torch (cli/lazy.py)
+baseline_method = lazy_module("privdistill.methods.baseline")
+control = lazy_module("privdistill.audits.control")
 
 app = typer.Typer(help="Train reference models.", no_args_is_help=True)
 
@@ -15,9 +20,7 @@ app = typer.Typer(help="Train reference models.", no_args_is_help=True)
 @o.run_command
 def baseline(run: o.RunArgs, no_cache: o.NoCache = False) -> None:
     """Train the classifier directly on all private data (no privacy): the accuracy to beat."""
-    from privdistill.methods.baseline import train_baseline
-
-    summary = train_baseline(run.request(), cache=not no_cache)
+    summary = baseline_method.train_baseline(run.request(), cache=not no_cache)
     show_summary(summary)
     stage = summary.get("baseline_stage") or {}
     if stage.get("reused"):
@@ -33,6 +36,4 @@ def audit_control(run: o.RunArgs) -> None:
     """Overfit a classifier on the membership audit's members only (no privacy): the attacks' positive control.
     Audit it like any run (`privdistill audit RUN_DIR`): if the attacks cannot find its members either, they are
     too weak at this scale to say anything about the private models."""
-    from privdistill.audits.control import train_audit_control
-
-    show_summary(train_audit_control(run.request()))
+    show_summary(control.train_audit_control(run.request()))

@@ -11,6 +11,7 @@ import os
 from privdistill.data.builtin import (
     default_data_root,
     get_spec,
+    load_builtin,
     prepare,
     resolve_data_root,
     status,
@@ -39,8 +40,6 @@ def dataset_slug(name: str) -> str:
 def load_data(name: str, data_root: str | os.PathLike | None = None, *, verify: bool = True, seed: int = 0,
               test_fraction: float = 0.1, image_size: int | None = None) -> DataSplits:
     """Load a dataset by name: a built-in name, 'npz:PATH', 'folder:DIR' or 'arrays:NAME' (arrays passed to fit)."""
-    from privdistill.data.builtin import load_builtin
-
     if name.startswith("npz:"):
         return load_npz(name[4:], test_fraction=test_fraction, seed=seed)
     if name.startswith(ARRAYS_PREFIX):  # arrays passed to fit, in this process's memory (data.custom.as_dataset_spec)

@@ -21,7 +21,10 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
+from privdistill.data import load_data
 from privdistill.data.dataset import ImageDataset
+from privdistill.engine import device as dev
+from privdistill.engine import ensemble as ens
 from privdistill.engine.context import Env
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, make_partitions
 from privdistill.errors import ConfigError, PrivdistillError
@@ -56,8 +59,6 @@ def _env_spec(env: Env) -> dict:
 
 
 def _remote_env(spec: dict) -> Env:
-    from privdistill.engine import device as dev
-
     device = dev.select_device("auto")
     return Env(device=device,
                precision=spec["precision"] if device.type == "cpu" else dev.resolve_precision("auto", device),
@@ -66,8 +67,6 @@ def _remote_env(spec: dict) -> Env:
 
 def _train_chunk_task(images, labels, num_classes, cfg_dict, ids, parts_padded, sizes, env_spec):
     """Runs inside a Ray worker: train teachers `ids` exactly as the local trainer would."""
-    from privdistill.engine import ensemble as ens
-
     cfg = TeacherTraining(**cfg_dict)
     env = _remote_env(env_spec)
     train = ImageDataset(images, labels, num_classes)
@@ -89,8 +88,6 @@ def _sgd_only(cfg: TeacherTraining) -> None:
 def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, address: str | None = None,
                        chunk_size: int = 0, num_cpus: int | None = None) -> tuple[TeacherEnsemble, dict]:
     """Train the ensemble as Ray tasks (one task per chunk of teachers) and gather it on the coordinator."""
-    from privdistill.engine import ensemble as ens
-
     _sgd_only(cfg)
     ray = connect(address, num_cpus=num_cpus)
     parts = make_partitions(train, cfg)
@@ -121,8 +118,6 @@ class TeacherClient:
 
     def __init__(self, client_id: int, dataset: str, data_root: str | None, indices: list[int], cfg_dict: dict,
                  env_spec: dict):
-        from privdistill.data import load_data
-
         full = load_data(dataset, data_root).train  # loaded inside the actor, on the client's side
         self._data = full.subset(torch.as_tensor(indices))  # private: never returned by any method
         self._cfg = TeacherTraining(**{**cfg_dict, "num_teachers": 1})
@@ -131,8 +126,6 @@ class TeacherClient:
         self._model = None
 
     def train(self) -> dict:
-        from privdistill.engine import ensemble as ens
-
         idx = torch.arange(len(self._data))
         sizes = torch.tensor([len(idx)])
         models = ens._init_teachers(self._cfg, self._data, 1, self._id, self._env)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from privdistill.atomic import atomic_write_bytes
+from privdistill.atomic import atomic_torch_save, atomic_write_bytes
 from privdistill.config import check_augment
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
@@ -37,6 +37,7 @@ from privdistill.engine.ridge_teachers import check_ridge_model, fit_ridge_heads
 from privdistill.engine.run import safetensors_bytes
 from privdistill.errors import ConfigError, DataError, ModelError
 from privdistill.models import create_model
+from privdistill.privacy.vote_noise import vote_noise_note
 
 
 class EnsembleWarning(UserWarning):
@@ -275,8 +276,6 @@ def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: st
                   threshold: float | None = None, sigma1: float | None = None) -> str:
     """Checks of a teacher ensemble's plan, run before anything trains: the partitions can be made, and what the
     vote noise leaves of a unanimous vote (a note; a VoteNoiseWarning when it leaves little)."""
-    from privdistill.privacy.vote_noise import vote_noise_note
-
     make_partitions(train, cfg)
     if cfg.fit == "ridge":  # refused now, before any stage trains, rather than when the teachers' stage starts
         with torch.random.fork_rng():  # the template's initialisation must not move the run's random state
@@ -412,8 +411,6 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                              per_epoch=_steps_per_epoch(sizes, cfg.batch_size))
             params = {k: v.detach().cpu() for k, v in params.items()}
             if saved is not None:
-                from privdistill.atomic import atomic_torch_save
-
                 atomic_torch_save(saved, params)
             chunks.append(params)
     wall = time.perf_counter() - started

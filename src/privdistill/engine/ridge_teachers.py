@@ -27,6 +27,7 @@ from torch import nn
 
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine.context import Env
+from privdistill.engine.features import fixed_features
 from privdistill.errors import ConfigError
 
 
@@ -44,8 +45,6 @@ def fit_ridge_heads(template: nn.Module, train: ImageDataset, parts: list[torch.
                     env: Env) -> tuple[dict[str, torch.Tensor], dict]:
     """Stacked head parameters {"head.1.weight": [T, K, D], "head.1.bias": [T, K]}, one ridge head per partition,
     and the fit's statistics. The transform runs once over the training images."""
-    from privdistill.engine.stages import fixed_features  # stages imports the ensemble, which imports this module
-
     started = time.perf_counter()
     features = fixed_features(template, train.images, env).flatten(1)
     feature_seconds = time.perf_counter() - started

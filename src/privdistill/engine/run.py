@@ -26,7 +26,10 @@ import yaml
 from torch import nn
 
 from privdistill.atomic import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from privdistill.data import dataset_slug
 from privdistill.errors import RunError
+from privdistill.models import create_model
+from privdistill.privacy.ledger import MARK_KEY, ledger_mark
 
 SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accuracy", "epsilon_paper",
                 "epsilon_strict", "delta", "wall_seconds", "device", "git_commit", "command")
@@ -230,8 +233,6 @@ class RunDir:
         path = self.path / f"{name}.safetensors"
         meta = self.weights_metadata(name)
         if module is None:
-            from privdistill.models import create_model
-
             if not meta.get("registry_name"):
                 raise RunError(f"{path} carries no model name; pass the module to load it into")
             module = create_model(meta["registry_name"], **json.loads(meta.get("registry_kwargs", "{}")))
@@ -252,8 +253,6 @@ class RunDir:
         """Write a checkpoint (`name` ends in "checkpoint": the ledger looks for ``*checkpoint.pt``), stamped with
         the privacy ledger's mark: how many spends it held. A ledger later found to hold fewer lost a record this
         checkpoint's state was computed from, and is refused (privacy/ledger.py)."""
-        from privdistill.privacy.ledger import MARK_KEY, ledger_mark
-
         mark = ledger_mark(self.path)
         atomic_torch_save(self.checkpoint_path(name), state if mark is None else {**state, MARK_KEY: mark})
 
@@ -307,8 +306,6 @@ def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "
                   name: str | None = None) -> Path:
     """Copy a run's summary to results/<preset>/<method>-<dataset>[-eps<ε>][-<recipe>][-<variant>].json (small
     JSON, no weights; the recipe named unless it is the method's default)."""
-    from privdistill.data import dataset_slug
-
     preset = summary.get("preset") or "custom"
     if name is None:
         name = f"{summary['method']}-{dataset_slug(summary['dataset'])}"

@@ -18,13 +18,13 @@ from torch import nn
 
 from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, keyed_config
-from privdistill.data.dataset import DataSplits, to_float
+from privdistill.data.dataset import DataSplits
 from privdistill.data.partition import partition_indices
-from privdistill.engine.augment import augment_batch
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, class_balance, generate, train_generator, warn_if_collapsed
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
+from privdistill.engine.features import fixed_features
 from privdistill.engine.run import RunDir
 from privdistill.engine.synthesis import SourceEnsemble, ranked_samples, synthesis_quality, verified_samples
 from privdistill.engine.trainer import evaluate, train_classifier
@@ -45,17 +45,6 @@ def file_digest(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:16]
-
-
-def fixed_features(model: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 1000, augment: str = "none",
-                   stream: int = 0) -> torch.Tensor:
-    """`model.scatter(images)` in batches, on the CPU (float32); with `augment`, of augmented images drawn from a
-    fixed public seed (`stream`, the batch), not the run's: the cached features are the same for every run."""
-    model.to(env.device)
-    with torch.no_grad():
-        return torch.cat([model.scatter(env.place_batch(augment_batch(
-            to_float(images[i:i + batch_size]), augment, torch.Generator().manual_seed(1_000_003 * stream + i))
-        )).float().cpu() for i in range(0, len(images), batch_size)])
 
 
 @dataclass

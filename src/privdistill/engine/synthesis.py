@@ -29,6 +29,10 @@ generator is fitted to six independently trained models instead of one):
   of samples on which other models (independently trained, the DGD teachers' plurality) give the source
   label, and the ceiling (the test accuracy of a student trained only on the samples, labelled by the source).
 
+The loss terms among these (image priors, contrastive diversity, the student in the loop) are in
+engine/datafree.py, next to the papers' terms that `train_generator` adds them to; this module holds what is built
+around the generator: the source ensemble, sample verification and the quality measures.
+
 Privacy: the source models are trained on the private data and nothing is privatised on their way to the
 generator; under the papers' accounting they sit on the same uncovered pathway as the baseline (the privacy
 reports say so), and the strict accounting covers the privatised channels only, as before.
@@ -43,11 +47,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import streams
 from privdistill.engine.augment import with_augmented_copies
 from privdistill.engine.context import Env
+from privdistill.engine.datafree import generate, logits_and_features
+from privdistill.engine.ensemble import TeacherEnsemble
+from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
 from privdistill.errors import ConfigError
+from privdistill.models import create_model
 
 CEILING_EPOCHS = 3.0  # the ceiling student's epochs unless asked otherwise (`generator quality --ceiling-epochs`)
 
@@ -71,8 +80,6 @@ class SourceEnsemble(nn.Module):
         return _log_mean_softmax(self.member_logits(x))
 
     def logits_and_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from privdistill.engine.datafree import logits_and_features
-
         pairs = [logits_and_features(m, x) for m in self.members]
         logits = torch.stack([lg.float() for lg, _ in pairs])
         return _log_mean_softmax(logits), torch.cat([f.float().flatten(1) for _, f in pairs], dim=1)
@@ -89,59 +96,8 @@ def _log_mean_softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(F.log_softmax(logits, dim=-1), dim=0) - math.log(logits.shape[0])
 
 
-def image_prior(x: torch.Tensor, *, tv_weight: float, l2_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """DeepInversion's image priors: anisotropic total variation (mean |difference| of neighbouring pixels)
-    and the mean squared pixel value, weighted; zero (and not computed) when both weights are 0."""
-    x = x.float()
-    loss = x.new_zeros(())
-    parts: dict[str, float] = {}
-    if tv_weight:
-        tv = (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
-        loss = loss + tv_weight * tv
-        parts["tv"] = float(tv.detach())
-    if l2_weight:
-        l2 = x.pow(2).mean()
-        loss = loss + l2_weight * l2
-        parts["l2"] = float(l2.detach())
-    return loss, parts
-
-
-def contrastive_diversity(model: nn.Module, x: torch.Tensor, rng: torch.Generator, *, temperature: float = 0.2,
-                          max_shift: int = 2) -> tuple[torch.Tensor, dict[str, float]]:
-    """Instance discrimination on a batch (CMI, Fang et al. 2021, without its memory bank): two views of each
-    sample, each shifted by up to `max_shift` pixels, are embedded by `model`'s features (normalised); the loss
-    is the cross-entropy of finding a sample's second view among the batch's. Low when samples are distinct
-    in the source's eyes, high when the generator draws one image many times."""
-    from privdistill.engine.datafree import logits_and_features
-
-    def view() -> torch.Tensor:
-        shifts = torch.randint(-max_shift, max_shift + 1, (2,), generator=rng).tolist()
-        return torch.roll(x, shifts=shifts, dims=(-2, -1))
-
-    first = F.normalize(logits_and_features(model, view())[1].float().flatten(1), dim=1)
-    second = F.normalize(logits_and_features(model, view())[1].float().flatten(1), dim=1)
-    similarity = first @ second.T / temperature
-    loss = F.cross_entropy(similarity, torch.arange(len(x), device=x.device))
-    return loss, {"diversity": float(loss.detach())}
-
-
-def disagreement(source_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
-    """DFAD's adversarial objective, which the generator maximises: the mean L1 distance between the source's and
-    the student's predictions. On probabilities (DFAD uses logits) it is bounded by 2 and cannot grow by
-    inflating logits; measured on Fashion-MNIST it lifted the ceiling from 68 % to 75 % (docs/research-log.md)."""
-    return (F.softmax(source_logits.float(), 1) - F.softmax(student_logits.float(), 1)).abs().sum(1).mean()
-
-
-def distillation_loss(student_logits: torch.Tensor, source_logits: torch.Tensor) -> torch.Tensor:
-    """KL(source ‖ student) on one batch: how the adversarial student learns the source's soft answer."""
-    return F.kl_div(F.log_softmax(student_logits.float(), 1), F.softmax(source_logits.float(), 1),
-                    reduction="batchmean")
-
-
 def source_labels(source: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 500) -> torch.Tensor:
     """The label the source model (a classifier or a SourceEnsemble) gives each uint8 image."""
-    from privdistill.engine.trainer import predict_logits
-
     return predict_logits(source, images, env, batch_size).argmax(1)
 
 
@@ -155,8 +111,6 @@ def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, 
     is kept only if the source reads it as the class it was made for.
     Candidates are drawn from stream SYNTHETIC (round, batch); refused with a clear message when `max_rounds`
     rounds of n candidates do not fill the set (the generator does not cover a class)."""
-    from privdistill.engine.datafree import generate
-
     if verify and not isinstance(source, SourceEnsemble):
         raise ConfigError("generator.verify needs generator.source_models >= 2 (models that can agree)")
     quota = _quotas(n, num_classes) if balance else None
@@ -211,8 +165,6 @@ def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *,
     the members seldom agree on, whose samples are then the least bad ones (the stats say how many members
     agreed on the kept samples of each class). Each class's candidates are drawn from stream SYNTHETIC
     (2000 + class), the shuffle from (3000)."""
-    from privdistill.engine.datafree import generate
-
     if not isinstance(source, SourceEnsemble) or not getattr(generator, "num_classes", 0):
         raise ConfigError("generator.verify_keep needs source models (generator.source_models >= 2) and a "
                           "class-conditional generator (generator.class_targets)")
@@ -272,8 +224,6 @@ def synthesis_quality(images: torch.Tensor, source: nn.Module, env: Env, *, num_
         raise ConfigError(f"ceiling labels must be hard or soft, got {ceiling_labels!r}")
     if ceiling_copies < 1:
         raise ConfigError(f"ceiling copies must be >= 1, got {ceiling_copies}")
-    from privdistill.engine.trainer import predict_logits
-
     answers = predict_logits(source, images, env).float()  # read once: the labels, and the soft ceiling's targets
     labels = answers.argmax(1)
     out: dict[str, Any] = {"samples": len(images), "class_balance": round(label_balance(labels, num_classes), 4),
@@ -320,8 +270,6 @@ def query_label_agreement(reference_model: nn.Module, images: torch.Tensor, labe
 
 def read_labels(reader: Any, images: torch.Tensor, env: Env) -> torch.Tensor:
     """A model's labels for uint8 images: a TeacherEnsemble's plurality vote, or a classifier's argmax."""
-    from privdistill.engine.ensemble import TeacherEnsemble
-
     if isinstance(reader, TeacherEnsemble):
         return torch.cat(list(reader.iter_votes(images, env))).argmax(1)
     return source_labels(reader, images, env)
@@ -335,10 +283,6 @@ def ceiling_accuracy(images: torch.Tensor, labels: torch.Tensor, test: ImageData
     (the source's class probabilities) the student learns the source's whole answer instead of its argmax: what
     the samples teach a method whose channel carries more than a label (DPDFD's output gradients, a DP source's
     free soft labels), against what they teach a label channel (DGD's votes, SRR's responses)."""
-    from privdistill.config import ClassifierTraining
-    from privdistill.engine.trainer import evaluate, train_classifier
-    from privdistill.models import create_model
-
     torch.manual_seed(env.generator(streams.SYNTHESIS_CEILING).initial_seed())
     model = create_model(model_name, kind="classifier", in_channels=images.shape[1], num_classes=num_classes,
                          image_size=images.shape[-1])

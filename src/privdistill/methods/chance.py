@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from privdistill.engine.trainer import predict_logits
+
 #: the least margin above the largest class's share that counts as learning something (3 points)
 CHANCE_MARGIN = 0.03
 #: a model answering one class for more than this share of the test inputs answers that class, not the input
@@ -70,8 +72,6 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
 def evaluate_release(model: torch.nn.Module, test, env) -> tuple[float, dict[str, Any]]:
     """The released model's held-out accuracy on `test` (an ImageDataset) and the summary fields of the chance
     check (`at_chance`, `chance_check`, and `warning` first when at chance, also raised as a ChanceWarning)."""
-    from privdistill.engine.trainer import predict_logits
-
     if len(test) == 0:
         return float("nan"), {}
     predictions = predict_logits(model, test.images, env).argmax(1)

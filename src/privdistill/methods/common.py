@@ -18,9 +18,10 @@ from privdistill.config import (
     resolve_sections,
 )
 from privdistill.data import DataSplits, canonical_name, dataset_slug, load_data
+from privdistill.data.custom import as_dataset_spec
 from privdistill.engine import Env, RunDir, record_result
 from privdistill.engine.run import lock_run_dir, unlock_run_dir
-from privdistill.errors import RunError
+from privdistill.errors import ConfigError, RunError
 from privdistill.methods.sizing import fit_to_data
 from privdistill.privacy._checks import check_delta_for_records
 from privdistill.recipes import recipe_layers, recipes
@@ -38,7 +39,7 @@ class RunRequest:
     resume: bool = False
     record: bool = False
     results_dir: str = "results"
-    dry_run: bool = False  # plan, check and price the run, train nothing (runner.DryRunPlan)
+    dry_run: bool = False  # plan, check and price the run, train nothing (dry_run.DryRunPlan)
 
 
 @dataclass
@@ -161,8 +162,6 @@ class MethodAPI:
     def __init__(self, dataset: str | None = None, *, recipe: str | None = None, preset: str = "quick",
                  config: str | None = None, overrides: list[str] | dict[str, Any] | None = None,
                  run_dir: str | None = None, record: bool = False, cache: bool = True, **options: Any):
-        from privdistill.config import normalize_overrides
-
         self.dataset, self.preset, self.config, self.run_dir, self.record = dataset, preset, config, run_dir, record
         self.recipe = recipe
         self.cache = cache
@@ -179,9 +178,6 @@ class MethodAPI:
         nothing is written to disk); `value_range`: the pixel scale of such images when it is neither 0..255 nor
         0..1 (e.g. (0, 16)); `name`: what summaries and model cards call them (default: a hash of their content);
         `test`: the held-out (images, labels) the test accuracy is measured on (default: 10 % held out at random)."""
-        from privdistill.data.custom import as_dataset_spec
-        from privdistill.errors import ConfigError
-
         dataset = as_dataset_spec(data, labels, value_range=value_range, name=name, test=test) or self.dataset
         if not dataset:
             raise ConfigError(f"{type(self).__name__}.fit needs the private dataset: fit('mnist'), fit('npz:PATH') "

@@ -1,7 +1,9 @@
 """What a dry run (`--dry-run`, RunRequest.dry_run) states before anything trains, from the plan the run itself
 spends: what it would spend (σ / noise scale and counts, merged as the ledger records them), ε under both accountings
 as the run's summary will state it, what that ε covers (the run's own pathways), and the budget check the run makes
-(methods/runner.py raises DryRunPlan with `dry_run_info` once every check has passed).
+(methods/runner.py raises DryRunPlan with `dry_run_info` once every check has passed). DryRunPlan and the way a
+summary rounds ε are defined here, in a module that imports no torch: the command line catches DryRunPlan, and the
+runner imports this module.
 
 One source of truth: the ε of a method on the privacy ledger is the ledger's pricing of what it holds plus the plan's
 events (`PrivacyLedger.epsilon_both(planned=...)`, the very function its summary reads once they are spent); a method
@@ -10,6 +12,7 @@ that keeps its own record (DP-SGD) states its ε in its plan (`Plan.epsilon`), w
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from privdistill.errors import BudgetExceededError, RunError
@@ -19,6 +22,20 @@ from privdistill.privacy.report import guarantee
 if TYPE_CHECKING:
     from privdistill.methods.runner import Budget, Context, Method, Plan
     from privdistill.privacy.ledger import PrivacyLedger
+
+
+class DryRunPlan(Exception):
+    """Raised by a dry run (RunRequest.dry_run) once the plan has passed every check: `info` is what the run would
+    spend and what the plan notes (e.g. what the vote noise leaves of the teachers' answer). Nothing trained."""
+
+    def __init__(self, info: dict[str, Any]):
+        super().__init__("dry run: nothing was trained")
+        self.info = info
+
+
+def round_epsilon(x: float) -> float | str:
+    """Every summary prints ε the same way: 6 significant decimals, "inf" for no guarantee."""
+    return "inf" if math.isinf(x) else round(float(x), 6)
 
 
 def planned_epsilon(method: Method, plan: Plan, ledger: PrivacyLedger | None) -> tuple[dict[str, float], str]:
@@ -50,8 +67,6 @@ def dry_run_info(method: Method, ctx: Context, plan: Plan, ledger: PrivacyLedger
     """What the run would spend (merged as the ledger records it; "spend": each mechanism's parameters and counts),
     ε under both accountings as its summary will state it (rounded alike), and what that ε covers (the run's
     pathways: "not_covered" as its summary lists them, "covers" in the words its summary is shown with)."""
-    from privdistill.methods.runner import round_epsilon
-
     eps, relation = planned_epsilon(method, plan, ledger)
     spent = merge_events(plan.remaining)
     not_covered = [p.via for p in method.pathways(ctx, plan)[method.weights_name] if not p.covered]

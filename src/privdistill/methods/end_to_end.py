@@ -25,17 +25,29 @@ runs. SRR's label-DP setting uses the private images directly and cannot be end 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
+import torch
 from torch import nn
 
 from privdistill.config import check_augment, check_model_name
+from privdistill.engine import streams, synthesis
+from privdistill.engine.datafree import WithFeatureStatistics
+from privdistill.engine.run import RunDir
+from privdistill.engine.stages import file_digest
 from privdistill.errors import ConfigError, RunError
+from privdistill.methods.common import RunRequest
+from privdistill.methods.dpsgd import run_dpsgd, steps_per_epoch
+from privdistill.methods.runner import Plan, Report
 from privdistill.models.scatternet import LINEAR_SCATTERNETS
+from privdistill.privacy.accounting import strict_noise_multiplier
 from privdistill.privacy.events import DPSGDTraining
-from privdistill.privacy.ledger import PrivacyLedger
+from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
+from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
+from privdistill.privacy.report import PRIVATE, Pathway, srr_end_to_end_pathways
 
 END_TO_END = "end-to-end"
 SOURCE_KEY = "dp-source"
@@ -94,17 +106,6 @@ class DPSourceConfig:
         return default if self.statistics_share is None else self.statistics_share
 
 
-def why_not_end_to_end(method: str, ctx) -> str:
-    """The message of a method that has no end-to-end mode (or not in this setting)."""
-    if method == "srr" and ctx.section("srr").setting == "label-dp":
-        return ("SRR's label-DP setting trains on the private images themselves: it protects labels only and "
-                "cannot be end to end (drop --privacy end-to-end, or use dpsgd)")
-    if method == "pate":
-        return ("PATE's public slice is held out of the private data and used without noise: not end to end; "
-                "dgd --privacy end-to-end replaces it with a generator fitted to a DP model")
-    return f"{method} has no end-to-end mode: drop --privacy end-to-end"
-
-
 def is_end_to_end(ctx) -> bool:
     return ctx.budget.privacy == END_TO_END
 
@@ -130,18 +131,13 @@ def student_labels(source_labels: bool, source: nn.Module | None, images, labels
     reads the teachers)."""
     if not source_labels:
         return images, labels
-    import torch
-
-    from privdistill.engine.synthesis import source_labels as read
-
-    return torch.cat([images, rest]), torch.cat([labels, read(source, rest, env).to(labels.dtype).cpu()])
+    return torch.cat([images, rest]), torch.cat([labels,
+                                                 synthesis.source_labels(source, rest, env).to(labels.dtype).cpu()])
 
 
 def add_source_label_pathway(pathways: dict, source_labels: bool) -> None:
     """The privacy report's line for `dgd.source_labels` (only ever on with a DP source, check_source_labels)."""
     if source_labels:
-        from privdistill.privacy.report import PRIVATE, Pathway
-
         pathways["student"].append(Pathway(PRIVATE, "DP source (DP-SGD) -> labels of the unqueried synthetic samples",
                                            "the student's supervised set", True, "post-processing of the DP source"))
 
@@ -150,8 +146,6 @@ def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, se
                      share: float | None = None) -> tuple[nn.Module, str]:
     """The model a generator is fitted to, and a key naming its weights: the DP source (end-to-end mode, its event
     under SOURCE_KEY in `events`), else the cached non-private baseline. Its stage reference goes into `refs`."""
-    from privdistill.engine.stages import file_digest
-
     if SOURCE_KEY in events:
         model, key, refs["dp_source"] = train_source(ctx, ledger, events[SOURCE_KEY], secure=secure, share=share)
         return model, key
@@ -163,9 +157,6 @@ def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, se
 def source_event(ctx, share: float | None = None, delta: float | None = None) -> DPSGDTraining:
     """The DP source's privacy event, computed before anything trains (the nested run calibrates the same σ);
     `share`: of the target ε, `delta`: its δ (defaults: the config's shares)."""
-    from privdistill.methods.dpsgd import steps_per_epoch
-    from privdistill.privacy.accounting import strict_noise_multiplier
-
     cfg: DPSourceConfig = ctx.section("dp_source")
     if ctx.budget.epsilon is None:
         raise ConfigError("--privacy end-to-end needs a target --epsilon: the DP source gets a share of it")
@@ -184,10 +175,6 @@ def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bo
     """Spend the source's event, then train it as a nested DP-SGD run (resumed if it was interrupted); returns
     (model, a key naming its weights, a reference for the summary). `share`: of the target ε, as source_event
     was given it (default the config's)."""
-    from privdistill.engine.stages import file_digest
-    from privdistill.methods.common import RunRequest
-    from privdistill.methods.dpsgd import run_dpsgd
-
     cfg: DPSourceConfig = ctx.section("dp_source")
     run_dir = Path(ctx.run.path) / SOURCE_KEY
     options = ctx.section("run")
@@ -212,8 +199,6 @@ def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bo
         return file_digest(run_dir / "model.safetensors")
 
     digest = ledger.spend(SOURCE_KEY, event, train)  # recorded once trained; a resumed run gets the digest back
-    from privdistill.engine.run import RunDir
-
     source = RunDir(run_dir)
     model, summary = source.load_weights("model").eval(), source.summary()
     ref: dict[str, Any] = {"run_dir": str(run_dir), "weights": str(digest), "epsilon_strict": summary["epsilon_strict"],
@@ -232,8 +217,6 @@ def split_delta(delta: float, share: float) -> tuple[float, float]:
 def statistics_event(ctx, share: float, delta: float) -> DPSGDTraining:
     """The event of the DP feature statistics (`share` of the target ε, at `delta`): one Gaussian sum of vectors
     of norm <= 1, i.e. a DP-SGD step at q = 1 (privacy.mechanisms.gaussian_feature_statistics)."""
-    from privdistill.privacy.accounting import strict_noise_multiplier
-
     if ctx.budget.epsilon is None:
         raise ConfigError("--privacy end-to-end needs a target --epsilon: the feature statistics get a share of it")
     sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta, sample_rate=1.0, steps=1)
@@ -246,15 +229,6 @@ def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDT
     """Release the per-coordinate mean and variance of the DP source's scattering features over the private
     training set (recorded in the ledger before use: a resumed run reads them back, never a second draw), and
     return the source wrapped so that a generator's BN-statistics loss matches them, with a key naming both."""
-    import hashlib
-
-    import torch
-
-    from privdistill.engine import streams
-    from privdistill.engine.datafree import WithFeatureStatistics
-    from privdistill.privacy.ledger import LedgerAnswer
-    from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
-
     env = ctx.env
     # the normalised scattering coefficients, before any prior projection (check_srr makes the source a ScatterNet;
     # without a prior they are the cached features stage it was trained on)
@@ -308,8 +282,6 @@ def srr_teacher_share(ctx) -> float:
 def srr_plan(ctx, recorded, total: int, schedule):
     """SRR's plan end to end: the DP teacher's and the statistics' events (srr_teacher_share), and no label
     events."""
-    from privdistill.methods.runner import Plan
-
     rest = srr_teacher_share(ctx)
     statistics = 1.0 - rest
     teacher_delta, statistics_delta = split_delta(ctx.budget.delta, rest)
@@ -334,9 +306,6 @@ def srr_teacher(ctx, ledger: PrivacyLedger, events: dict, *, secure: bool) -> tu
 
 
 def srr_report(ctx, total: int, ledger: PrivacyLedger):
-    from privdistill.methods.runner import Report
-    from privdistill.privacy.report import srr_end_to_end_pathways
-
     cfg = ctx.section("srr")
     return Report(pathways=srr_end_to_end_pathways(), secure_noise=cfg.secure_noise, noise_option="srr.secure_noise",
                   extra={"setting": cfg.setting, "mechanism": NO_MECHANISM,

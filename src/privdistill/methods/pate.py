@@ -180,6 +180,10 @@ class PATEMethod(Method):
     name = "pate"
     sections = {"teachers": TeacherTraining, "pate": PATEConfig, "pate_student": PATEStudentConfig}
 
+    def check_end_to_end(self, ctx: Context) -> None:
+        raise ConfigError("PATE's public slice is held out of the private data and used without noise: not end to "
+                          "end; dgd --privacy end-to-end replaces it with a generator fitted to a DP model")
+
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         cfg: PATEConfig = ctx.section("pate")
         private, public = holdout_split(ctx.data, cfg.holdout, ctx.env)

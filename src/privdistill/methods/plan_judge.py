@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from privdistill.errors import ConfigError
+from privdistill.models import create_model
 from privdistill.privacy.events import (
     ConfidentGNMaxQueries,
     DPDFDSteps,
@@ -139,8 +140,6 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
 
 
 def _dpsgd_ratio(ctx: "Context", plan: "Plan") -> float:
-    from privdistill.models import create_model
-
     cfg, train = ctx.section("dpsgd"), ctx.data.train
     model = create_model(cfg.model, kind="classifier", in_channels=train.channels, num_classes=train.num_classes,
                          image_size=train.image_size[0])

@@ -30,7 +30,7 @@ from privdistill.engine.stages import Stages
 from privdistill.errors import ConfigError, RunError
 from privdistill.methods.chance import evaluate_release
 from privdistill.methods.common import Prepared, RunRequest, finish_run, prepare_run
-from privdistill.methods.dry_run import check_own_budget, dry_run_info, plan_lines
+from privdistill.methods.dry_run import DryRunPlan, check_own_budget, dry_run_info, plan_lines, round_epsilon
 from privdistill.methods.plan_judge import check_plan
 from privdistill.privacy.events import PrivacyEvent
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
@@ -79,11 +79,6 @@ class Budget:
     def limit(self) -> float | None:
         """The ε the ledger never lets the run exceed (under `accounting`)."""
         return self.max_epsilon if self.max_epsilon is not None else self.epsilon
-
-
-def round_epsilon(x: float) -> float | str:
-    """Every summary prints ε the same way: 6 significant decimals, "inf" for no guarantee."""
-    return "inf" if math.isinf(x) else round(float(x), 6)
 
 
 # ============================================================================================ result
@@ -215,22 +210,12 @@ class Method:
 
     def check_end_to_end(self, ctx: Context) -> None:
         """`--privacy end-to-end`: refuse, before anything trains, a configuration whose released model could not
-        be covered as a whole (methods/end_to_end.py). A method without such a mode refuses every configuration."""
-        from privdistill.methods.end_to_end import why_not_end_to_end
-
-        raise ConfigError(why_not_end_to_end(self.name, ctx))
+        be covered as a whole (methods/end_to_end.py). A method without such a mode refuses every configuration; one
+        that can say why it has none (SRR's label-DP setting, PATE) overrides this with its reason."""
+        raise ConfigError(f"{self.name} has no end-to-end mode: drop --privacy end-to-end")
 
     def run(self, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
         return execute(self, request, cache=cache, **inputs)
-
-
-class DryRunPlan(Exception):
-    """Raised by a dry run (RunRequest.dry_run) once the plan has passed every check: `info` is what the run would
-    spend and what the plan notes (e.g. what the vote noise leaves of the teachers' answer). Nothing trained."""
-
-    def __init__(self, info: dict[str, Any]):
-        super().__init__("dry run: nothing was trained")
-        self.info = info
 
 
 NOISE_DRAWS = "noise_draws.json"  # the secure samplers' draws and bounds, summed over a run's invocations

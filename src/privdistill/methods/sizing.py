@@ -31,6 +31,7 @@ from typing import Any
 
 from privdistill.data.dataset import DataSplits
 from privdistill.engine.holdout import holdout_size
+from privdistill.methods.srr_schedule import StageSchedule
 from privdistill.privacy.vote_noise import scale_for_accuracy
 
 MIN_PARTITION = 100  # records per teacher: below ~100 records of 10 classes a small CNN is barely better than chance
@@ -113,8 +114,6 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
             why = f"at least {MIN_STEPS} optimiser steps" + (", σ calibrated for them" if section == "dpsgd" else "")
             change(section, "epochs", type(cfg.epochs)(math.ceil(MIN_STEPS * cfg.batch_size / n)), why)
     if free("srr", "epochs_per_stage"):  # SRR's student: trained on each stage's labels in turn
-        from privdistill.methods.srr import StageSchedule  # (srr imports this module's caller)
-
         cfg = fitted["srr"]
         steps = sum(StageSchedule.of(cfg, cfg.num_samples or n).steps)
         if steps < MIN_STEPS:

@@ -77,7 +77,8 @@ from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.methods.srr_plan import SRRConfig, epsilon_per_label, label_event
-from privdistill.methods.srr_training import SRRTraining, StageSchedule, label_stats, stage_key
+from privdistill.methods.srr_schedule import StageSchedule
+from privdistill.methods.srr_training import SRRTraining, label_stats, stage_key
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.mechanisms import candidate_sets, noise_source, release_labels
 from privdistill.privacy.report import Pathway, srr_end_to_end_pathways, srr_notes, srr_pathways
@@ -93,7 +94,8 @@ class SRRMethod(Method):
 
     def check_end_to_end(self, ctx: Context) -> None:  # a DP teacher and DP feature statistics (end_to_end.py)
         if ctx.section("srr").setting != "data-free":
-            super().check_end_to_end(ctx)  # label-dp reads the private images: refused with its reason
+            raise ConfigError("SRR's label-DP setting trains on the private images themselves: it protects labels only "
+                              "and cannot be end to end (drop --privacy end-to-end, or use dpsgd)")
         e2e.check_srr(ctx)
 
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,9 +31,9 @@ from privdistill.engine.datafree import (
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule, weight_average
 from privdistill.engine.trainer import evaluate, train_classifier
-from privdistill.errors import ConfigError
 from privdistill.methods.end_to_end import NO_MECHANISM, srr_teacher
 from privdistill.methods.runner import Context, Plan
+from privdistill.methods.srr_schedule import StageSchedule
 from privdistill.models import create_model
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import released_label_likelihood
@@ -50,19 +49,6 @@ def stage_key(i: int) -> str:
     return f"stage-{i + 1}"
 
 
-def stage_sizes(total: int, stages: int, first_fraction: float = 0.0) -> list[int]:
-    """N samples split as evenly as possible over T stages (earlier stages take the remainder); with
-    `first_fraction` > 0, stage 1 takes that share and the other stages split the rest (Ghazi et al.'s
-    multi-stage training gives its first, prior-less stage a larger share)."""
-    if stages > total:
-        raise ConfigError(f"{stages} stages need at least {stages} samples, got {total}")
-    if first_fraction > 0 and stages > 1:
-        first = min(max(1, round(first_fraction * total)), total - (stages - 1))
-        return [first] + stage_sizes(total - first, stages - 1)
-    base, extra = divmod(total, stages)
-    return [base + (1 if i < extra else 0) for i in range(stages)]
-
-
 def label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: torch.Tensor,
                  truth: torch.Tensor | None, in_set: torch.Tensor) -> dict[str, Any]:
     """Evaluation-only statistics of stage i's labels (they read the protected labels; `in_set`: the
@@ -73,24 +59,6 @@ def label_stats(i: int, prior: torch.Tensor, protected: torch.Tensor, labels: to
             "mean_set_size": round(float(in_set.sum(1).float().mean()), 4),
             "label_in_set": round(float(in_set.gather(1, protected.long()[:, None]).float().mean()), 5),
             "prior_top1_agrees": round(float((prior.argmax(1) == protected).float().mean()), 5)}
-
-
-@dataclass
-class StageSchedule:
-    """How the N labels and the student's steps spread over the T stages."""
-
-    sizes: list[int]  # labels drawn at each stage
-    steps: list[int]  # student steps at each stage
-    batch: list[int]  # student batch size at each stage
-
-    @classmethod
-    def of(cls, cfg: SRRConfig, total: int) -> "StageSchedule":
-        sizes = stage_sizes(total, cfg.stages, cfg.first_stage_fraction)
-        # the student trains on the stage's samples, or (cumulative) on all samples labelled so far
-        seen = [sum(sizes[:i + 1]) if cfg.student_data == "cumulative" else n for i, n in enumerate(sizes)]
-        batch = [min(cfg.batch_size, m) for m in seen]
-        steps = [max(1, math.ceil(cfg.epochs_per_stage * math.ceil(m / b))) for m, b in zip(seen, batch)]
-        return cls(sizes, steps, batch)
 
 
 class SRRTraining:

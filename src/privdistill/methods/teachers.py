@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from privdistill.engine.cache import StageCache
+from privdistill.engine.distributed import train_teachers_ray
 from privdistill.engine.ensemble import TeacherTraining, ensemble_accuracy
 from privdistill.engine.stages import TEACHER_EVAL_LAPLACE_SCALE, Stages
 from privdistill.methods.common import RunRequest, finish_run, prepare_run
@@ -22,8 +23,6 @@ def train_teachers_workflow(request: RunRequest, *, laplace_scale: float | None 
     cfg: TeacherTraining = prep.sections["teachers"]
     started = time.perf_counter()
     if ray_address:
-        from privdistill.engine.distributed import train_teachers_ray
-
         ensemble, info = train_teachers_ray(prep.data.train, cfg, prep.env,
                                             address=None if ray_address == "local" else ray_address)
         ensemble.save(prep.run.path / "teachers.safetensors")

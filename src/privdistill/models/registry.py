@@ -6,11 +6,12 @@ Each entry has a kind (classifier, generator, vae) so that commands can list and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-from torch import nn
+from typing import TYPE_CHECKING, Callable
 
 from privdistill.errors import ModelError
+
+if TYPE_CHECKING:  # annotations only: the registry imports no torch, so config can check model names without it
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -61,5 +62,6 @@ def create_model(name: str, *, kind: str | None = None, **kwargs) -> nn.Module:
 
 
 def _ensure_loaded() -> None:
-    # The model modules register themselves on import.
+    # The model modules register themselves on import, on the first lookup: they import this module (and torch,
+    # which listing or checking a name does without), so this module cannot import them at its top.
     from privdistill.models import cnn, generator, resnet, scatternet, vae  # noqa: F401
