@@ -180,3 +180,24 @@ def test_the_config_help_names_every_packaged_overlay():
     names = [p.name[:-5] for p in resources.files("privdistill.presets").joinpath("overlays").iterdir()
              if p.name.endswith(".yaml")]
     assert names and all(name in help_text for name in names), names
+
+
+def test_every_option_of_every_section_counts_in_its_key():
+    """A stage's key and a run's config.yaml hold every option of a section, set or not (config.keyed_config):
+    none is left out while at its default. An option added later bumps the stage versions (engine/stages.py:
+    VERSIONS) and the config.yaml format (engine/run.py: CONFIG_VERSION) instead."""
+    import dataclasses
+
+    from privdistill.config import keyed_config
+    from privdistill.methods.dgd import DGDMethod
+    from privdistill.methods.dpdfd import DPDFDMethod
+    from privdistill.methods.dpsgd import DPSGDMethod
+    from privdistill.methods.pate import PATEMethod
+    from privdistill.methods.runner import Budget
+    from privdistill.methods.srr import SRRMethod
+
+    classes = {Budget, RunOptions} | {cls for method in (DGDMethod, DPDFDMethod, DPSGDMethod, PATEMethod, SRRMethod)
+                                      for cls in method.sections.values()}
+    for cls in classes:
+        assert not hasattr(cls, "KEYED_WHEN_SET"), cls.__name__
+        assert set(keyed_config(cls())) == {f.name for f in dataclasses.fields(cls)}, cls.__name__

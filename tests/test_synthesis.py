@@ -480,10 +480,9 @@ def test_contrastive_diversity_is_low_for_distinct_samples_and_passes_gradients(
         GeneratorTraining(diversity_temperature=0.0).validate()
 
 
-def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
+def test_teacher_augmentation_is_per_teacher_and_counts_in_the_stage_key(tiny_npz):
     """teachers.augment / input_noise: the loop and vectorised trainers perturb each teacher's batches alike
-    (its own stream), the perturbation changes what is learnt, and a config without them keys its stages as
-    before they existed."""
+    (its own stream), the perturbation changes what is learnt, and the teachers' stage key holds both, set or not."""
     from privdistill.config import keyed_config
     from privdistill.engine.ensemble import TeacherTraining, train_teachers
 
@@ -497,30 +496,40 @@ def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
     loop_out, vec_out = (noisy[t].member(1).eval()(x) for t in ("loop", "vectorized"))
     assert torch.allclose(loop_out, vec_out, atol=1e-4), "the same perturbed batches in both trainers"
     assert not torch.allclose(plain.member(1).eval()(x), loop_out, atol=1e-4)
-    assert "augment" not in keyed_config(TeacherTraining(**base))
+    assert keyed_config(TeacherTraining(**base))["augment"] == "none"
     assert keyed_config(TeacherTraining(**base, input_noise=0.3))["input_noise"] == 0.3
     with pytest.raises(ConfigError, match="augment"):
         TeacherTraining(augment="rotate").validate()
 
 
-def test_a_run_started_before_new_options_existed_still_resumes(tmp_path):
-    """A run's config.yaml records new options (KEYED_WHEN_SET) only when set: a run written before they
-    existed resumes while they stay at their defaults, and is refused once one is set."""
+def test_a_run_started_before_every_option_was_recorded_is_refused_with_its_reason(tmp_path):
+    """config.yaml records every option, set or not (format 2). A run an earlier version wrote (no config_version:
+    options added later were left out while unset) is not resumed as if its configuration differed: the refusal
+    says which version wrote it and what to do. Where the recorded configuration is the same (a stage's build
+    directory, whose key holds its configuration) it resumes."""
     import yaml
 
     from privdistill.config import keyed_config
+    from privdistill.engine.run import CONFIG_VERSION
     from privdistill.errors import RunError
 
-    old = keyed_config(GeneratorTraining())
-    assert "class_targets" not in old and "diversity_weight" not in old
+    new = keyed_config(GeneratorTraining())
+    assert new["class_targets"] is False and new["diversity_weight"] == 0.0
+    old = {k: v for k, v in new.items() if k not in ("class_targets", "diversity_weight")}
     run_dir = tmp_path / "run"
-    RunDir.open(run_dir, config={"generator": old})
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"command": "privdistill dgd", "config": {"generator": old}}))
     (run_dir / "metrics.jsonl").write_text("{}\n")  # not abandoned: it had begun training
-    assert "class_targets" not in yaml.safe_load((run_dir / "config.yaml").read_text())["config"]["generator"]
-    RunDir.open(run_dir, config={"generator": keyed_config(GeneratorTraining())}, resume=True)
-    with pytest.raises(RunError, match="class_targets"):
-        RunDir.open(run_dir, config={"generator": keyed_config(GeneratorTraining(class_targets=True))},
-                    resume=True)
+    with pytest.raises(RunError, match=rf"another version of privdistill.*format 1; this one writes {CONFIG_VERSION}"):
+        RunDir.open(run_dir, config={"generator": new}, resume=True)
+    assert RunDir.open(run_dir, config={"generator": old}, resume=True).config() == {"generator": old}
+
+    fresh = tmp_path / "fresh"
+    RunDir.open(fresh, config={"generator": new}).log(step=1)
+    assert yaml.safe_load((fresh / "config.yaml").read_text())["config_version"] == CONFIG_VERSION
+    RunDir.open(fresh, config={"generator": keyed_config(GeneratorTraining())}, resume=True)
+    with pytest.raises(RunError, match="differs in generator.class_targets"):
+        RunDir.open(fresh, config={"generator": keyed_config(GeneratorTraining(class_targets=True))}, resume=True)
 
 
 def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):

@@ -387,16 +387,11 @@ def _check_user_sections(user: dict[str, Any], sections: dict[str, type], base: 
 
 
 def keyed_config(cfg) -> dict:
-    """A config section as it enters a stage key or a run's config.yaml: options added after stages were
-    cached or runs started (`KEYED_WHEN_SET` of the section's class) count only when set, so that stages
-    built before them keep their keys (a cached teacher ensemble is hours of CPU) and runs started before
-    them can still be resumed."""
-    plain = to_plain(cfg)
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    for name in getattr(type(cfg), "KEYED_WHEN_SET", ()):
-        if plain.get(name) == defaults[name]:
-            plain.pop(name, None)
-    return plain
+    """A config section as it enters a stage key (engine/stages.py) or a run's config.yaml: every field, set or
+    not. When options are added or change meaning, the stage versions (engine/stages.py: VERSIONS) and the
+    config.yaml format (engine/run.py: CONFIG_VERSION) are bumped, so that stages cached and runs started before
+    are not taken for the new ones."""
+    return to_plain(cfg)
 
 
 def to_plain(obj: Any) -> Any:
