@@ -307,15 +307,6 @@ def test_small_data_sources_train_on_their_own_share_of_the_data(tiny_npz, tmp_p
     assert len(with_baseline.members) == 3 and with_baseline.members[0] is baseline and key2 == key + "+baseline-key"
 
 
-def test_a_named_overlay_configures_every_method(tmp_path, monkeypatch):
-    from privdistill.config import packaged_overlay, resolve_sections
-
-    monkeypatch.chdir(tmp_path)
-    assert packaged_overlay("synthesis") is not None and packaged_overlay("no-such-overlay") is None
-    sections = resolve_sections({"generator": GeneratorTraining}, preset="quick", config_file="synthesis")
-    assert sections["generator"].source_models >= 2
-
-
 def test_srr_and_dpdfd_generators_use_the_engine(tiny_npz, tmp_path, monkeypatch):
     """Every method reaches the engine through its generator section: SRR's pre-trained generator (BatchNorm
     statistics matched on BatchNorm source models) and DPDFD's warm-started one."""
@@ -581,29 +572,31 @@ def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):
         GeneratorTraining(adversarial_weight=-1.0).validate()
 
 
-def test_the_adversarial_overlay_runs_srr_end_to_end(tiny_npz, tmp_path, monkeypatch):
-    """`--config adversarial` configures the baseline (a BN network, for DGD and DPDFD) and SRR's generator (BN
-    statistics, class targets, the student in the loop), and an SRR run with it trains that generator: its stage
-    logs the disagreement and the student's imitation loss."""
+def test_the_adversarial_generator_runs_srr_end_to_end(tiny_npz, tmp_path, monkeypatch):
+    """The adversarial generator (recipes/__init__.py: ADVERSARIAL_GENERATOR) is DGD's default recipe's, with a BN
+    baseline, and SRR's end-to-end recipe's (BN statistics, class targets, the student in the loop), and an SRR run
+    with it trains that generator: its stage logs the disagreement and the student's imitation loss."""
     import json
 
     from privdistill.config import ClassifierTraining, resolve_sections
     from privdistill.methods.common import RunRequest
     from privdistill.methods.srr import run_srr
+    from privdistill.recipes import ADVERSARIAL_GENERATOR, recipe_layers
 
     for dataset in ("mnist", "fashion-mnist"):
-        sections = resolve_sections({"baseline": ClassifierTraining, "generator": GeneratorTraining,
-                                     "srr_generator": GeneratorTraining}, preset="quick", dataset=dataset,
-                                    config_file="adversarial")
-        assert sections["baseline"].model == "paper-cnn-bn"
-        for name in ("generator", "srr_generator"):
-            cfg = sections[name]
+        dgd = resolve_sections({"baseline": ClassifierTraining, "generator": GeneratorTraining}, preset="quick",
+                               dataset=dataset, recipe=recipe_layers("dgd", "default", dataset, 9.34))
+        srr = resolve_sections({"srr_generator": GeneratorTraining}, preset="quick", dataset=dataset,
+                               recipe=recipe_layers("srr", "end-to-end", dataset, 1.0))
+        assert dgd["baseline"].model == "paper-cnn-bn"
+        for cfg in (dgd["generator"], srr["srr_generator"]):
             cfg.validate()
             assert cfg.loss == "srr" and cfg.class_targets and cfg.adversarial_weight > 0 and cfg.total_steps == 1200
 
     monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
-    run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), config_file="adversarial",
-                       overrides=["run.precision=fp32", "run.progress=false", "run.threads=1", "run.plan_check=warn",
+    adversarial = [f"srr_generator.{key}={value}" for key, value in ADVERSARIAL_GENERATOR.items()]
+    run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), overrides=adversarial + [
+                                  "run.precision=fp32", "run.progress=false", "run.threads=1", "run.plan_check=warn",
                                   "srr_teacher.steps=10", "srr_teacher.batch_size=32", "srr_generator.rounds=2",
                                   "srr_generator.steps_per_round=3", "srr_generator.batch_size=16",
                                   "srr_generator.width=16", "srr.stages=2", "srr.num_samples=40", "srr.batch_size=16",
@@ -616,15 +609,19 @@ def test_the_adversarial_overlay_runs_srr_end_to_end(tiny_npz, tmp_path, monkeyp
 
 
 def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_npz, tmp_path, monkeypatch):
-    """`privdistill generator train --config adversarial --variant adversarial --record` writes its own result file
-    (generator-<dataset>-adversarial.json) instead of replacing the papers' generator row, and the generator table
-    names the variant; the stage's log holds the student-in-the-loop terms."""
+    """`privdistill generator train --config adversarial.yaml --variant adversarial --record` (a config file of
+    one's own: the adversarial generator) writes its own result file (generator-<dataset>-adversarial.json) instead
+    of replacing the papers' generator row, and the generator table names the variant; the stage's log holds the
+    student-in-the-loop terms."""
+    import yaml
     from typer.testing import CliRunner
 
     from privdistill.bench.report import generator_table
     from privdistill.cli import get_app
+    from privdistill.recipes import ADVERSARIAL_GENERATOR
 
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "adversarial.yaml").write_text(yaml.safe_dump({"generator": ADVERSARIAL_GENERATOR}))
     monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
     runner, fast = CliRunner(), ["--precision", "fp32", "--no-progress"]
     result = runner.invoke(get_app(), ["train", "baseline", "-d", f"npz:{tiny_npz}", "--run-dir", "teacher", *fast,
@@ -633,7 +630,7 @@ def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_np
     assert result.exit_code == 0, result.output
     small = ["generator.rounds=2", "generator.steps_per_round=3", "generator.batch_size=16", "generator.width=16",
              "generator.num_samples=64", "synthetic_student.epochs=1"]
-    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial",
+    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial.yaml",
                                        "--variant", "adversarial", "--record", "--run-dir", "gen", *fast,
                                        *[arg for item in small for arg in ("--set", item)]])
     assert result.exit_code == 0, result.output
@@ -644,7 +641,7 @@ def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_np
     assert "| srr (adversarial) |" in generator_table([recorded])
     # again: the generator and its samples come from the cache, and the student trained on them is the same
     sets = [arg for item in small for arg in ("--set", item)]
-    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial",
+    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial.yaml",
                                        "--run-dir", "gen-again", *fast, *sets])
     assert result.exit_code == 0, result.output
     again = json.loads((tmp_path / "gen-again" / "summary.json").read_text())
