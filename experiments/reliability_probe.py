@@ -103,7 +103,7 @@ def cases(tmp: Path, files: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("folder dataset that does not exist", ["srr", "-d", "folder:/nonexistent/dir"]),
         # configuration
         ("unknown preset", ["dgd", "-d", good, "--preset", "huge"]),
-        ("unknown overlay", ["dgd", "-d", good, "--config", "nosuch"]),
+        ("--config naming no file", ["dgd", "-d", good, "--config", "nosuch"]),
         ("unknown section", ["dgd", "-d", good, "--set", "nosection.key=1"]),
         ("unknown key", ["srr", "-d", good, "--set", "srr.stagez=3"]),
         ("value of the wrong type", ["srr", "-d", good, "--set", "srr.stages=three"]),
@@ -114,7 +114,7 @@ def cases(tmp: Path, files: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("more teachers than records", ["dgd", "-d", good, "--set", "teachers.num_teachers=100000"]),
         ("unknown model", ["dpsgd", "-d", good, "--set", "dpsgd.model=resnet-9000"]),
         ("BatchNorm model under DP-SGD", ["dpsgd", "-d", good, "-e", "1", "--set", "dpsgd.model=paper-cnn-bn"]),
-        ("augmentation with ScatterNet features", ["dpsgd", "-d", good, "--config", "scatternet",
+        ("augmentation with ScatterNet features", ["dpsgd", "-d", good, "--recipe", "scatternet",
                                                    "--set", "dpsgd.augment=shift"]),
         ("zero DP-SGD epochs", ["dpsgd", "-d", good, "--set", "dpsgd.epochs=0"]),
         ("unknown SRR setting", ["srr", "-d", good, "--set", "srr.setting=sideways"]),

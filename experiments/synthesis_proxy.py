@@ -8,8 +8,10 @@ samples were synthesised for (`agreement_with_source`); the share on which they 
 their pairwise agreement; the class balance; and, with `--ceiling`, the ceiling (test accuracy of a student
 trained only on 10,000 samples labelled by the source). Evaluation only: nothing is released, no ε is spent.
 
-    flock /tmp/privdistill-cpu.lock python experiments/synthesis_proxy.py --dataset mnist --config synthesis \
+    flock /tmp/privdistill-cpu.lock python experiments/synthesis_proxy.py --dataset mnist --config synthesis.yaml \
         --ceiling --out docs/diagnostics/synthesis-proxy-mnist-synthesis.json
+
+(synthesis.yaml: a `generator` section, e.g. the bench matrix's `synthesis` set lines as YAML.)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from privdistill.engine.synthesis import label_balance, read_labels, source_labe
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="mnist")
-    ap.add_argument("--config", help="a YAML file or packaged overlay (e.g. synthesis) with a generator section")
+    ap.add_argument("--config", help="a YAML file with a generator section")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value (generator.…)")
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--readers", type=int, default=10)

@@ -281,6 +281,31 @@ def test_bench_without_a_subcommand_runs_the_matrix(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "vectorised" in r.output
 
 
+def test_shared_set_lines_are_spliced_into_a_cells_args(tmp_path):
+    """A YAML alias of a `sets` entry among a cell's args stands for its --set lines, spliced in where it stands."""
+    path = tmp_path / "m.yaml"
+    path.write_text("preset: quick\nsets:\n  staged: &staged [--set, srr.stages=2, --set, srr.loss=likelihood]\n"
+                    "cells:\n  - name: srr-{dataset}\n    args: [srr, -d, '{dataset}', *staged, --preset, '{preset}']\n"
+                    "    datasets: [mnist]\n")
+    assert load_matrix(str(path)).cells[0].args == ["srr", "-d", "mnist", "--set", "srr.stages=2", "--set",
+                                                    "srr.loss=likelihood", "--preset", "quick"]
+
+
+def test_the_packaged_matrix_sets_its_values_with_set_lines_and_recipes():
+    """No packaged cell names a --config (a file of one's own); the shared adversarial generator of SRR's cells is
+    the recipes' (recipes/__init__.py), so the two cannot drift apart."""
+    from importlib import resources
+
+    from privdistill.recipes import ADVERSARIAL_GENERATOR
+
+    doc = yaml.safe_load(resources.files("privdistill.bench").joinpath("matrix", "quick.yaml").read_text())
+    assert all("--config" not in c.args for c in load_matrix("quick").cells)
+    lines = doc["sets"]["adversarial_srr"]
+    assert lines[::2] == ["--set"] * len(ADVERSARIAL_GENERATOR)
+    values = dict(line.removeprefix("srr_generator.").split("=", 1) for line in lines[1::2])
+    assert values == {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ADVERSARIAL_GENERATOR.items()}
+
+
 def test_malformed_matrix_file_is_a_clear_error(tmp_path):
     from privdistill.bench.matrix import load_matrix
 

@@ -102,81 +102,45 @@ def test_typed_overrides_reach_the_sections_as_given():
     assert resolved["baseline"].model == "small-cnn" and resolved["baseline"].epochs == 0.5
 
 
-def test_named_overlays_compose_with_plus(tmp_path, monkeypatch):
-    """`--config adversarial+staged-prior`: both overlays apply, a later one's keys win, and a part that does not
-    exist is named in the error."""
-    import pytest
+def test_config_reads_a_file_of_ones_own_and_a_name_points_to_the_recipes(tmp_path, monkeypatch):
+    """`--config` takes a YAML file; a bare name that is no file (the named configurations it once took, or any
+    typo) is refused with a pointer to --recipe and --set, on the command line too."""
+    import re
 
-    from privdistill.config import resolve_sections
-    from privdistill.engine.datafree import GeneratorTraining
-    from privdistill.errors import ConfigError
-    from privdistill.methods.srr import SRRConfig
+    from typer.testing import CliRunner
 
-    monkeypatch.chdir(tmp_path)
-    sections = {"srr": SRRConfig, "srr_generator": GeneratorTraining}
-    both = resolve_sections(sections, preset="quick", dataset="fashion-mnist", config_file="adversarial+staged-prior")
-    assert both["srr"].stages == 2 and both["srr"].loss == "likelihood"  # staged-prior
-    assert both["srr_generator"].adversarial_weight == 3.0 and both["srr_generator"].class_targets  # adversarial
-    (tmp_path / "mine.yaml").write_text("srr:\n  stages: 3\n")
-    later = resolve_sections(sections, preset="quick", config_file="staged-prior+mine.yaml")
-    assert later["srr"].stages == 3 and later["srr"].loss == "likelihood"
-    with pytest.raises(ConfigError, match="nosuch.yaml does not exist"):
-        resolve_sections(sections, preset="quick", config_file="staged-prior+nosuch.yaml")
-
-
-@pytest.mark.parametrize("overlay, dataset, changed", [
-    # teachers trained on affine copies at rate 0.005 (digits only)
-    ("affine-teachers", "mnist", {"augment": "affine", "lr": 0.005}),
-    # closed-form ridge heads on the fixed ScatterNet transform
-    ("scatter-teachers", "fashion-mnist", {"model": "scatter-linear", "fit": "ridge", "ridge": 0.01}),
-])
-def test_teacher_overlays_change_only_the_teachers_training(overlay, dataset, changed):
-    """`--config adversarial+<overlay>` (issue 24) sets exactly its teacher fields: every other teacher field (their
-    number, partitions, steps) stays the preset's, and the generator stays the adversarial overlay's."""
-    from dataclasses import asdict
-
-    from privdistill.config import resolve_sections
-    from privdistill.engine.datafree import GeneratorTraining
-    from privdistill.engine.ensemble import TeacherTraining
-
-    sections = {"teachers": TeacherTraining, "generator": GeneratorTraining}
-    plain = resolve_sections(sections, preset="quick", dataset=dataset, config_file="adversarial")
-    both = resolve_sections(sections, preset="quick", dataset=dataset, config_file=f"adversarial+{overlay}")
-    assert both["generator"] == plain["generator"]
-    assert asdict(both["teachers"]) == {**asdict(plain["teachers"]), **changed}
-    assert both["teachers"] != plain["teachers"]
-
-
-def test_the_histogram_cover_overlay_is_the_recorded_cells_sets():
-    """`--config adversarial+affine-teachers+histogram-cover` resolves to exactly the `--set` flags of the recorded
-    best DGD+ cells (docs/research-log.md, "Releasing the noisy vote histogram"), and leaves the teachers and the
-    generator alone."""
-    from privdistill.config import resolve_sections
-    from privdistill.engine.datafree import GeneratorTraining
-    from privdistill.engine.ensemble import TeacherTraining
-    from privdistill.methods.dgd import DGDConfig
-    from privdistill.methods.dgd_student import StudentConfig
-
-    sections = {"dgd": DGDConfig, "student": StudentConfig, "teachers": TeacherTraining,
-                "generator": GeneratorTraining}
-    recorded = {"dgd.query_selection": "diverse", "dgd.num_synthetic": 240000, "dgd.release": "histogram",
-                "student.unsupervised": False}
-    by_hand = resolve_sections(sections, preset="quick", dataset="mnist", config_file="adversarial+affine-teachers",
-                               overrides=recorded)
-    named = resolve_sections(sections, preset="quick", dataset="mnist",
-                             config_file="adversarial+affine-teachers+histogram-cover")
-    assert named == by_hand
-    plain = resolve_sections(sections, preset="quick", dataset="mnist", config_file="adversarial+affine-teachers")
-    assert named["dgd"] != plain["dgd"] and named["dgd"].release == "histogram"
-    assert named["teachers"] == plain["teachers"] and named["generator"] == plain["generator"]
-
-
-def test_the_config_help_names_every_packaged_overlay():
-    from importlib import resources
-
+    from privdistill.cli import get_app
     from privdistill.cli.options import ConfigFile
 
-    help_text = ConfigFile.__metadata__[0].help
-    names = [p.name[:-5] for p in resources.files("privdistill.presets").joinpath("overlays").iterdir()
-             if p.name.endswith(".yaml")]
-    assert names and all(name in help_text for name in names), names
+    monkeypatch.chdir(tmp_path)
+    for name in ("adversarial", "adversarial+staged-prior"):
+        with pytest.raises(ConfigError, match=rf"config file {re.escape(name)} does not exist \(--config reads a "
+                                              r"YAML file of your own; .* --recipe NAME, listed by `privdistill "
+                                              r"recipes METHOD`"):
+            resolve_sections(SECTIONS, preset="quick", config_file=name)
+    with pytest.raises(ConfigError, match=r"missing.yaml does not exist$"):  # a file's path: no more to say
+        resolve_sections(SECTIONS, preset="quick", config_file="missing.yaml")
+    result = CliRunner().invoke(get_app(), ["dpsgd", "-d", "mnist", "-e", "1", "--config", "scatternet"])
+    assert isinstance(result.exception, ConfigError) and "--recipe NAME" in str(result.exception)  # main() prints it
+    assert "--recipe" in ConfigFile.__metadata__[0].help
+
+
+def test_every_option_of_every_section_counts_in_its_key():
+    """A stage's key and a run's config.yaml hold every option of a section, set or not (config.keyed_config):
+    none is left out while at its default. An option added later bumps the stage versions (engine/stages.py:
+    VERSIONS) and the config.yaml format (engine/run.py: CONFIG_VERSION) instead."""
+    import dataclasses
+
+    from privdistill.config import keyed_config
+    from privdistill.methods.dgd import DGDMethod
+    from privdistill.methods.dpdfd import DPDFDMethod
+    from privdistill.methods.dpsgd import DPSGDMethod
+    from privdistill.methods.pate import PATEMethod
+    from privdistill.methods.runner import Budget
+    from privdistill.methods.srr import SRRMethod
+
+    classes = {Budget, RunOptions} | {cls for method in (DGDMethod, DPDFDMethod, DPSGDMethod, PATEMethod, SRRMethod)
+                                      for cls in method.sections.values()}
+    for cls in classes:
+        assert not hasattr(cls, "KEYED_WHEN_SET"), cls.__name__
+        assert set(keyed_config(cls())) == {f.name for f in dataclasses.fields(cls)}, cls.__name__

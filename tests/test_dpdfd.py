@@ -210,7 +210,7 @@ def test_warm_started_generator_learns_and_is_reported_not_covered(tiny_npz, tmp
 
 
 def test_a_frozen_warm_generator_is_the_cached_stage_unchanged(tiny_npz, tmp_path, cache):
-    """generator_every=0 (the teacher-generator overlay): the student learns through the noisy channel while the
+    """generator_every=0 (the teacher-generator recipe): the student learns through the noisy channel while the
     warm generator stays exactly the cached stage's, and the run records under its own variant name."""
     from safetensors.torch import load_file
 
@@ -250,17 +250,19 @@ def test_student_ema_releases_the_average_of_the_iterates(tiny_npz, tmp_path, ca
     assert a.keys() == b.keys() and not all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_teacher_generator_overlay_trains_srrs_teacher_and_generator_once():
-    """`--config teacher-generator` gives DPDFD exactly SRR's quick teacher and generator (the same settings, so
+def test_the_teacher_generator_recipe_trains_srrs_teacher_and_generator_once():
+    """`--recipe teacher-generator` gives DPDFD exactly SRR's quick teacher and generator (the same settings, so
     the same cache keys): one dataset's SRR and DPDFD cells share both stages."""
     from privdistill.config import ClassifierTraining, keyed_config, resolve_sections
     from privdistill.engine.datafree import GeneratorTraining
+    from privdistill.recipes import recipe_layers
 
     sections = {"baseline": ClassifierTraining, "srr_teacher": ClassifierTraining, "dpdfd": DPDFDConfig,
                 "dpdfd_generator": GeneratorTraining, "srr_generator": GeneratorTraining}
     for dataset in ("mnist", "fashion-mnist"):
         srr = resolve_sections(sections, preset="quick", dataset=dataset)
-        warm = resolve_sections(sections, preset="quick", dataset=dataset, config_file="teacher-generator")
+        warm = resolve_sections(sections, preset="quick", dataset=dataset,
+                                recipe=recipe_layers("dpdfd", "teacher-generator", dataset, 10))
         assert keyed_config(warm["baseline"]) == keyed_config(srr["srr_teacher"]), dataset
         assert keyed_config(warm["dpdfd_generator"]) == keyed_config(srr["srr_generator"]), dataset
         assert warm["dpdfd"].generator_init == "teacher" and warm["dpdfd"].generator_every == 0

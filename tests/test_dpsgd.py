@@ -100,13 +100,14 @@ def test_secure_noise_is_the_default_and_draws_every_gradient_noise(tiny_npz, tm
     assert [n for _, n in secure_draws] == [size] * steps, "every coordinate's noise, every step, secure"
 
 
-def test_python_api_takes_the_config_overlay_and_arrays(tiny_npz, tmp_path):
-    """DP-SGD is a method of the Python API like the others (issue 26), with --config's overlays (issue 27)."""
+def test_python_api_takes_a_recipe_a_config_file_and_arrays(tiny_npz, tmp_path):
+    """DP-SGD is a method of the Python API like the others (issue 26), with recipes and config files."""
     import numpy as np
 
     from privdistill.methods import DPSGD
 
-    assert DPSGD(epsilon=1, config="scatternet").request("mnist").config_file == "scatternet"
+    request = DPSGD(epsilon=1, recipe="scatternet", config="mine.yaml").request("mnist")
+    assert request.overrides["run.recipe"] == "scatternet" and request.config_file == "mine.yaml"
     arrays = np.load(tiny_npz)
     result = DPSGD(overrides=TINY, run_dir=str(tmp_path / "api"), epochs=1).fit(arrays["x"], arrays["y"])
     assert result.summary["method"] == "dpsgd" and result.summary["epochs"] == 1

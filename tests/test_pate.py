@@ -90,13 +90,6 @@ def test_the_filter_asks_more_queries_for_the_same_guarantee(tiny_npz, tmp_path)
         PATEConfig(aggregation="gnmax", filter=True).validate()
 
 
-def test_a_pate_run_started_before_the_filter_option_still_resumes():
-    from privdistill.config import keyed_config
-
-    assert "filter" not in keyed_config(PATEConfig(aggregation="confident-gnmax"))
-    assert keyed_config(PATEConfig(aggregation="confident-gnmax", filter=True))["filter"] is True
-
-
 @pytest.mark.parametrize("filtered", [False, True])
 def test_resume_reuses_the_recorded_answers(tiny_npz, tmp_path, filtered):
     overrides = TINY + ["pate.aggregation=confident-gnmax", "budget.epsilon=10"] + \

@@ -126,12 +126,13 @@ def test_augmentation_multiplicity_averages_copies_at_the_same_privacy_cost(tiny
     assert three["test_accuracy"] > 0.5
 
 
-def test_the_scatternet_overlay_sets_the_recipe(tmp_path, monkeypatch):
+def test_the_scatternet_recipe_sets_the_scatternet_head():
     from privdistill.config import resolve_sections
     from privdistill.methods.dpsgd import DPSGDConfig
+    from privdistill.recipes import recipe_layers
 
-    monkeypatch.chdir(tmp_path)
-    cfg = resolve_sections({"dpsgd": DPSGDConfig}, preset="quick", config_file="scatternet")["dpsgd"]
+    cfg = resolve_sections({"dpsgd": DPSGDConfig}, preset="quick",
+                           recipe=recipe_layers("dpsgd", "scatternet", "mnist", 1))["dpsgd"]
     assert (cfg.model, cfg.max_grad_norm, cfg.augment) == ("scatter-linear", 0.1, "none")
     cfg.validate()
 

@@ -306,15 +306,6 @@ def test_small_data_sources_train_on_their_own_share_of_the_data(tiny_npz, tmp_p
     assert len(with_baseline.members) == 3 and with_baseline.members[0] is baseline and key2 == key + "+baseline-key"
 
 
-def test_a_named_overlay_configures_every_method(tmp_path, monkeypatch):
-    from privdistill.config import packaged_overlay, resolve_sections
-
-    monkeypatch.chdir(tmp_path)
-    assert packaged_overlay("synthesis") is not None and packaged_overlay("no-such-overlay") is None
-    sections = resolve_sections({"generator": GeneratorTraining}, preset="quick", config_file="synthesis")
-    assert sections["generator"].source_models >= 2
-
-
 def test_srr_and_dpdfd_generators_use_the_engine(tiny_npz, tmp_path, monkeypatch):
     """Every method reaches the engine through its generator section: SRR's pre-trained generator (BatchNorm
     statistics matched on BatchNorm source models) and DPDFD's warm-started one."""
@@ -479,10 +470,9 @@ def test_contrastive_diversity_is_low_for_distinct_samples_and_passes_gradients(
         GeneratorTraining(diversity_temperature=0.0).validate()
 
 
-def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
+def test_teacher_augmentation_is_per_teacher_and_counts_in_the_stage_key(tiny_npz):
     """teachers.augment / input_noise: the loop and vectorised trainers perturb each teacher's batches alike
-    (its own stream), the perturbation changes what is learnt, and a config without them keys its stages as
-    before they existed."""
+    (its own stream), the perturbation changes what is learnt, and the teachers' stage key holds both, set or not."""
     from privdistill.config import keyed_config
     from privdistill.engine.ensemble import TeacherTraining, train_teachers
 
@@ -496,30 +486,40 @@ def test_teacher_augmentation_is_per_teacher_and_keeps_old_stage_keys(tiny_npz):
     loop_out, vec_out = (noisy[t].member(1).eval()(x) for t in ("loop", "vectorized"))
     assert torch.allclose(loop_out, vec_out, atol=1e-4), "the same perturbed batches in both trainers"
     assert not torch.allclose(plain.member(1).eval()(x), loop_out, atol=1e-4)
-    assert "augment" not in keyed_config(TeacherTraining(**base))
+    assert keyed_config(TeacherTraining(**base))["augment"] == "none"
     assert keyed_config(TeacherTraining(**base, input_noise=0.3))["input_noise"] == 0.3
     with pytest.raises(ConfigError, match="augment"):
         TeacherTraining(augment="rotate").validate()
 
 
-def test_a_run_started_before_new_options_existed_still_resumes(tmp_path):
-    """A run's config.yaml records new options (KEYED_WHEN_SET) only when set: a run written before they
-    existed resumes while they stay at their defaults, and is refused once one is set."""
+def test_a_run_started_before_every_option_was_recorded_is_refused_with_its_reason(tmp_path):
+    """config.yaml records every option, set or not (format 2). A run an earlier version wrote (no config_version:
+    options added later were left out while unset) is not resumed as if its configuration differed: the refusal
+    says which version wrote it and what to do. Where the recorded configuration is the same (a stage's build
+    directory, whose key holds its configuration) it resumes."""
     import yaml
 
     from privdistill.config import keyed_config
+    from privdistill.engine.run import CONFIG_VERSION
     from privdistill.errors import RunError
 
-    old = keyed_config(GeneratorTraining())
-    assert "class_targets" not in old and "diversity_weight" not in old
+    new = keyed_config(GeneratorTraining())
+    assert new["class_targets"] is False and new["diversity_weight"] == 0.0
+    old = {k: v for k, v in new.items() if k not in ("class_targets", "diversity_weight")}
     run_dir = tmp_path / "run"
-    RunDir.open(run_dir, config={"generator": old})
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"command": "privdistill dgd", "config": {"generator": old}}))
     (run_dir / "metrics.jsonl").write_text("{}\n")  # not abandoned: it had begun training
-    assert "class_targets" not in yaml.safe_load((run_dir / "config.yaml").read_text())["config"]["generator"]
-    RunDir.open(run_dir, config={"generator": keyed_config(GeneratorTraining())}, resume=True)
-    with pytest.raises(RunError, match="class_targets"):
-        RunDir.open(run_dir, config={"generator": keyed_config(GeneratorTraining(class_targets=True))},
-                    resume=True)
+    with pytest.raises(RunError, match=rf"another version of privdistill.*format 1; this one writes {CONFIG_VERSION}"):
+        RunDir.open(run_dir, config={"generator": new}, resume=True)
+    assert RunDir.open(run_dir, config={"generator": old}, resume=True).config() == {"generator": old}
+
+    fresh = tmp_path / "fresh"
+    RunDir.open(fresh, config={"generator": new}).log(step=1)
+    assert yaml.safe_load((fresh / "config.yaml").read_text())["config_version"] == CONFIG_VERSION
+    RunDir.open(fresh, config={"generator": keyed_config(GeneratorTraining())}, resume=True)
+    with pytest.raises(RunError, match="differs in generator.class_targets"):
+        RunDir.open(fresh, config={"generator": keyed_config(GeneratorTraining(class_targets=True))}, resume=True)
 
 
 def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):
@@ -571,29 +571,31 @@ def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):
         GeneratorTraining(adversarial_weight=-1.0).validate()
 
 
-def test_the_adversarial_overlay_runs_srr_end_to_end(tiny_npz, tmp_path, monkeypatch):
-    """`--config adversarial` configures the baseline (a BN network, for DGD and DPDFD) and SRR's generator (BN
-    statistics, class targets, the student in the loop), and an SRR run with it trains that generator: its stage
-    logs the disagreement and the student's imitation loss."""
+def test_the_adversarial_generator_runs_srr_end_to_end(tiny_npz, tmp_path, monkeypatch):
+    """The adversarial generator (recipes/__init__.py: ADVERSARIAL_GENERATOR) is DGD's default recipe's, with a BN
+    baseline, and SRR's end-to-end recipe's (BN statistics, class targets, the student in the loop), and an SRR run
+    with it trains that generator: its stage logs the disagreement and the student's imitation loss."""
     import json
 
     from privdistill.config import ClassifierTraining, resolve_sections
     from privdistill.methods.common import RunRequest
     from privdistill.methods.srr import run_srr
+    from privdistill.recipes import ADVERSARIAL_GENERATOR, recipe_layers
 
     for dataset in ("mnist", "fashion-mnist"):
-        sections = resolve_sections({"baseline": ClassifierTraining, "generator": GeneratorTraining,
-                                     "srr_generator": GeneratorTraining}, preset="quick", dataset=dataset,
-                                    config_file="adversarial")
-        assert sections["baseline"].model == "paper-cnn-bn"
-        for name in ("generator", "srr_generator"):
-            cfg = sections[name]
+        dgd = resolve_sections({"baseline": ClassifierTraining, "generator": GeneratorTraining}, preset="quick",
+                               dataset=dataset, recipe=recipe_layers("dgd", "default", dataset, 9.34))
+        srr = resolve_sections({"srr_generator": GeneratorTraining}, preset="quick", dataset=dataset,
+                               recipe=recipe_layers("srr", "end-to-end", dataset, 1.0))
+        assert dgd["baseline"].model == "paper-cnn-bn"
+        for cfg in (dgd["generator"], srr["srr_generator"]):
             cfg.validate()
             assert cfg.loss == "srr" and cfg.class_targets and cfg.adversarial_weight > 0 and cfg.total_steps == 1200
 
     monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
-    run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), config_file="adversarial",
-                       overrides=["run.precision=fp32", "run.progress=false", "run.threads=1", "run.plan_check=warn",
+    adversarial = [f"srr_generator.{key}={value}" for key, value in ADVERSARIAL_GENERATOR.items()]
+    run_srr(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "srr"), overrides=adversarial + [
+                                  "run.precision=fp32", "run.progress=false", "run.threads=1", "run.plan_check=warn",
                                   "srr_teacher.steps=10", "srr_teacher.batch_size=32", "srr_generator.rounds=2",
                                   "srr_generator.steps_per_round=3", "srr_generator.batch_size=16",
                                   "srr_generator.width=16", "srr.stages=2", "srr.num_samples=40", "srr.batch_size=16",
@@ -606,15 +608,19 @@ def test_the_adversarial_overlay_runs_srr_end_to_end(tiny_npz, tmp_path, monkeyp
 
 
 def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_npz, tmp_path, monkeypatch):
-    """`privdistill generator train --config adversarial --variant adversarial --record` writes its own result file
-    (generator-<dataset>-adversarial.json) instead of replacing the papers' generator row, and the generator table
-    names the variant; the stage's log holds the student-in-the-loop terms."""
+    """`privdistill generator train --config adversarial.yaml --variant adversarial --record` (a config file of
+    one's own: the adversarial generator) writes its own result file (generator-<dataset>-adversarial.json) instead
+    of replacing the papers' generator row, and the generator table names the variant; the stage's log holds the
+    student-in-the-loop terms."""
+    import yaml
     from typer.testing import CliRunner
 
     from privdistill.bench.report import generator_table
     from privdistill.cli import get_app
+    from privdistill.recipes import ADVERSARIAL_GENERATOR
 
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "adversarial.yaml").write_text(yaml.safe_dump({"generator": ADVERSARIAL_GENERATOR}))
     monkeypatch.setenv("PRIVDISTILL_CACHE", str(tmp_path / "cache"))
     runner, fast = CliRunner(), ["--precision", "fp32", "--no-progress"]
     result = runner.invoke(get_app(), ["train", "baseline", "-d", f"npz:{tiny_npz}", "--run-dir", "teacher", *fast,
@@ -623,7 +629,7 @@ def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_np
     assert result.exit_code == 0, result.output
     small = ["generator.rounds=2", "generator.steps_per_round=3", "generator.batch_size=16", "generator.width=16",
              "generator.num_samples=64", "synthetic_student.epochs=1"]
-    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial",
+    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial.yaml",
                                        "--variant", "adversarial", "--record", "--run-dir", "gen", *fast,
                                        *[arg for item in small for arg in ("--set", item)]])
     assert result.exit_code == 0, result.output
@@ -634,7 +640,7 @@ def test_generator_train_records_an_engine_variant_beside_the_papers_row(tiny_np
     assert "| srr (adversarial) |" in generator_table([recorded])
     # again: the generator and its samples come from the cache, and the student trained on them is the same
     sets = [arg for item in small for arg in ("--set", item)]
-    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial",
+    result = runner.invoke(get_app(), ["generator", "train", "--teacher", "teacher", "--config", "adversarial.yaml",
                                        "--run-dir", "gen-again", *fast, *sets])
     assert result.exit_code == 0, result.output
     again = json.loads((tmp_path / "gen-again" / "summary.json").read_text())

@@ -3,8 +3,9 @@
 A run's configuration is a set of named sections (``run``, ``baseline``, ``teachers``, ...), each a
 dataclass. Values are resolved in this order, later winning:
 
-    dataclass defaults < preset (``presets/<name>.yaml``) < the preset's ``by_dataset.<dataset>`` block
-    < the user's ``--config FILE.yaml`` (same layout) < ``--set section.key=value`` on the command line
+    dataclass defaults < preset (``presets/<name>/*.yaml``: the scale) < the preset's ``by_dataset.<dataset>``
+    block < the method's recipe (``recipes/<method>.py``: what is trained) < the user's ``--config FILE.yaml``
+    (same layout) < ``--set section.key=value`` on the command line
 
 The resolved configuration is written to the run directory as ``config.yaml``.
 """
@@ -142,42 +143,19 @@ def load_preset(name: str) -> dict[str, Any]:
     return merged
 
 
-def packaged_overlay(name: str | Path) -> Path | None:
-    """A named configuration shipped with privdistill (`--config synthesis`: presets/overlays/synthesis.yaml),
-    when `name` is a bare name with no such file in the working directory; else None."""
-    text = str(name)
-    if "/" in text or text.endswith((".yaml", ".yml")) or Path(text).exists():
-        return None
-    candidate = resources.files("privdistill.presets").joinpath("overlays", f"{text}.yaml")
-    return Path(str(candidate)) if candidate.is_file() else None
-
-
 def load_yaml_file(path: str | Path | None, *, what: str = "config file",
                    holds: str = "sections") -> dict[str, Any]:
-    """A YAML mapping from `path` ({} for None), or a ConfigError naming `what` the file is.
-
-    Named overlays and files compose with "+" (`--config adversarial+staged-prior`): each is read in turn and
-    a later one's keys replace an earlier one's, section by section (and dataset by dataset in `by_dataset`)."""
+    """A YAML mapping from `path` ({} for None), or a ConfigError naming `what` the file is."""
     if path is None:
         return {}
-    if "+" in str(path) and not Path(path).exists():
-        merged: dict[str, Any] = {}
-        for part in str(path).split("+"):
-            for section, block in load_yaml_file(part, what=what, holds=holds).items():
-                if section == "by_dataset" and isinstance(block, dict):
-                    for dataset, sections in block.items():
-                        target = merged.setdefault("by_dataset", {}).setdefault(dataset, {})
-                        for name, values in (sections or {}).items():
-                            target.setdefault(name, {}).update(values or {})
-                elif isinstance(block, dict):
-                    merged.setdefault(section, {}).update(block)
-                else:
-                    merged[section] = block
-        return merged
-    path = packaged_overlay(path) or Path(path)
+    path = Path(path)
     if not path.is_file():
+        hint = ""
+        if what == "config file" and not path.exists() and path.suffix not in (".yaml", ".yml"):
+            hint = (" (--config reads a YAML file of your own; a method's measured configurations are its recipes: "
+                    "--recipe NAME, listed by `privdistill recipes METHOD`; one value: --set section.key=value)")
         raise ConfigError(f"{what} {path} " + ("is a directory, not a YAML file" if path.is_dir()
-                                              else "does not exist"))
+                                              else "does not exist") + hint)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -387,16 +365,11 @@ def _check_user_sections(user: dict[str, Any], sections: dict[str, type], base: 
 
 
 def keyed_config(cfg) -> dict:
-    """A config section as it enters a stage key or a run's config.yaml: options added after stages were
-    cached or runs started (`KEYED_WHEN_SET` of the section's class) count only when set, so that stages
-    built before them keep their keys (a cached teacher ensemble is hours of CPU) and runs started before
-    them can still be resumed."""
-    plain = to_plain(cfg)
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    for name in getattr(type(cfg), "KEYED_WHEN_SET", ()):
-        if plain.get(name) == defaults[name]:
-            plain.pop(name, None)
-    return plain
+    """A config section as it enters a stage key (engine/stages.py) or a run's config.yaml: every field, set or
+    not. When options are added or change meaning, the stage versions (engine/stages.py: VERSIONS) and the
+    config.yaml format (engine/run.py: CONFIG_VERSION) are bumped, so that stages cached and runs started before
+    are not taken for the new ones."""
+    return to_plain(cfg)
 
 
 def to_plain(obj: Any) -> Any:

@@ -11,7 +11,9 @@ A matrix is a YAML file (`bench/matrix/<preset>.yaml`, or any path) of declarati
         audit: true                            # membership inference + inversion of its released model
         owner: lead                            # who maintains the entry (informational)
 
-or `cells_from: quick` instead of `cells` (the paper matrix: the same cells at another preset).
+or `cells_from: quick` instead of `cells` (the paper matrix: the same cells at another preset). Lines several
+cells share are YAML anchors under `sets:` (`staged_prior: &staged_prior [--set, srr.stages=2, ...]`); an alias
+among a cell's args (`*staged_prior`) is spliced in where it stands.
 
 Running a cell: `privdistill <args> --record --no-progress --run-dir <runs_dir>/<name>` (plus `--resume`
 when that run directory holds an unfinished run), under the shared CPU lock, its output in
@@ -89,6 +91,11 @@ def _fmt(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _spliced(args: list[Any]) -> list[Any]:
+    """A cell's args with each list among them (a YAML alias of the file's shared `sets`) spliced in where it is."""
+    return [a for item in args for a in (item if isinstance(item, list) else [item])]
+
+
 def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_dir: str | Path | None = None,
                 datasets: list[str] | None = None, only: list[str] | None = None) -> Matrix:
     """Expand a matrix file into cells (`datasets` / `only` filter by dataset and by name: a substring, or
@@ -118,7 +125,7 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
             values = {"preset": preset, **({"dataset": dataset} if dataset else {}), **(row or {})}
             try:
                 name = str(entry["name"]).format(**{k: _fmt(v) for k, v in values.items()})
-                args = [str(a).format(**{k: _fmt(v) for k, v in values.items()}) for a in entry["args"]]
+                args = [str(a).format(**{k: _fmt(v) for k, v in values.items()}) for a in _spliced(entry["args"])]
             except KeyError as err:
                 raise ConfigError(f"{path}: cell {entry['name']!r} uses {err} which is neither 'dataset', 'preset' "
                                   "nor a grid key") from None

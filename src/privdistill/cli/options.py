@@ -25,10 +25,8 @@ Preset = Annotated[
     str, typer.Option("--preset", "-p", help="quick (CPU, minutes) or paper (the papers' settings, GPU)")
 ]
 ConfigFile = Annotated[
-    Optional[Path], typer.Option("--config", "-c", help="YAML file with the same sections as the presets, or a "
-                                 "named overlay (synthesis, adversarial, verified, affine-teachers, scatter-teachers, "
-                                 "histogram-cover, teacher-generator, staged-prior, scatternet, scatternet-prior); "
-                                 "compose with + (adversarial+staged-prior: the later one wins)")
+    Optional[Path], typer.Option("--config", "-c", help="a YAML file of your own with the same sections as the "
+                                 "presets (a method's measured configurations are its recipes: --recipe)")
 ]
 Overrides = Annotated[
     Optional[list[str]], typer.Option("--set", "-s", help="override one value: section.key=value (repeatable)")

@@ -25,7 +25,7 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +47,6 @@ LOSS_DEFAULTS = {"dgd": (5.0, 0.1), "dpdfd": (1.0, 1.0), "srr": (5.0, 10.0)}
 @dataclass
 class GeneratorTraining:
     """Config section `generator`."""
-
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("class_targets", "diversity_weight", "diversity_temperature",
-                                                 "adversarial_weight", "adversarial_student", "adversarial_lr",
-                                                 "sources_role", "verify_keep")
 
     loss: str = "dgd"  # dgd | dpdfd | srr
     alpha: Optional[float] = None  # None: the paper's value for the chosen loss

@@ -17,7 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ class TeacherTraining:
     batch_size: int = 128
     lr: float = 0.05
     lr_schedule: str = "linear"  # linear | constant
-    # Kept so that saved configs and stage keys stay valid; True is refused (see validate).
+    # Kept so that asking for a label-dependent split is refused with its reason (see validate).
     stratified: bool = False
     # auto: vectorised on CUDA, the plain loop on a CPU, where it measured 3-5x faster (oneDNN's grouped
     # convolutions, which vmap turns the teachers' convolutions into, are slow; see docs/benchmarks.md).
@@ -73,8 +73,6 @@ class TeacherTraining:
     # (model scatter-linear; engine/ridge_teachers.py): steps, batch, rate and augmentation do not apply
     fit: str = "sgd"
     ridge: float = 0.01  # fit=ridge: λ in (1/n) ‖Xw − Y‖² + λ ‖w‖², n the partition size
-
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment", "input_noise", "fit", "ridge")
 
     def validate(self) -> None:
         check_augment(self.augment, "teachers.augment")

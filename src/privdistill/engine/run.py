@@ -40,6 +40,12 @@ SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accura
 # progress display; runs_dir, unused once --run-dir names the run); everything else would mix two experiments.
 CHANGEABLE_ON_RESUME = frozenset({"budget.max_epsilon", "run.progress", "run.runs_dir"})
 
+# The format of the configuration a run's config.yaml records. 2: every option of every section, set or not; 1 (no
+# config_version in the file): an option added after its section first shipped was recorded only when set, and the
+# run's stages were keyed the same way (engine/stages.py: VERSIONS). A run written in another format whose
+# configuration differs from this code's is not resumed: option by option, the two cannot be told apart.
+CONFIG_VERSION = 2
+
 
 def git_commit() -> str | None:
     """The commit of the code that ran (with '-dirty' if it had uncommitted changes), if in a checkout; else
@@ -159,6 +165,13 @@ class RunDir:
             previous = yaml.safe_load(cfg_path.read_text()) or {}
             diff = [k for k in _diff(previous.get("config", {}), json.loads(json.dumps(config)))
                     if k not in CHANGEABLE_ON_RESUME]
+            written = previous.get("config_version", 1)
+            if diff and written != CONFIG_VERSION:
+                raise RunError(f"cannot resume {run.path}: it was started by another version of privdistill, whose "
+                               f"config.yaml (format {written}; this one writes {CONFIG_VERSION}) records the "
+                               "options differently and whose cached stages this one does not reuse. Start the run "
+                               "afresh in another --run-dir (what its ledger recorded stays spent), or finish it "
+                               "with the privdistill that started it")
             if diff:
                 raise RunError(f"cannot resume {run.path}: its configuration differs in {', '.join(diff)}")
         else:
@@ -166,7 +179,8 @@ class RunDir:
                 raise RunError(f"--resume given but {run.path} has no config.yaml: not a run directory")
             make_run_dir(run.path)
             doc = {"command": command or command_line(), "created": datetime.now(timezone.utc).isoformat(),
-                   "host": socket.gethostname(), "pid": os.getpid(), "config": json.loads(json.dumps(config))}
+                   "host": socket.gethostname(), "pid": os.getpid(), "config_version": CONFIG_VERSION,
+                   "config": json.loads(json.dumps(config))}
             atomic_write_text(cfg_path, yaml.safe_dump(doc, sort_keys=False))
         return run
 

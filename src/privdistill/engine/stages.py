@@ -34,8 +34,11 @@ from privdistill.models import create_model
 # Laplace scale of the noisy-vote accuracy every teacher stage reports (DGD's 2/ε0; evaluation only).
 TEACHER_EVAL_LAPLACE_SCALE = 40.0
 
-# Bump a stage's version when what it computes changes: old cache entries are then never reused.
-VERSIONS = {"baseline": "1", "teachers": "1", "generator": "1", "synthetic": "1", "vae": "1", "features": "1",
+# Bump a stage's version when what it computes, or what its key holds, changes: old cache entries are then never
+# found (they are rebuilt). A key holds every field of the stage's configuration, set or not (config.keyed_config).
+# 2: teachers and generator keyed on every field (before, options added later counted only when set), synthetic
+# sets on their verification, balance and ranking sources, features on their copies, whatever their values.
+VERSIONS = {"baseline": "1", "teachers": "2", "generator": "2", "synthetic": "2", "vae": "1", "features": "2",
             "scatter-prior": "1"}
 
 
@@ -186,11 +189,9 @@ class Stages:
             save_file({"images": images}, str(run.path / "synthetic.safetensors"))
             return {"num_samples": n, **stats}
 
-        material = {"generator": generator_stage.key, "n": n, "seed": self.env.seed}
-        if verify or balance:  # only then: the keys of the papers' synthetic sets stay as they were
-            material.update(verify=verify, balance=balance)
-        if keep:  # the sources that rank need not be those the generator was fitted to: their key counts
-            material.update(keep=keep, order="shuffled", sources=source_key)
+        # the sources that verify or rank need not be those the generator was fitted to: their key counts
+        material = {"generator": generator_stage.key, "n": n, "seed": self.env.seed, "verify": verify,
+                    "balance": balance, "keep": keep, "sources": source_key}
         stage = self._get("synthetic", material, build)
         from safetensors.torch import load_file
 
@@ -244,7 +245,7 @@ class Stages:
             return {"transform": model.transform_id, "augment": augment, "copies": copies}
 
         material = {"data": self.fingerprint, "test": self.data.test.fingerprint(), "transform": model.transform_id,
-                    **({"augment": augment, "copies": copies} if copies > 1 else {})}  # (keys of one copy unchanged)
+                    "copies": copies, "augment": augment if copies > 1 else "none"}  # one copy: the images as they are
         stage = self._get("features", material, build)
         from safetensors.torch import load_file
 

@@ -151,8 +151,9 @@ class MethodAPI:
     """Shared shape of the methods' Python API: options in the constructor, the private data in `fit`.
 
     `dataset` is a name (mnist, fashion-mnist, cifar10, svhn) or a source string (`npz:PATH`, `folder:DIR`);
-    `config`: a YAML file or a packaged overlay name (`"scatternet"`), as `--config`; `overrides`: typed values by
-    dotted key (`{"student.steps": 300}`), or `section.key=value` strings as on the command line (`--set`);
+    `recipe`: one of the method's recipes, as `--recipe`; `config`: a YAML file of one's own, as `--config`;
+    `overrides`: typed values by dotted key (`{"student.steps": 300}`), or `section.key=value` strings as on the
+    command line (`--set`);
     `epsilon`, `max_epsilon`, `delta`, `accounting` and `privacy` go to the `budget` section, other keyword
     options to the method's section, typed as given; `cache=False` trains every shared stage afresh."""
 

@@ -39,7 +39,7 @@ Readings of what the paper leaves open (each configurable):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +89,6 @@ class DGDConfig:
     # others read the model the generator was fitted to (engine/query_selection.py; ours, not the paper's)
     query_selection: str = "random"
     release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("source_labels", "query_selection", "release")
 
     def validate(self) -> None:
         if self.queries < 0:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Optional
+from typing import Optional
 
 import torch
 
@@ -87,7 +87,6 @@ class DPDFDConfig:
     ledger_chunk: int = 100
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label used by --record; None: derived from the configuration
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("student_ema",)  # runs started before it stay resumable
 
     def validate(self) -> None:
         _check(self.algorithm in (1, 2, 3), f"algorithm must be 1, 2 or 3, got {self.algorithm}")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import secrets
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +83,6 @@ class DPSGDConfig:
     noise_seed: int | None = None  # seed of the sampling and noise generators (default: the run seed)
     secure_mode: Optional[bool] = None  # secure noise and OS-entropy batches; None: run.noise decides (common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("augment_copies", "head_init")  # runs started before it stay resumable
 
     def validate(self) -> None:
         if self.accountant not in OPACUS_ACCOUNTANTS:

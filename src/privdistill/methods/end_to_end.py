@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -82,8 +82,6 @@ class DPSourceConfig:
     # are worth +0.5 points at strict ε = 1 on MNIST, and lower Fashion-MNIST (docs/research-log.md)
     augment: str = "none"
     augment_copies: int = 1
-
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("statistics_share", "augment", "augment_copies")
 
     def validate(self) -> None:
         if not (0 < self.share < 1 and 0 < self.delta_share < 1):

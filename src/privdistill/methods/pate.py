@@ -34,7 +34,7 @@ implemented). The held-out slice's own records get no protection: the ε is for 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +83,6 @@ class PATEConfig:
     noise_seed: Optional[int] = None
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name (default: the aggregator)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("filter",)  # runs started before the option stay resumable
 
     def validate(self) -> None:
         if self.aggregation not in AGGREGATIONS:

@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from torch import nn
 
@@ -58,8 +58,6 @@ class Budget:
     # "method": each method as published (its privacy report lists what ε covers); "end-to-end": every pathway
     # to the released model priced within the target (methods/end_to_end.py), or the run is refused
     privacy: str = "method"
-
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("privacy",)
 
     def validate(self) -> None:
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):

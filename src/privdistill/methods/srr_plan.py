@@ -5,7 +5,7 @@ label a budget allows. The algorithm itself is methods/srr.py, whose docstring s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from privdistill.config import check_augment, check_model_name
 from privdistill.errors import ConfigError
@@ -63,10 +63,6 @@ class SRRConfig:
     # bookkeeping
     eval_every_stages: int = 0  # 0: about 10 evaluations per run
     keep_synthetic: bool = False  # keep each stage's synthetic images in the run directory
-
-    # options added after runs were recorded: in config.yaml only when set (config.keyed_config)
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("loss", "first_stage_fraction", "student_ema", "label_copies",
-                                                 "copy_augment")
 
     def validate(self) -> None:
         check_model_name(self.student_model, "srr.student_model")
