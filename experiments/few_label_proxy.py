@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
-from sklearn.semi_supervised import LabelSpreading
 
 from privdistill.data.dataset import to_float
 from privdistill.engine.cache import StageCache
+from privdistill.engine.few_label import spread_labels
 from privdistill.engine.holdout import holdout_split
 from privdistill.engine.stages import Stages
 from privdistill.methods.common import RunRequest, prepare_run
@@ -123,10 +123,8 @@ def main() -> None:
                    else medoids(z, k, args.seed))
             noisy = votes[idx] + sigma * torch.randn(len(idx), votes.shape[1], generator=gen, dtype=torch.float64)
             answers = noisy.argmax(1)
-            y = -np.ones(len(z), dtype=np.int64)
-            y[idx] = answers.numpy()
-            ls = LabelSpreading(kernel="knn", n_neighbors=args.neighbours, alpha=args.alpha, max_iter=100).fit(z, y)
-            dist = torch.as_tensor(np.nan_to_num(ls.label_distributions_), dtype=torch.float32)
+            dist = spread_labels(z, torch.as_tensor(idx), answers, int(truth.max()) + 1,
+                                 neighbours=args.neighbours, alpha=args.alpha)
             propagated = dist.argmax(1)
             row = {"k": k, "rule": rule, "sigma": round(sigma, 2), "queries": len(idx),
                    "answers_right": round(float((answers == truth[idx]).float().mean()), 4),
