@@ -14,8 +14,6 @@ LAYERS = ["(root)", "errors", "atomic", "presets", "models", "config", "recipes"
 DEFERRED = {
     ("privdistill/__init__.py", "load"): "release imports torch, and this package for __version__",
     ("privdistill/models/registry.py", "_ensure_loaded"): "the lazy model registry: the model modules import it",
-    ("privdistill/config.py", "check_model_name"): "none left: both can move to the top (the registry imports no "
-                                                   "torch now); drop this entry when they do",
 }
 
 

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from privdistill.errors import ConfigError
+from privdistill.errors import ConfigError, ModelError
+from privdistill.models.registry import get_entry
 
 # engine/augment.py's batch augmentations, by name (every config section with an `augment` option)
 AUGMENTATIONS = ("none", "shift", "flip-shift", "affine")
@@ -102,9 +103,6 @@ def check_augment(name: str, where: str) -> None:
 
 def check_model_name(name: str, where: str, kind: str = "classifier") -> None:
     """Refuse an unknown registry name when the config is read, not when training reaches that model."""
-    from privdistill.errors import ModelError
-    from privdistill.models.registry import get_entry
-
     try:
         get_entry(name, kind)
     except ModelError as err:
