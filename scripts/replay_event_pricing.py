@@ -35,6 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REL = 1e-9
 DELTA = 1e-5
+#: the events' JSON type names before they were named after their mechanisms -> after: a ledger written by either
+#: version is read by both (the newer reads the old names itself; the older needs them translated back)
+RENAMED = {"lnmax": "laplace-queries", "gnmax": "gaussian-queries", "confident-gnmax": "confident-gaussian-queries",
+           "rr": "randomized-response", "srr": "randomized-response-with-prior", "dpdfd": "normalised-gaussian",
+           "dpsgd": "subsampled-gaussian", "latent-laplace": "laplace-on-synthetic-codes"}
 
 
 # ==================================================================================== collection
@@ -248,9 +253,19 @@ def price(collected: dict) -> dict:
     from privdistill.privacy.calibration import calibrate_noise, max_count
     from privdistill.privacy.events import event_from_dict
 
+    back = {new: old for old, new in RENAMED.items()}
+
+    def read(d: dict):
+        try:
+            return event_from_dict(d)
+        except PrivacyError:
+            if d["type"] not in back:
+                raise
+            return event_from_dict({**d, "type": back[d["type"]]})
+
     out: dict = {"cases": {}, "templates": []}
     for case in collected["cases"]:
-        events = [event_from_dict(e) for e in case["events"]]
+        events = [read(e) for e in case["events"]]
         delta = case["delta"]
         rec: dict = {"types": [type(e).__name__ for e in events]}
         res = both(merge_events(events), delta=delta)
@@ -280,7 +295,7 @@ def price(collected: dict) -> dict:
                 rec["data_dependent"] = _num(r.data_dependent)
         out["cases"][case["id"]] = rec
     for t in collected["templates"]:
-        ev = event_from_dict(t["event"])
+        ev = read(t["event"])
         row: dict = {"event": t["event"]}
         for acc in ("paper", "strict"):
             for target in (1.0, 10.0):
