@@ -122,7 +122,7 @@ def test_dry_run_prices_the_plan_and_trains_nothing(tiny_npz, tmp_path, monkeypa
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     text = " ".join(out.stdout.split())
     assert out.returncode == 0, out.stderr
-    assert "Dry run of pate" in text and "would spend: GNMax" in text and "strict" in text
+    assert "Dry run of pate" in text and "would spend: Gaussian queries (GNMax)" in text and "strict" in text
     assert "vote noise" in text and "5 teachers" in text, "what the noise leaves of the vote, before training"
     assert not (tmp_path / "runs").exists(), "no run directory, nothing trained"
 

@@ -118,7 +118,7 @@ def test_cli_prints_the_runs_label_dp_epsilon(tiny_npz, tmp_path, monkeypatch, c
     monkeypatch.setattr(sys, "argv", args + ["--max-epsilon", "1"])
     main()
     out = " ".join(capsys.readouterr().out.split())
-    assert "would spend: SRR (label-dp): 160 labels, epsilon 1.00001 per label" in out
+    assert "would spend: Randomized response with a prior (SRR, label-dp): 160 labels, epsilon 1.00001 per label" in out
     assert "strict 1.0000, paper 1.0000" in out and "covers: label-DP only" in out, out
     monkeypatch.setattr(sys, "argv", args + ["--max-epsilon", "0.5"])
     with pytest.raises(SystemExit) as exit_:

@@ -16,15 +16,16 @@ from privdistill.errors import PrivacyError
 from privdistill.privacy import accounting as acc
 from privdistill.privacy.calibration import calibrate_noise, max_count, max_queries, max_steps
 from privdistill.privacy.events import (
-    ConfidentGNMaxQueries,
-    DPDFDSteps,
-    GNMaxQueries,
-    LatentLaplace,
-    LNMaxQueries,
-    RRLabels,
-    SRRLabels,
+    ConfidentGaussianQueries,
+    GaussianQueries,
+    LaplaceOnSyntheticCodes,
+    LaplaceQueries,
+    NormalisedGaussian,
+    RandomizedResponse,
+    RandomizedResponseWithPrior,
     event_from_dict,
 )
+from privdistill.privacy.pricing import rdp_curve
 
 DELTA = 1e-5
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,8 +39,8 @@ def eps(events, accounting="strict", delta=DELTA):
 class TestDGDGolden:
     def test_paper_1000_queries_gives_10_1_with_and_without_eps1(self):
         # DGD Sec. IV-C: "a privacy budget of 10.1 with advanced composition ... under 1000 queries"
-        without = eps([LNMaxQueries(scale=40, count=1000)], "paper")
-        with_eps1 = eps([LNMaxQueries(scale=40, count=1000), LatentLaplace(epsilon1=0.01)], "paper")
+        without = eps([LaplaceQueries(scale=40, count=1000)], "paper")
+        with_eps1 = eps([LaplaceQueries(scale=40, count=1000), LaplaceOnSyntheticCodes(epsilon1=0.01)], "paper")
         assert without == pytest.approx(10.0871, abs=1e-4)
         assert with_eps1 == pytest.approx(10.0971, abs=1e-4)
         assert round(without, 1) == 10.1 and round(with_eps1, 1) == 10.1
@@ -47,31 +48,31 @@ class TestDGDGolden:
     def test_paper_400_queries_gives_5_80_without_eps1(self):
         # DGD: "a much higher privacy budget of 5.80 under eps0 = 1/20, delta = 1e-5 over 400 queries"
         # (the discriminative part alone; with eps1 = 0.01 it would round to 5.81)
-        assert round(eps([LNMaxQueries.from_epsilon0(0.05, 400)], "paper"), 2) == 5.80
-        assert round(eps([LNMaxQueries.from_epsilon0(0.05, 400), LatentLaplace(0.01)], "paper"), 2) == 5.81
+        assert round(eps([LaplaceQueries.from_epsilon0(0.05, 400)], "paper"), 2) == 5.80
+        assert round(eps([LaplaceQueries.from_epsilon0(0.05, 400), LaplaceOnSyntheticCodes(0.01)], "paper"), 2) == 5.81
 
     def test_paper_formula_is_the_printed_expression(self):
         k, e0 = 1300, 0.05
         expected = k * e0**2 + e0 * math.sqrt(-2 * k * math.log(DELTA))
-        assert eps([LNMaxQueries(40, k)], "paper") == pytest.approx(expected, rel=1e-12)
+        assert eps([LaplaceQueries(40, k)], "paper") == pytest.approx(expected, rel=1e-12)
 
     @pytest.mark.parametrize("queries,expected", [(27, 0.98), (1000, 7.98), (1300, 9.34)])
     def test_strict_vote_channel_matches_method_notes(self, queries, expected):
-        assert round(eps([LNMaxQueries(40, queries)]), 2) == expected
+        assert round(eps([LaplaceQueries(40, queries)]), 2) == expected
 
     def test_strict_equals_dp_accounting_laplace_composition(self):
         a = rdp_privacy_accountant.RdpAccountant(orders=acc.ORDERS)
         a.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(20.0), 1000))
-        assert eps([LNMaxQueries(40, 1000)]) == pytest.approx(a.get_epsilon(DELTA), rel=1e-12)
+        assert eps([LaplaceQueries(40, 1000)]) == pytest.approx(a.get_epsilon(DELTA), rel=1e-12)
 
     def test_latent_noise_gets_no_strict_credit_or_cost(self):
-        base = eps([LNMaxQueries(40, 1000)])
-        assert eps([LNMaxQueries(40, 1000), LatentLaplace(0.01)]) == pytest.approx(base)
-        r = acc.epsilon([LatentLaplace(0.01)], delta=DELTA)
+        base = eps([LaplaceQueries(40, 1000)])
+        assert eps([LaplaceQueries(40, 1000), LaplaceOnSyntheticCodes(0.01)]) == pytest.approx(base)
+        r = acc.epsilon([LaplaceOnSyntheticCodes(0.01)], delta=DELTA)
         assert r.value == 0.0 and "SYNTHETIC" in r.events[0].notes[0]
 
     def test_hard_vote_bound_is_smaller_and_reported(self):
-        r = acc.epsilon([LNMaxQueries(40, 1000)], delta=DELTA)
+        r = acc.epsilon([LaplaceQueries(40, 1000)], delta=DELTA)
         hard = r.events[0].details["epsilon_if_votes_are_hard_one_hot"]
         assert hard < r.value
         assert hard == pytest.approx(5.3455, abs=1e-3)
@@ -79,13 +80,14 @@ class TestDGDGolden:
     def test_laplace_rdp_superadditivity_justifies_both_bounds(self):
         # a +1/-1 vote move at scale b costs 2*RDP_Lap(1/b) <= RDP_Lap(2/b) (what the headline uses)
         for b in (2.0, 10.0, 40.0):
-            assert np.all(2 * acc._laplace_unit(b) <= acc._laplace_unit(b / 2) + 1e-12)
+            assert np.all(2 * rdp_curve(dp_accounting.LaplaceDpEvent(b))
+                          <= rdp_curve(dp_accounting.LaplaceDpEvent(b / 2)) + 1e-12)
 
 
 # ============================================================================== golden: DPDFD
 class TestDPDFDGolden:
     def test_paper_theorem3_as_printed(self):
-        ev = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=256, steps=1000)
+        ev = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=256, steps=1000)
         a = 2 * 1e-6 * 1 * 256 * 1000 / 100**2
         lam = np.exp(np.linspace(-5, 25, 200001)) + 1
         direct = np.min(a * lam + np.log((lam - 1) / lam) - (np.log(DELTA) + np.log(lam)) / (lam - 1))
@@ -93,11 +95,11 @@ class TestDPDFDGolden:
 
     def test_paper_multi_teacher_scales_with_n(self):
         one = acc.dpdfd_theorem3(2 * 1e-6 * 100 * 256 * 10 / 100**2, DELTA)[0]
-        ev = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=256, steps=10, num_teachers=100, algorithm=2)
+        ev = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=256, steps=10, num_teachers=100, algorithm=2)
         assert eps([ev], "paper") == pytest.approx(one)
 
     def test_strict_single_teacher_per_sample_is_BT_queries_of_multiplier_sigma_over_2(self):
-        ev = DPDFDSteps(clip_norm=5e-3, sigma=100, batch_size=256, steps=20)
+        ev = NormalisedGaussian(clip_norm=5e-3, sigma=100, batch_size=256, steps=20)
         a = rdp_privacy_accountant.RdpAccountant(orders=acc.ORDERS)
         a.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(50.0), 256 * 20))
         b = rdp_privacy_accountant.RdpAccountant(orders=acc.ORDERS)
@@ -106,43 +108,44 @@ class TestDPDFDGolden:
         assert eps([ev]) == pytest.approx(b.get_epsilon(DELTA), rel=1e-9)
 
     def test_strict_batch_sum_multiplier(self):
-        ev = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=4, steps=3, granularity="batch_sum")
+        ev = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=4, steps=3, granularity="batch_sum")
         a = rdp_privacy_accountant.RdpAccountant(orders=acc.ORDERS)
         a.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(100 / 8), 3))
         assert eps([ev]) == pytest.approx(a.get_epsilon(DELTA), rel=1e-9)
 
     def test_strict_does_not_depend_on_C_and_paper_does(self):
-        e1 = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=256, steps=30)
-        e2 = DPDFDSteps(clip_norm=5e-3, sigma=100, batch_size=256, steps=30)
+        e1 = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=256, steps=30)
+        e2 = NormalisedGaussian(clip_norm=5e-3, sigma=100, batch_size=256, steps=30)
         assert eps([e1]) == pytest.approx(eps([e2]))
         assert eps([e1], "paper") < eps([e2], "paper")
 
     def test_strict_multi_teacher_per_sample_same_as_single(self):
-        single = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=64, steps=10)
-        multi = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=64, steps=10, num_teachers=100, algorithm=2)
+        single = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=64, steps=10)
+        multi = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=64, steps=10, num_teachers=100, algorithm=2)
         assert eps([multi]) == pytest.approx(eps([single]))
 
     def test_paper_calibration_lets_a_smaller_C_buy_less_noise(self):
         # Theorem 3 prices C^2 B T / sigma^2 while the noise std is sigma*C: at a fixed paper epsilon the
         # calibrated sigma scales with C, so the release's signal-to-noise ratio (1/sigma) grows as C shrinks.
         # These are the sigmas of docs/research-log.md's Fashion-MNIST eps 10 cells (2,000 steps of B = 256).
-        sigmas = {C: calibrate_noise(DPDFDSteps(clip_norm=C, sigma=1.0, batch_size=256, steps=2000),
+        sigmas = {C: calibrate_noise(NormalisedGaussian(clip_norm=C, sigma=1.0, batch_size=256, steps=2000),
                                      target_epsilon=10, delta=DELTA, accounting="paper") for C in (5e-3, 1e-4)}
         assert sigmas[5e-3] == pytest.approx(3.7895, rel=1e-4)
         assert sigmas[5e-3] / sigmas[1e-4] == pytest.approx(50, rel=1e-5)
-        strict = {C: eps([DPDFDSteps(clip_norm=C, sigma=s, batch_size=256, steps=2000)]) for C, s in sigmas.items()}
+        strict = {C: eps([NormalisedGaussian(clip_norm=C, sigma=s, batch_size=256, steps=2000)])
+                  for C, s in sigmas.items()}
         assert strict[1e-4] > 1000 * strict[5e-3]  # the strict accounting sees the 50x less noise
 
     @pytest.mark.parametrize("C,target,paper_T", [(1e-3, 1, 596808), (1e-3, 10, 34818273),
                                                    (5e-3, 1, 23872), (5e-3, 10, 1392730)])
     def test_standard_settings_max_steps(self, C, target, paper_T):
-        template = DPDFDSteps(clip_norm=C, sigma=100, batch_size=256, steps=1)
+        template = NormalisedGaussian(clip_norm=C, sigma=100, batch_size=256, steps=1)
         assert max_steps(template, target_epsilon=target, delta=DELTA, accounting="paper") == paper_T
         strict_T = max_steps(template, target_epsilon=target, delta=DELTA, accounting="strict")
         assert strict_T == (0 if target == 1 else 34)
 
     def test_alg3_is_not_dp_but_reports_the_channel(self):
-        ev = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=256, steps=10, algorithm=3, dataset_size=60000)
+        ev = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=256, steps=10, algorithm=3, dataset_size=60000)
         r = acc.epsilon([ev], delta=DELTA)
         assert math.isinf(r.value)
         channel = r.events[0].details["gradient_channel_epsilon"]
@@ -155,14 +158,14 @@ class TestDPDFDGolden:
     def test_alg3_channel_matches_pld_poisson_replace_one(self):
         from dp_accounting.pld import pld_privacy_accountant
 
-        ev = DPDFDSteps(clip_norm=1e-3, sigma=4.0, batch_size=100, steps=50, algorithm=3, dataset_size=10000)
+        ev = NormalisedGaussian(clip_norm=1e-3, sigma=4.0, batch_size=100, steps=50, algorithm=3, dataset_size=10000)
         a = pld_privacy_accountant.PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
         a.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(4.0)), 50)
         r = acc.epsilon([ev], delta=DELTA)
         assert r.events[0].details["gradient_channel_epsilon"] == pytest.approx(a.get_epsilon(DELTA))
 
     def test_lemma1_alternative_reading_reported(self):
-        r = acc.epsilon([DPDFDSteps(1e-3, 100, 256, 1000, num_classes=10)], delta=DELTA, accounting="paper")
+        r = acc.epsilon([NormalisedGaussian(1e-3, 100, 256, 1000, num_classes=10)], delta=DELTA, accounting="paper")
         alt = r.events[0].details["theorem3_epsilon_if_n_is_gradient_length"]
         assert alt > r.value
 
@@ -192,23 +195,23 @@ def kov_optimal_epsilon(e: float, k: int, delta: float) -> float:
 
 class TestSRRGolden:
     def test_paper_is_epsilon_per_label(self):
-        assert eps([SRRLabels(1.0, 60000, 10)], "paper") == 1.0
-        assert eps([SRRLabels(10.0, 60000, 10)], "paper") == 10.0
+        assert eps([RandomizedResponseWithPrior(1.0, 60000, 10)], "paper") == 1.0
+        assert eps([RandomizedResponseWithPrior(10.0, 60000, 10)], "paper") == 10.0
 
     @pytest.mark.parametrize("e,expected", [(1.0, 28767), (10.0, 600000)])
     def test_strict_composes_over_every_label(self, e, expected):
-        value = eps([SRRLabels(e, 60000, 10)])
+        value = eps([RandomizedResponseWithPrior(e, 60000, 10)])
         assert value == pytest.approx(expected, rel=2e-3)
         assert value <= 60000 * e + 1e-6  # never above basic composition
         assert value >= kov_optimal_epsilon(e, 60000, DELTA) - 1e-6  # never below the optimum
 
     def test_small_composition_close_to_optimal(self):
-        value = eps([SRRLabels(0.5, 200, 10)])
+        value = eps([RandomizedResponseWithPrior(0.5, 200, 10)])
         opt = kov_optimal_epsilon(0.5, 200, DELTA)
         assert opt <= value <= 1.15 * opt
 
     def test_label_dp_setting_is_per_record(self):
-        r = acc.epsilon([SRRLabels(1.0, 50000, 10, setting="label-dp")], delta=DELTA)
+        r = acc.epsilon([RandomizedResponseWithPrior(1.0, 50000, 10, setting="label-dp")], delta=DELTA)
         assert r.value == pytest.approx(1.0, abs=1e-4)  # (RDP at delta gives 0.99999 < 1 = pure)
         assert "label" in r.relation
 
@@ -217,26 +220,26 @@ class TestSRRGolden:
         a = rdp_privacy_accountant.RdpAccountant(
             orders=acc.ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
         a.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.RandomizedResponseDpEvent(p, 10), 50))
-        assert eps([RRLabels(2.0, 50, 10)]) == pytest.approx(min(a.get_epsilon(DELTA), 100.0), rel=1e-9)
+        assert eps([RandomizedResponse(2.0, 50, 10)]) == pytest.approx(min(a.get_epsilon(DELTA), 100.0), rel=1e-9)
 
     def test_single_label_is_pure_epsilon(self):
-        assert eps([SRRLabels(1.0, 1, 10)]) == pytest.approx(1.0, abs=1e-4)
+        assert eps([RandomizedResponseWithPrior(1.0, 1, 10)]) == pytest.approx(1.0, abs=1e-4)
 
 
 # ====================================================================================== GNMax
 class TestGNMax:
     def test_data_independent_rdp_is_lambda_over_sigma_squared(self):
-        term = acc._strict_term(GNMaxQueries(sigma=40, count=1), DELTA)
+        term = GaussianQueries(sigma=40, count=1).strict_price(DELTA)
         assert np.allclose(term.rdp, acc.ORDERS / 40**2)
 
     def test_confident_strict_prices_every_query_as_answered(self):
         """The answered count is chosen adaptively by the mechanism: strict bounds the worst case, fixed in
         advance (an RDP filter), and shows the answered-only (odometer) figure beside it; paper counts the
         answered queries only, as PATE 2018 does."""
-        ev = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1000, answered=300)
-        term = acc._strict_term(ev, DELTA)
+        ev = ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=1000, answered=300)
+        term = ev.strict_price(DELTA)
         assert np.allclose(term.rdp, 1000 * acc.ORDERS / (2 * 150**2) + 1000 * acc.ORDERS / 40**2)
-        worst = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1000)
+        worst = ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=1000)
         assert eps([worst]) == pytest.approx(eps([ev]))
         realised = term.details["epsilon_realised_answered_only"]
         direct, _ = acc.rdp_to_epsilon(1000 * acc.ORDERS / (2 * 150**2) + 300 * acc.ORDERS / 40**2, DELTA)
@@ -246,29 +249,30 @@ class TestGNMax:
     def test_confident_under_a_filter_is_priced_at_its_budget(self):
         """Under an RDP filter (Feldman & Zrnic 2021) the bound is the budget fixed before the run, whatever was
         asked and answered; the event refuses realised counts the filter could not have allowed."""
-        filtered = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1800, answered=900,
+        filtered = ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=1800, answered=900,
                                          filter_budget=1000)
-        worst = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1000)
+        worst = ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=1000)
         assert eps([filtered]) == pytest.approx(eps([worst]))
         check, answer = filtered.round_costs  # the strict accountant's own curves, divided by the order
-        assert np.allclose(acc._strict_term(worst, DELTA).rdp, 1000 * acc.ORDERS * (check + answer))
-        realised = acc._strict_term(filtered, DELTA).details["epsilon_realised_answered_only"]
+        assert np.allclose(worst.strict_price(DELTA).rdp, 1000 * acc.ORDERS * (check + answer))
+        realised = filtered.strict_price(DELTA).details["epsilon_realised_answered_only"]
         assert realised < eps([filtered])
         with pytest.raises(PrivacyError, match="filter's budget"):
-            ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1800, answered=1000,
+            ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=1800, answered=1000,
                                   filter_budget=1000)
         with pytest.raises(PrivacyError, match="filter's budget"):  # answers unknown: all counted
-            ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1001, filter_budget=1000)
+            ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=1001, filter_budget=1000)
         # none answered: the last check was asked with room for an answer, so fewer checks fit than cost alone says
         limit = int((1000 * (check + answer) - answer) / check)
-        ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=limit, answered=0, filter_budget=1000)
+        ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=limit, answered=0, filter_budget=1000)
         with pytest.raises(PrivacyError, match="filter's budget"):
-            ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=limit + 1, answered=0, filter_budget=1000)
+            ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=limit + 1, answered=0,
+                                     filter_budget=1000)
         assert "filter_budget" in filtered.to_dict() and "filter_budget" not in worst.to_dict(), \
             "a run without the filter records the event as before the option"
 
     def test_paper_is_pate_basic_conversion(self):
-        r = eps([GNMaxQueries(sigma=40, count=1000)], "paper")
+        r = eps([GaussianQueries(sigma=40, count=1000)], "paper")
         direct = np.min(1000 * acc.ORDERS / 1600 + math.log(1 / DELTA) / (acc.ORDERS - 1))
         assert r == pytest.approx(direct)
 
@@ -278,23 +282,23 @@ COUNT = st.integers(min_value=0, max_value=5000)
 
 
 def _lnmax(n, noise):
-    return LNMaxQueries(scale=noise, count=n)
+    return LaplaceQueries(scale=noise, count=n)
 
 
 def _gnmax(n, noise):
-    return GNMaxQueries(sigma=noise, count=n)
+    return GaussianQueries(sigma=noise, count=n)
 
 
 def _conf(n, noise):
-    return ConfidentGNMaxQueries(threshold=100, sigma1=noise * 2, sigma2=noise, count=n)
+    return ConfidentGaussianQueries(threshold=100, sigma1=noise * 2, sigma2=noise, count=n)
 
 
 def _dpdfd(n, noise):
-    return DPDFDSteps(clip_norm=1e-3, sigma=noise * 10, batch_size=64, steps=n)
+    return NormalisedGaussian(clip_norm=1e-3, sigma=noise * 10, batch_size=64, steps=n)
 
 
 def _dpdfd2(n, noise):
-    return DPDFDSteps(clip_norm=5e-3, sigma=noise * 10, batch_size=16, steps=n, num_teachers=10, algorithm=2,
+    return NormalisedGaussian(clip_norm=5e-3, sigma=noise * 10, batch_size=16, steps=n, num_teachers=10, algorithm=2,
                       granularity="batch_sum")
 
 
@@ -321,54 +325,55 @@ def test_less_noise_never_lowers_epsilon(accounting, family, n, noise, factor):
 @FAST
 @given(n=st.integers(0, 100000), e=st.floats(0.05, 8), extra=st.integers(1, 10000), factor=st.floats(1, 3))
 def test_labels_monotone(accounting, n, e, extra, factor):
-    a = eps([SRRLabels(e, n, 10)], accounting)
-    assert a <= eps([SRRLabels(e, n + extra, 10)], accounting) + 1e-9
-    assert a <= eps([SRRLabels(e * factor, n, 10)], accounting) + 1e-9
+    a = eps([RandomizedResponseWithPrior(e, n, 10)], accounting)
+    assert a <= eps([RandomizedResponseWithPrior(e, n + extra, 10)], accounting) + 1e-9
+    assert a <= eps([RandomizedResponseWithPrior(e * factor, n, 10)], accounting) + 1e-9
 
 
 @FAST
 @given(n=st.integers(0, 2000), scale=st.floats(1, 100))
 def test_composition_never_lowers_epsilon(n, scale):
-    one = eps([LNMaxQueries(scale, n)])
-    assert eps([LNMaxQueries(scale, n), GNMaxQueries(30.0, 10)]) >= one - 1e-9
+    one = eps([LaplaceQueries(scale, n)])
+    assert eps([LaplaceQueries(scale, n), GaussianQueries(30.0, 10)]) >= one - 1e-9
 
 
 # ================================================================================ calibration
 class TestCalibration:
     def test_max_queries_is_tight(self):
-        n = max_queries(LNMaxQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="strict")
-        assert eps([LNMaxQueries(40, n)]) <= 10 < eps([LNMaxQueries(40, n + 1)])
-        p = max_queries(LNMaxQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="paper")
-        assert eps([LNMaxQueries(40, p)], "paper") <= 10 < eps([LNMaxQueries(40, p + 1)], "paper")
+        n = max_queries(LaplaceQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="strict")
+        assert eps([LaplaceQueries(40, n)]) <= 10 < eps([LaplaceQueries(40, n + 1)])
+        p = max_queries(LaplaceQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="paper")
+        assert eps([LaplaceQueries(40, p)], "paper") <= 10 < eps([LaplaceQueries(40, p + 1)], "paper")
 
     def test_dgd_27_queries_fit_epsilon_1_strict(self):
-        assert max_queries(LNMaxQueries(40, 1), target_epsilon=1, delta=DELTA, accounting="strict") >= 27
+        assert max_queries(LaplaceQueries(40, 1), target_epsilon=1, delta=DELTA, accounting="strict") >= 27
 
     def test_zero_when_one_step_exceeds(self):
-        t = DPDFDSteps(clip_norm=1e-3, sigma=100, batch_size=256, steps=1)
+        t = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=256, steps=1)
         assert max_steps(t, target_epsilon=1, delta=DELTA, accounting="strict") == 0
 
     def test_fixed_events_count_against_target(self):
-        free = max_queries(LNMaxQueries(40, 1), target_epsilon=5, delta=DELTA)
-        used = max_queries(LNMaxQueries(40, 1), target_epsilon=5, delta=DELTA, fixed=[GNMaxQueries(20, 100)])
+        free = max_queries(LaplaceQueries(40, 1), target_epsilon=5, delta=DELTA)
+        used = max_queries(LaplaceQueries(40, 1), target_epsilon=5, delta=DELTA, fixed=[GaussianQueries(20, 100)])
         assert used < free
 
     @pytest.mark.parametrize("accounting", ["paper", "strict"])
     def test_calibrate_noise_hits_target(self, accounting):
-        for ev in (LNMaxQueries(40, 1300), GNMaxQueries(10, 1000), DPDFDSteps(1e-3, 100, 256, 50)):
+        for ev in (LaplaceQueries(40, 1300), GaussianQueries(10, 1000), NormalisedGaussian(1e-3, 100, 256, 50)):
             x = calibrate_noise(ev, target_epsilon=3, delta=DELTA, accounting=accounting)
             assert eps([ev.with_noise(x)], accounting) <= 3
             assert eps([ev.with_noise(x * 0.999)], accounting) > 3
 
     def test_calibrate_epsilon_per_label(self):
-        e = calibrate_noise(SRRLabels(1.0, 1000, 10), target_epsilon=10, delta=DELTA, accounting="strict")
-        assert eps([SRRLabels(e, 1000, 10)]) <= 10 < eps([SRRLabels(e * 1.01, 1000, 10)])
-        assert calibrate_noise(SRRLabels(1.0, 1000, 10), target_epsilon=3, delta=DELTA, accounting="paper") \
+        srr = RandomizedResponseWithPrior
+        e = calibrate_noise(srr(1.0, 1000, 10), target_epsilon=10, delta=DELTA, accounting="strict")
+        assert eps([srr(e, 1000, 10)]) <= 10 < eps([srr(e * 1.01, 1000, 10)])
+        assert calibrate_noise(srr(1.0, 1000, 10), target_epsilon=3, delta=DELTA, accounting="paper") \
             == pytest.approx(3.0, rel=1e-5)
 
     def test_latent_has_no_count_to_calibrate(self):
         with pytest.raises(PrivacyError):
-            max_count(LatentLaplace(0.01), target_epsilon=1, delta=DELTA)
+            max_count(LaplaceOnSyntheticCodes(0.01), target_epsilon=1, delta=DELTA)
 
 
 # ================================================================================ structure
@@ -382,32 +387,34 @@ class TestStructure:
     def test_result_is_json_serialisable(self):
         import json
 
-        r = acc.epsilon([LNMaxQueries(40, 10), DPDFDSteps(1e-3, 100, 8, 2, algorithm=3, dataset_size=100)],
+        r = acc.epsilon([LaplaceQueries(40, 10), NormalisedGaussian(1e-3, 100, 8, 2, algorithm=3, dataset_size=100)],
                         delta=DELTA)
         doc = json.loads(json.dumps(r.to_dict()))
         assert doc["epsilon"] == "inf" and doc["relation"].startswith("replace-one")
 
     def test_merge_events_keeps_epsilon(self):
-        evs = [LNMaxQueries(40, 100)] * 13 + [GNMaxQueries(30, 5), LNMaxQueries(20, 7)]
+        evs = [LaplaceQueries(40, 100)] * 13 + [GaussianQueries(30, 5), LaplaceQueries(20, 7)]
         merged = acc.merge_events(evs)
-        assert merged[0] == LNMaxQueries(40, 1300) and len(merged) == 3
+        assert merged[0] == LaplaceQueries(40, 1300) and len(merged) == 3
         for a in ("paper", "strict"):
             assert eps(merged, a) == pytest.approx(eps(evs, a), rel=1e-9)
 
     def test_both_accountings_given_together(self):
-        r = acc.both([LNMaxQueries(40, 1000)], delta=DELTA)
+        r = acc.both([LaplaceQueries(40, 1000)], delta=DELTA)
         assert set(r) == {"paper", "strict"}
 
 
 EVENT_STRATEGY = st.one_of(
-    st.builds(LNMaxQueries, scale=st.floats(0.1, 1e3), count=st.integers(0, 10**6)),
-    st.builds(GNMaxQueries, sigma=st.floats(0.1, 1e3), count=st.integers(0, 10**6)),
-    st.builds(SRRLabels, epsilon=st.floats(0.01, 20), count=st.integers(0, 10**6), num_classes=st.integers(2, 1000),
-              setting=st.sampled_from(["data-free", "label-dp"])),
-    st.builds(RRLabels, epsilon=st.floats(0.01, 20), count=st.integers(0, 10**6), num_classes=st.integers(2, 100)),
-    st.builds(DPDFDSteps, clip_norm=st.floats(1e-5, 1), sigma=st.floats(0.1, 1e3), batch_size=st.integers(1, 1024),
-              steps=st.integers(0, 10**6), granularity=st.sampled_from(["per_sample", "batch_sum"])),
-    st.builds(LatentLaplace, epsilon1=st.floats(1e-3, 10), dim=st.integers(1, 128)),
+    st.builds(LaplaceQueries, scale=st.floats(0.1, 1e3), count=st.integers(0, 10**6)),
+    st.builds(GaussianQueries, sigma=st.floats(0.1, 1e3), count=st.integers(0, 10**6)),
+    st.builds(RandomizedResponseWithPrior, epsilon=st.floats(0.01, 20), count=st.integers(0, 10**6),
+              num_classes=st.integers(2, 1000), setting=st.sampled_from(["data-free", "label-dp"])),
+    st.builds(RandomizedResponse, epsilon=st.floats(0.01, 20), count=st.integers(0, 10**6),
+              num_classes=st.integers(2, 100)),
+    st.builds(NormalisedGaussian, clip_norm=st.floats(1e-5, 1), sigma=st.floats(0.1, 1e3),
+              batch_size=st.integers(1, 1024), steps=st.integers(0, 10**6),
+              granularity=st.sampled_from(["per_sample", "batch_sum"])),
+    st.builds(LaplaceOnSyntheticCodes, epsilon1=st.floats(1e-3, 10), dim=st.integers(1, 128)),
 )
 
 
@@ -424,41 +431,41 @@ class TestBadInput:
     @pytest.mark.parametrize("delta", [0, 1, -0.1, 1.5, float("nan")])
     def test_delta_outside_unit_interval(self, delta):
         with pytest.raises(PrivacyError, match="delta"):
-            acc.epsilon([LNMaxQueries(40, 10)], delta=delta)
+            acc.epsilon([LaplaceQueries(40, 10)], delta=delta)
 
     @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
     def test_nonpositive_noise(self, bad):
         with pytest.raises(PrivacyError, match="must be"):
-            LNMaxQueries(scale=bad, count=10)
+            LaplaceQueries(scale=bad, count=10)
         with pytest.raises(PrivacyError, match="sigma"):
-            GNMaxQueries(sigma=bad, count=10)
+            GaussianQueries(sigma=bad, count=10)
         with pytest.raises(PrivacyError, match="sigma"):
-            DPDFDSteps(clip_norm=1e-3, sigma=bad, batch_size=8, steps=1)
+            NormalisedGaussian(clip_norm=1e-3, sigma=bad, batch_size=8, steps=1)
 
     @pytest.mark.parametrize("bad", [0, -0.5])
     def test_nonpositive_epsilon(self, bad):
         with pytest.raises(PrivacyError, match="epsilon"):
-            SRRLabels(epsilon=bad, count=10, num_classes=10)
+            RandomizedResponseWithPrior(epsilon=bad, count=10, num_classes=10)
         with pytest.raises(PrivacyError, match="epsilon"):
-            LNMaxQueries.from_epsilon0(bad, 10)
+            LaplaceQueries.from_epsilon0(bad, 10)
         with pytest.raises(PrivacyError, match="target epsilon"):
-            max_queries(LNMaxQueries(40, 1), target_epsilon=bad, delta=DELTA)
+            max_queries(LaplaceQueries(40, 1), target_epsilon=bad, delta=DELTA)
 
     def test_bad_counts_and_choices(self):
         with pytest.raises(PrivacyError, match="queries"):
-            LNMaxQueries(40, -1)
+            LaplaceQueries(40, -1)
         with pytest.raises(PrivacyError, match="integer"):
-            LNMaxQueries(40, 2.5)
+            LaplaceQueries(40, 2.5)
         with pytest.raises(PrivacyError, match="granularity"):
-            DPDFDSteps(1e-3, 100, 8, 1, granularity="per_batch")
+            NormalisedGaussian(1e-3, 100, 8, 1, granularity="per_batch")
         with pytest.raises(PrivacyError, match="dataset_size"):
-            DPDFDSteps(1e-3, 100, 8, 1, algorithm=3)
+            NormalisedGaussian(1e-3, 100, 8, 1, algorithm=3)
         with pytest.raises(PrivacyError, match="algorithm=2"):
-            DPDFDSteps(1e-3, 100, 8, 1, num_teachers=5)
+            NormalisedGaussian(1e-3, 100, 8, 1, num_teachers=5)
         with pytest.raises(PrivacyError, match="answered"):
-            ConfidentGNMaxQueries(100, 10, 10, count=5, answered=6)
+            ConfidentGaussianQueries(100, 10, 10, count=5, answered=6)
         with pytest.raises(PrivacyError, match="accounting"):
-            acc.epsilon([LNMaxQueries(40, 1)], delta=DELTA, accounting="moments")
+            acc.epsilon([LaplaceQueries(40, 1)], delta=DELTA, accounting="moments")
 
     def test_bad_event_dicts(self):
         with pytest.raises(PrivacyError, match="unknown privacy event type"):
@@ -470,18 +477,19 @@ class TestBadInput:
 
 
 def test_merge_confident_events_keeps_answered_counts():
-    a = ConfidentGNMaxQueries(200, 150, 40, 10, answered=3)
-    b = ConfidentGNMaxQueries(200, 150, 40, 5, answered=2)
-    assert acc.merge_events([a, b]) == [ConfidentGNMaxQueries(200, 150, 40, 15, answered=5)]
-    unknown = ConfidentGNMaxQueries(200, 150, 40, 5)
+    a = ConfidentGaussianQueries(200, 150, 40, 10, answered=3)
+    b = ConfidentGaussianQueries(200, 150, 40, 5, answered=2)
+    assert acc.merge_events([a, b]) == [ConfidentGaussianQueries(200, 150, 40, 15, answered=5)]
+    unknown = ConfidentGaussianQueries(200, 150, 40, 5)
     assert acc.merge_events([a, unknown])[0].answered is None  # worst case once any is unknown
     for name in ("paper", "strict"):
         assert eps(acc.merge_events([a, b]), name) == pytest.approx(eps([a, b], name))
-    fa = ConfidentGNMaxQueries(200, 150, 40, 18, answered=9, filter_budget=10)
-    fb = ConfidentGNMaxQueries(200, 150, 40, 9, answered=4, filter_budget=5)
+    fa = ConfidentGaussianQueries(200, 150, 40, 18, answered=9, filter_budget=10)
+    fb = ConfidentGaussianQueries(200, 150, 40, 9, answered=4, filter_budget=5)
     merged = acc.merge_events([fa, fb, a])  # filters in sequence: their budgets add; never merged with a plain run
-    assert merged[0] == ConfidentGNMaxQueries(200, 150, 40, 27, answered=13, filter_budget=15) and merged[1] == a
+    assert merged[0] == ConfidentGaussianQueries(200, 150, 40, 27, answered=13, filter_budget=15) and merged[1] == a
     assert eps(merged) == pytest.approx(eps([fa, fb, a]))
-    unknown_answers = ConfidentGNMaxQueries(200, 150, 40, 5, filter_budget=5)  # `privacy estimate` without --answered
-    assert acc.merge_events([fa, unknown_answers]) == [ConfidentGNMaxQueries(200, 150, 40, 23, answered=14,
+    # `privacy estimate` without --answered
+    unknown_answers = ConfidentGaussianQueries(200, 150, 40, 5, filter_budget=5)
+    assert acc.merge_events([fa, unknown_answers]) == [ConfidentGaussianQueries(200, 150, 40, 23, answered=14,
                                                                              filter_budget=15)]

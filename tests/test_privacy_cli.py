@@ -135,7 +135,7 @@ def test_report_on_a_ledger_alone(tmp_path):
         led.spend(f"q{i}", LNMaxQueries(40, 100), lambda: [0] * 5)
     res = run("report", str(tmp_path))
     assert res.exit_code == 0, res.output
-    assert "LNMax: 300 queries" in res.output  # merged
+    assert "Laplace queries (LNMax): 300 queries" in res.output  # merged
     assert "no artifact pathways" in res.output
     doc = run_json("report", str(tmp_path))
     assert doc["ledger"]["records"] == 3 and doc["ledger"]["max_epsilon"] == 10

@@ -113,8 +113,8 @@ def test_predict_takes_a_single_image_and_export_names_a_missing_directory(tmp_p
         export_run(tmp_path / "does-not-exist", tmp_path / "out")
     from privdistill.privacy.events import GNMaxQueries, LNMaxQueries
 
-    assert "LNMax: 1 query," in LNMaxQueries(scale=40.0, count=1).describe()
-    assert "GNMax: 2 queries," in GNMaxQueries(sigma=40.0, count=2).describe()
+    assert "Laplace queries (LNMax): 1 query," in LNMaxQueries(scale=40.0, count=1).describe()
+    assert "Gaussian queries (GNMax): 2 queries," in GNMaxQueries(sigma=40.0, count=2).describe()
 
 
 def test_weights_that_do_not_fit_their_architecture_are_a_clear_error(tmp_path):

@@ -62,7 +62,7 @@ from privdistill.methods.dgd_student import StudentConfig, train_student
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
-from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
+from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway, dgd_pathways
 
@@ -142,8 +142,8 @@ class DGDMethod(Method):
             raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
         events = {QUERIES_KEY: vote_event(cfg, queries), **({e2e.SOURCE_KEY: source[0]} if source else {})}
         if cfg.latent_noise and reads_codes:
-            events[LATENT_KEY] = LatentLaplace(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
-                                               clip=cfg.latent_clip)
+            events[LATENT_KEY] = LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
+                                                         clip=cfg.latent_clip)
         private = ctx.data.train if cfg.inputs == "generator" else holdout_split(ctx.data, cfg.holdout, ctx.env)[0]
         notes = [plan_teachers(private, ctx.section("teachers"), distribution=cfg.aggregation, option="dgd noise",
                                scale=cfg.laplace_scale if cfg.aggregation == "laplace" else cfg.gaussian_sigma)]
@@ -247,9 +247,9 @@ def run_dgd(request: RunRequest, *, cache: bool = True) -> RunResult:
     return DGDMethod().run(request, cache=cache)
 
 
-def vote_event(cfg: DGDConfig, count: int) -> LNMaxQueries | GNMaxQueries:
-    return (LNMaxQueries(scale=cfg.laplace_scale, count=count) if cfg.aggregation == "laplace"
-            else GNMaxQueries(sigma=cfg.gaussian_sigma, count=count))
+def vote_event(cfg: DGDConfig, count: int) -> LaplaceQueries | GaussianQueries:
+    return (LaplaceQueries(scale=cfg.laplace_scale, count=count) if cfg.aggregation == "laplace"
+            else GaussianQueries(sigma=cfg.gaussian_sigma, count=count))
 
 
 def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, reads_codes: bool = True) -> int:
@@ -260,7 +260,7 @@ def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, read
         return cfg.queries
     if budget.epsilon is None:
         raise ConfigError("give either dgd.queries (|D̂s|) or a target budget.epsilon (--epsilon)")
-    fixed = list(fixed or []) + ([LatentLaplace(epsilon1=cfg.epsilon1)]
+    fixed = list(fixed or []) + ([LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1)]
                                  if cfg.latent_noise and reads_codes and budget.accounting == "paper" else [])
     n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
                                 accounting=budget.accounting, fixed=fixed)
@@ -285,7 +285,7 @@ def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, 
 
 
 def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,
-                  event: LatentLaplace | None, seed: int) -> torch.Tensor:
+                  event: LaplaceOnSyntheticCodes | None, seed: int) -> torch.Tensor:
     """VAE means of the unlabelled samples, clipped, perturbed (if enabled) and mapped back into the box."""
     means = []
     with torch.no_grad():

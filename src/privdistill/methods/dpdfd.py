@@ -71,7 +71,7 @@ from privdistill.methods.dpdfd_plan import (
 )
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
-from privdistill.privacy.events import DPDFDSteps
+from privdistill.privacy.events import NormalisedGaussian
 from privdistill.privacy.ledger import LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway
 
@@ -246,7 +246,7 @@ class DPDFDMethod(Method):
         ctx.section("dpdfd_generator").refuse_sample_filters("dpdfd_generator", "DPDFD draws each step's batch fresh")
         steps = plan_steps(cfg, ctx.budget, num_teachers=ctx.section("dpdfd_teachers").num_teachers,
                            num_classes=ctx.data.num_classes, dataset_size=len(ctx.data.train))
-        done = sum(e.steps for e in recorded.events() if isinstance(e, DPDFDSteps))
+        done = sum(e.steps for e in recorded.events() if isinstance(e, NormalisedGaussian))
         remaining = steps.event.with_count(max(0, steps.steps - done))
         return Plan(remaining=[remaining] if remaining.steps else [], notes=steps.notes, details={"steps": steps})
 

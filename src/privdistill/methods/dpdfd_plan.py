@@ -40,7 +40,7 @@ from privdistill.errors import ConfigError, PrivacyError
 from privdistill.methods.dkd import TEACHER_LOSSES
 from privdistill.methods.runner import Budget
 from privdistill.privacy import calibration
-from privdistill.privacy.events import DPDFDSteps
+from privdistill.privacy.events import NormalisedGaussian
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import SecureNoise, make_generator, privatise
 from privdistill.privacy.report import PRIVATE, Pathway, dpdfd_pathways
@@ -147,7 +147,7 @@ def auto_variant(cfg: DPDFDConfig, accounting: str = "strict") -> str | None:
 class StepPlan:
     """What a run will spend: T steps of one event, with the noise and norm bound they are priced at."""
 
-    event: DPDFDSteps  # template with steps = T
+    event: NormalisedGaussian  # template with steps = T
     steps: int
     sigma: float
     clip_norm: float
@@ -163,11 +163,11 @@ def resolved_clip_norm(cfg: DPDFDConfig, budget: Budget) -> float:
 
 
 def make_event(cfg: DPDFDConfig, *, steps: int, sigma: float, clip_norm: float, num_teachers: int = 1,
-               num_classes: int | None = None, dataset_size: int | None = None) -> DPDFDSteps:
-    return DPDFDSteps(clip_norm=clip_norm, sigma=sigma, batch_size=cfg.batch_size, steps=steps,
-                      num_teachers=num_teachers if cfg.algorithm == 2 else 1, granularity=cfg.granularity,
-                      algorithm=cfg.algorithm, dataset_size=dataset_size if cfg.algorithm == 3 else None,
-                      num_classes=num_classes)
+               num_classes: int | None = None, dataset_size: int | None = None) -> NormalisedGaussian:
+    return NormalisedGaussian(clip_norm=clip_norm, sigma=sigma, batch_size=cfg.batch_size, steps=steps,
+                              num_teachers=num_teachers if cfg.algorithm == 2 else 1, granularity=cfg.granularity,
+                              algorithm=cfg.algorithm, dataset_size=dataset_size if cfg.algorithm == 3 else None,
+                              num_classes=num_classes)
 
 
 def plan_steps(cfg: DPDFDConfig, budget: Budget, *, num_teachers: int = 1, num_classes: int | None = None,
@@ -199,7 +199,7 @@ def plan_steps(cfg: DPDFDConfig, budget: Budget, *, num_teachers: int = 1, num_c
                     notes=notes)
 
 
-def steps_allowed(event: DPDFDSteps, budget: Budget) -> dict[str, int]:
+def steps_allowed(event: NormalisedGaussian, budget: Budget) -> dict[str, int]:
     """The steps the target epsilon allows under each accounting ({} without a target)."""
     if budget.epsilon is None:
         return {}

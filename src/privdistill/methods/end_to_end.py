@@ -12,7 +12,7 @@ method's own channel (DGD's noisy votes) is then priced as before, and the two c
                    method's channel gets the most queries / steps whose ε, composed with the source's, fits the
                    whole target (privacy.calibration with the source as a fixed event)
     composition    the source's (ε_s, δ_s) by PLD, plus the channel's ε by RDP at δ − δ_s (basic composition of
-                   the two; privacy/accounting.py, DPSGDTraining)
+                   the two; privacy/accounting.py, SubsampledGaussian)
     search         `--set dp_source.share=0.3` etc.; every split stays within the target
 
 DPDFD needs no DP source: only noised output gradients ever leave its teacher, so with the strict accounting,
@@ -44,7 +44,7 @@ from privdistill.methods.dpsgd import run_dpsgd, steps_per_epoch
 from privdistill.methods.runner import Plan, Report
 from privdistill.models.scatternet import LINEAR_SCATTERNETS
 from privdistill.privacy.accounting import strict_noise_multiplier
-from privdistill.privacy.events import DPSGDTraining
+from privdistill.privacy.events import SubsampledGaussian
 from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
 from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
 from privdistill.privacy.report import PRIVATE, Pathway, srr_end_to_end_pathways
@@ -152,7 +152,7 @@ def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, se
     return baseline, file_digest(stage.path / "model.safetensors")
 
 
-def source_event(ctx, share: float | None = None, delta: float | None = None) -> DPSGDTraining:
+def source_event(ctx, share: float | None = None, delta: float | None = None) -> SubsampledGaussian:
     """The DP source's privacy event, computed before anything trains (the nested run calibrates the same σ);
     `share`: of the target ε, `delta`: its δ (defaults: the config's shares)."""
     cfg: DPSourceConfig = ctx.section("dp_source")
@@ -164,11 +164,11 @@ def source_event(ctx, share: float | None = None, delta: float | None = None) ->
     delta = ctx.budget.delta * cfg.delta_share if delta is None else delta
     sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta,
                                     sample_rate=1 / per_epoch, steps=steps)
-    return DPSGDTraining(noise_multiplier=sigma, sample_rate=1 / per_epoch, steps=steps, delta=delta,
-                         what=f"DP source ({cfg.model}, DP-SGD)")
+    return SubsampledGaussian(noise_multiplier=sigma, sample_rate=1 / per_epoch, steps=steps, delta=delta,
+                              what=f"DP source ({cfg.model}, DP-SGD)")
 
 
-def train_source(ctx, ledger: PrivacyLedger, event: DPSGDTraining, *, secure: bool,
+def train_source(ctx, ledger: PrivacyLedger, event: SubsampledGaussian, *, secure: bool,
                  share: float | None = None) -> tuple[nn.Module, str, dict]:
     """Spend the source's event, then train it as a nested DP-SGD run (resumed if it was interrupted); returns
     (model, a key naming its weights, a reference for the summary). `share`: of the target ε, as source_event
@@ -212,17 +212,17 @@ def split_delta(delta: float, share: float) -> tuple[float, float]:
     return (big, delta - big) if share >= 0.5 else (delta - big, big)
 
 
-def statistics_event(ctx, share: float, delta: float) -> DPSGDTraining:
+def statistics_event(ctx, share: float, delta: float) -> SubsampledGaussian:
     """The event of the DP feature statistics (`share` of the target ε, at `delta`): one Gaussian sum of vectors
     of norm <= 1, i.e. a DP-SGD step at q = 1 (privacy.mechanisms.gaussian_feature_statistics)."""
     if ctx.budget.epsilon is None:
         raise ConfigError("--privacy end-to-end needs a target --epsilon: the feature statistics get a share of it")
     sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta, sample_rate=1.0, steps=1)
-    return DPSGDTraining(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=delta,
-                         what="DP feature statistics of the source (mean and variance, one Gaussian sum)")
+    return SubsampledGaussian(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=delta,
+                              what="DP feature statistics of the source (mean and variance, one Gaussian sum)")
 
 
-def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: DPSGDTraining, *,
+def with_statistics(ctx, ledger: PrivacyLedger, source: nn.Module, event: SubsampledGaussian, *,
                     secure: bool) -> tuple[nn.Module, str]:
     """Release the per-coordinate mean and variance of the DP source's scattering features over the private
     training set (recorded in the ledger before use: a resumed run reads them back, never a second draw), and

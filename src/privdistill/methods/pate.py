@@ -54,7 +54,13 @@ from privdistill.methods.runner import Budget, Context, Method, Plan, Report, Ru
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
 from privdistill.privacy.accounting import EpsilonResult
-from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries, PrivacyEvent, event_from_dict
+from privdistill.privacy.events import (
+    ConfidentGaussianQueries,
+    GaussianQueries,
+    LaplaceQueries,
+    PrivacyEvent,
+    event_from_dict,
+)
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway, pate_pathways
 
@@ -135,11 +141,11 @@ SECTIONS = {"teachers": TeacherTraining, "pate": PATEConfig, "pate_student": PAT
 def query_event(cfg: PATEConfig, count: int, answered: int | None = None,
                 filter_budget: int | None = None) -> PrivacyEvent:
     if cfg.aggregation == "lnmax":
-        return LNMaxQueries(scale=cfg.laplace_scale, count=count)
+        return LaplaceQueries(scale=cfg.laplace_scale, count=count)
     if cfg.aggregation == "gnmax":
-        return GNMaxQueries(sigma=cfg.sigma, count=count)
-    return ConfidentGNMaxQueries(threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2, count=count,
-                                 answered=answered, filter_budget=filter_budget)
+        return GaussianQueries(sigma=cfg.sigma, count=count)
+    return ConfidentGaussianQueries(threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2, count=count,
+                                    answered=answered, filter_budget=filter_budget)
 
 
 def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, list[str]]:

@@ -11,7 +11,7 @@ from privdistill.config import check_augment, check_model_name
 from privdistill.errors import ConfigError
 from privdistill.methods.runner import Budget
 from privdistill.privacy.calibration import calibrate_noise
-from privdistill.privacy.events import RRLabels, SRRLabels
+from privdistill.privacy.events import RandomizedResponse, RandomizedResponseWithPrior
 from privdistill.privacy.mechanisms import LABEL_MECHANISMS
 
 SETTINGS = ("data-free", "label-dp")
@@ -120,8 +120,8 @@ class SRRConfig:
 def label_event(cfg: SRRConfig, count: int, num_classes: int, epsilon: float):
     """The privacy event of `count` labels at `epsilon` each (see the module docstring for why these)."""
     if cfg.setting == "data-free" and cfg.mechanism == "rr":
-        return RRLabels(epsilon=epsilon, count=count, num_classes=num_classes)
-    return SRRLabels(epsilon=epsilon, count=count, num_classes=num_classes, setting=cfg.setting)
+        return RandomizedResponse(epsilon=epsilon, count=count, num_classes=num_classes)
+    return RandomizedResponseWithPrior(epsilon=epsilon, count=count, num_classes=num_classes, setting=cfg.setting)
 
 
 def epsilon_per_label(cfg: SRRConfig, budget: Budget, total: int, num_classes: int) -> float:

@@ -3,8 +3,10 @@
     mechanisms   lnmax, gnmax, confident_gnmax, randomized_response, selective_randomized_response,
                  normalize_and_noise(_multi), laplace_latent_perturbation, make_generator, noise_source  (torch)
     secure       SecureNoise: OpenDP's samplers for a release (discrete noise, OS entropy, nothing persisted)
-    events       LNMaxQueries, GNMaxQueries, ConfidentGNMaxQueries, RRLabels, SRRLabels, DPDFDSteps,
-                 LatentLaplace (immutable, JSON round-trippable)
+    events       LaplaceQueries, GaussianQueries, ConfidentGaussianQueries, RandomizedResponse,
+                 RandomizedResponseWithPrior, NormalisedGaussian, SubsampledGaussian, LaplaceOnSyntheticCodes
+                 (immutable, JSON round-trippable, each pricing itself; the old names LNMaxQueries, ... still work)
+    pricing      the arithmetic the events price themselves with (dp-accounting RDP / PLD, the papers' formulas)
     accounting   epsilon(events, delta=..., accounting="paper"|"strict"), get_accountant, both
     pate         PATE 2017/2018 data-dependent RDP bounds
     calibration  max_queries, max_steps, calibrate_noise
@@ -29,9 +31,13 @@ _EXPORTS = {
     "selective_randomized_response": "mechanisms", "normalize_and_noise": "mechanisms",
     "normalize_and_noise_multi": "mechanisms", "laplace_latent_perturbation": "mechanisms",
     # events
-    "PrivacyEvent": "events", "LNMaxQueries": "events", "GNMaxQueries": "events",
-    "ConfidentGNMaxQueries": "events", "RRLabels": "events", "SRRLabels": "events",
-    "DPDFDSteps": "events", "LatentLaplace": "events", "event_from_dict": "events",
+    "PrivacyEvent": "events", "LaplaceQueries": "events", "GaussianQueries": "events",
+    "ConfidentGaussianQueries": "events", "RandomizedResponse": "events", "RandomizedResponseWithPrior": "events",
+    "NormalisedGaussian": "events", "SubsampledGaussian": "events", "LaplaceOnSyntheticCodes": "events",
+    "event_from_dict": "events",
+    # the events' names before they were named after their mechanisms (the same classes)
+    "LNMaxQueries": "events", "GNMaxQueries": "events", "ConfidentGNMaxQueries": "events", "RRLabels": "events",
+    "SRRLabels": "events", "DPDFDSteps": "events", "DPSGDTraining": "events", "LatentLaplace": "events",
     # accounting
     "epsilon": "accounting", "both": "accounting", "get_accountant": "accounting",
     "register_accountant": "accounting", "available_accountants": "accounting",
