@@ -1,6 +1,6 @@
 """Replay every recorded privacy event through two versions of the accountants and compare their ε.
 
-    python scripts/replay_event_pricing.py --against REF [--ledgers DIR ...] [--keep DIR]
+    python experiments/replay_event_pricing.py --against REF [--ledgers DIR ...] [--keep DIR]
 
 What is replayed (collected once, as JSON, so that both versions price the very same inputs):
 

@@ -1,7 +1,7 @@
 """Privacy events named after their mechanisms: each prices itself, old ledgers still read, accountants compose.
 
 The numbers themselves are pinned by test_privacy_accounting.py (golden values), test_method_behaviour.py (every
-method's ledger and ε) and scripts/replay_event_pricing.py (every recorded ledger and result, old code against
+method's ledger and ε) and experiments/replay_event_pricing.py (every recorded ledger and result, old code against
 new); this file checks the structure that keeps them.
 """
 

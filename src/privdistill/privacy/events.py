@@ -34,6 +34,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Hashable, Mapping
 
 from privdistill.errors import PrivacyError
+from privdistill.privacy import pate
 from privdistill.privacy._checks import (
     check_choice,
     check_count,
@@ -194,8 +195,6 @@ def checked_sensitivity(declared: float, true_sensitivity: float, mechanism: str
 
 
 def _checked_votes(event: PrivacyEvent, stats: Any) -> "np.ndarray":
-    from privdistill.privacy import pate
-
     votes = pate.check_votes(stats.votes)
     if votes.shape[0] != event.count:  # type: ignore[attr-defined]
         raise PrivacyError(f"mismatched votes: {votes.shape[0]} vote rows for an event of "
@@ -275,8 +274,6 @@ class LaplaceQueries(PrivacyEvent):
     def data_dependent_rdp(self, stats: Any) -> "np.ndarray":
         import numpy as np
 
-        from privdistill.privacy import pate
-
         votes = _checked_votes(self, stats)
         dd = pate.rdp_pure_data_dependent(pate.log_q_lnmax(votes, self.scale), self.epsilon0, ORDERS)
         dd = np.minimum(dd, rdp_curve(_dp().LaplaceDpEvent(self.noise_multiplier))[None, :])
@@ -330,8 +327,6 @@ class GaussianQueries(PrivacyEvent):
         return (PateRdp((self.count * ORDERS * self.sensitivity**2 / (2.0 * self.sigma**2),)),)
 
     def data_dependent_rdp(self, stats: Any) -> "np.ndarray | None":
-        from privdistill.privacy import pate
-
         votes = _checked_votes(self, stats)
         if not math.isclose(self.sensitivity, math.sqrt(2.0)):  # PATE's bounds are derived for sqrt(2)
             return None
@@ -487,8 +482,6 @@ class ConfidentGaussianQueries(PrivacyEvent):
 
     def data_dependent_rdp(self, stats: Any) -> "np.ndarray":
         import numpy as np
-
-        from privdistill.privacy import pate
 
         votes = _checked_votes(self, stats)
         if stats.answered is None:
