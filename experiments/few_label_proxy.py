@@ -96,7 +96,12 @@ def main() -> None:
     stages = Stages(StageCache(enabled=True), prep.env, prep.data, prep.run)
     private, public = holdout_split(prep.data, prep.sections["pate"].holdout, prep.env)
     teachers, _ = stages.teachers_on(private, prep.sections["teachers"])
-    votes = torch.cat(list(teachers.iter_votes(public.images, prep.env))).double()
+    saved = prep.run.path / "votes.pt"  # the 250 teachers' votes on the pool: minutes of CPU, kept for a rerun
+    if saved.is_file():
+        votes = torch.load(saved)
+    else:
+        votes = torch.cat(list(teachers.iter_votes(public.images, prep.env))).double()
+        torch.save(votes, saved)
     truth = public.labels.long()
     print(f"teachers ready ({time.time() - t0:.0f} s); plurality right on the pool: "
           f"{float((votes.argmax(1) == truth).float().mean()):.4f}", flush=True)

@@ -82,7 +82,8 @@ class PATEConfig:
     sigma1: float = 150.0
     sigma2: float = 40.0
     # Confident-GNMax under an RDP privacy filter (Feldman & Zrnic 2021): the planned queries become the filter's
-    # budget and public images are asked until it is spent; a refused query costs only its threshold check
+    # budget and public images are asked until it is spent; a refused query costs only its threshold check.
+    # Ignored (set false) with the other aggregators, whose every query is answered
     filter: bool = False
     query_selection: str = "random"  # random (the papers) | medoids (one per k-means cluster, engine/few_label.py)
     holdout: float = 1 / 6  # the held-out public slice: records, or a fraction below 1 (engine.holdout; as dgd.holdout)
@@ -104,8 +105,9 @@ class PATEConfig:
         if self.query_selection not in QUERY_SELECTIONS:
             raise ConfigError(f"pate.query_selection must be one of {QUERY_SELECTIONS}, got {self.query_selection!r}")
         if self.filter and self.aggregation != "confident-gnmax":
-            raise ConfigError("pate.filter applies to Confident-GNMax only (--aggregation confident-gnmax): "
-                              f"every {self.aggregation} query is answered, so a filter would change nothing")
+            # every GNMax / LNMax query is answered, so a filter would change nothing: dropped (and recorded as
+            # dropped), so that `--aggregation gnmax` works under a recipe whose Confident-GNMax is filtered
+            self.filter = False
 
 
 @dataclass
