@@ -292,18 +292,33 @@ def test_shared_set_lines_are_spliced_into_a_cells_args(tmp_path):
 
 
 def test_the_packaged_matrix_sets_its_values_with_set_lines_and_recipes():
-    """No packaged cell names a --config (a file of one's own); the shared adversarial generator of SRR's cells is
-    the recipes' (recipes/__init__.py), so the two cannot drift apart."""
+    """No packaged cell names a --config (a file of one's own); the shared adversarial generator of SRR's and DGD's
+    cells is the recipes' (recipes/__init__.py), so the two cannot drift apart."""
     from importlib import resources
 
     from privdistill.recipes import ADVERSARIAL_GENERATOR
 
     doc = yaml.safe_load(resources.files("privdistill.bench").joinpath("matrix", "quick.yaml").read_text())
     assert all("--config" not in c.args for c in load_matrix("quick").cells)
+    expected = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ADVERSARIAL_GENERATOR.items()}
     lines = doc["sets"]["adversarial_srr"]
     assert lines[::2] == ["--set"] * len(ADVERSARIAL_GENERATOR)
-    values = dict(line.removeprefix("srr_generator.").split("=", 1) for line in lines[1::2])
-    assert values == {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ADVERSARIAL_GENERATOR.items()}
+    assert dict(line.removeprefix("srr_generator.").split("=", 1) for line in lines[1::2]) == expected
+    lines = doc["sets"]["adversarial"]  # DGD's: the generator fitted to the BN baseline
+    values = dict(line.split("=", 1) for line in lines[1::2])
+    assert values.pop("baseline.model") == "paper-cnn-bn"
+    assert {k.removeprefix("generator."): v for k, v in values.items()} == expected
+
+
+def test_every_packaged_cell_of_a_method_with_recipes_names_its_recipe():
+    """Without --recipe a method runs its `default` recipe, which moves whenever a better configuration is measured:
+    every cell names one (`paper`: the preset's own values), so that it re-makes the row it recorded
+    (experiments/check_matrix_configs.py compares each recorded cell's configuration with its result's)."""
+    from privdistill.recipes import METHODS
+
+    for c in load_matrix("quick").cells:
+        if c.args[0] in METHODS:
+            assert "--recipe" in c.args, c.name
 
 
 def test_malformed_matrix_file_is_a_clear_error(tmp_path):
