@@ -203,7 +203,8 @@ class PATEMethod(Method):
             threshold=cfg.threshold if confident else None, sigma1=cfg.sigma1 if confident else None))
         # worst case (every Confident-GNMax query answered): refused before the teachers train
         return Plan(remaining=[] if QUERY_KEY in recorded else [query_event(cfg, queries)], notes=notes,
-                    details={"queries": queries, "private": private, "public": public})
+                    details={"queries": queries, "private": private, "public": public,
+                             "spread_labels": ctx.section("pate_student").labels == "spread"})
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
         cfg: PATEConfig = ctx.section("pate")
