@@ -91,12 +91,13 @@ def main() -> None:
 
     t0 = time.time()
     req = RunRequest(dataset=args.dataset, overrides={"budget.epsilon": args.epsilon, "run.plan_check": "warn"},
-                     run_dir=f"runs/proxy-few-label-{args.method}-{args.dataset}")
+                     run_dir=f"runs/proxy-few-label-{args.method}-{args.dataset}-eps{args.epsilon:g}")
     prep = prepare_run("pate", req, {"budget": Budget, **PATEMethod.sections})
     stages = Stages(StageCache(enabled=True), prep.env, prep.data, prep.run)
     private, public = holdout_split(prep.data, prep.sections["pate"].holdout, prep.env)
     teachers, _ = stages.teachers_on(private, prep.sections["teachers"])
-    saved = prep.run.path / "votes.pt"  # the 250 teachers' votes on the pool: minutes of CPU, kept for a rerun
+    # the 250 teachers' votes on the pool: minutes of CPU, kept for a rerun at another ε
+    saved = Path(f"runs/proxy-few-label-{args.method}-{args.dataset}-votes.pt")
     if saved.is_file():
         votes = torch.load(saved)
     else:
