@@ -12,12 +12,15 @@ supervised-only student (the k answers alone).
 
     flock /tmp/privdistill-cpu.lock .venv/bin/python experiments/few_label_proxy.py pate mnist \
         --epsilon 1 --k 10 27 48 100 200 300 1000 3000 --out docs/diagnostics/few-label-pate-mnist.json
+    .venv/bin/python experiments/few_label_proxy.py --plot docs/figures/few-label-pate.png \
+        docs/diagnostics/few-label-pate-*.json      # the curves, one panel per file
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -74,7 +77,38 @@ def linear_student(x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch
         return float((head(xt).argmax(1) == yt).float().mean())
 
 
+def plot(out: Path, files: list[Path]) -> None:
+    """One panel per proxy file: test accuracy of the linear student against k, random and medoid queries, with
+    the propagated labels' accuracy dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(files), figsize=(5 * len(files), 3.6), squeeze=False)
+    for ax, path in zip(axes[0], files):
+        doc = json.loads(path.read_text())
+        for rule, colour in (("random", "tab:grey"), ("medoids", "tab:blue")):
+            rows = [r for r in doc["rows"] if r["rule"] == rule]
+            ks = [r["k"] for r in rows]
+            ax.plot(ks, [100 * r["student_hard"] for r in rows], "o-", color=colour, label=f"{rule}: student")
+            ax.plot(ks, [100 * r["propagated_right"] for r in rows], "--", color=colour, label=f"{rule}: spread labels")
+            ax.plot(ks, [100 * r["supervised_only"] for r in rows], ":", color=colour, label=f"{rule}: k labels alone")
+        ax.axhline(100 * doc["student_all_true_labels"], color="k", lw=0.8, label="every true label")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"queries k (GNMax σ calibrated to strict ε {doc['epsilon']:g} for k)")
+        ax.set_ylabel("accuracy %")
+        ax.set_title(f"{doc['method'].upper()} {doc['dataset']}: pool of {doc['pool']:,}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--plot":
+        return plot(Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("method", choices=["pate"])
     ap.add_argument("dataset")
