@@ -9,11 +9,12 @@ post-processing and the guarantee is unchanged). The private teachers are never 
 
 Rules (`dgd.query_selection`):
     random     a uniform draw (the paper)
-    balanced   count / K samples of each class as the reader labels them, uniform within a class
-    diverse    per class as `balanced`, the reader's feature-space k-center greedy cover (Sener & Savarese 2018,
-               "Active learning for CNNs: a core-set approach"): samples that differ from those already chosen
-    confident  per class, the samples the reader labels with the widest margin (fewer flipped noisy votes?)
-    uncertain  per class, the narrowest margin (samples near the reader's decision boundaries)
+    diverse    count / K samples of each class as the reader labels them, within a class the reader's feature-space
+               k-center greedy cover (Sener & Savarese 2018, "Active learning for CNNs: a core-set approach"): samples
+               that differ from those already chosen
+
+(The rules `balanced`, `confident` and `uncertain` were measured and left the package: docs/research-log.md, "Which
+samples to query".)
 """
 
 from __future__ import annotations
@@ -26,15 +27,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.datafree import logits_and_features
 from privdistill.errors import ConfigError
 
-QUERY_SELECTIONS = ("random", "balanced", "diverse", "confident", "uncertain")
-
-
-def select_queries(pool: torch.Tensor, count: int, rule: str, *, reader: nn.Module | None, env: Env,
-                   rng: torch.Generator, num_classes: int, feature_dim: int = 64) -> torch.Tensor:
-    """Indices of `count` distinct samples of `pool` (uint8 images) to query, chosen by `rule`. Every rule but
-    `random` reads `reader`."""
-    return split_pool(pool, count, rule, reader=reader, env=env, rng=rng, num_classes=num_classes,
-                      feature_dim=feature_dim)[0]
+QUERY_SELECTIONS = ("random", "diverse")
 
 
 @torch.no_grad()
@@ -52,22 +45,14 @@ def split_pool(pool: torch.Tensor, count: int, rule: str, *, reader: nn.Module |
     if reader is None:
         raise ConfigError(f"query selection {rule!r} reads the generator's source model; this run has none "
                           "(e.g. dgd.inputs=private-holdout): use random")
-    # only the cover reads features, through a random projection that keeps distances (Johnson-Lindenstrauss) at a
-    # fraction of the cost and memory: a large pool's backbone features would not fit (960,000 x 6,272 floats)
-    logits, features = _read(reader, pool[order], env, project_to=feature_dim if rule == "diverse" else 0, rng=rng)
+    # the features through a random projection that keeps distances (Johnson-Lindenstrauss) at a fraction of the
+    # cost and memory: a large pool's backbone features would not fit (960,000 x 6,272 floats)
+    logits, features = _read(reader, pool[order], env, project_to=feature_dim, rng=rng)
     labels = logits.argmax(1)
-    top2 = logits.softmax(1).topk(min(2, num_classes), dim=1).values
-    margin = top2[:, 0] - (top2[:, 1] if num_classes > 1 else 0)
     chosen = []
     for label, quota in _class_quotas(labels, count, num_classes).items():
         members = (labels == label).nonzero().squeeze(1)  # positions in `order`, already a random order
-        if rule == "balanced":
-            picked = members[:quota]
-        elif rule in ("confident", "uncertain"):
-            picked = members[margin[members].argsort(descending=rule == "confident")[:quota]]
-        else:
-            picked = members[k_center_greedy(features[members], quota)]
-        chosen.append(picked)
+        chosen.append(members[k_center_greedy(features[members], quota)])
     positions = torch.cat(chosen) if chosen else torch.empty(0, dtype=torch.long)
     rest = torch.ones(len(pool), dtype=torch.bool)
     rest[positions] = False
@@ -105,10 +90,10 @@ def _class_quotas(labels: torch.Tensor, count: int, num_classes: int) -> dict[in
 
 
 def _read(reader: nn.Module, images: torch.Tensor, env: Env, *, project_to: int, rng: torch.Generator,
-          batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The reader's logits and, where `project_to` > 0, its backbone features (datafree.logits_and_features: the
-    input of its last linear layer, or a source ensemble's members' features side by side) through one random
-    projection to `project_to` dimensions drawn from `rng` at the first batch, each row then of unit norm."""
+          batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reader's logits and its backbone features (datafree.logits_and_features: the input of its last linear
+    layer, or a source ensemble's members' features side by side) through one random projection to `project_to`
+    dimensions drawn from `rng` at the first batch, each row then of unit norm."""
     was_training = reader.training
     reader.eval()
     logits, feats, projection = [], [], None
@@ -117,10 +102,9 @@ def _read(reader: nn.Module, images: torch.Tensor, env: Env, *, project_to: int,
         with env.autocast():
             out, f = logits_and_features(reader, x)
         logits.append(out.float().cpu())
-        if project_to:
-            f = f.float().flatten(1).cpu()
-            if projection is None:
-                projection = torch.randn(f.shape[1], project_to, generator=rng) / project_to ** 0.5
-            feats.append(nn.functional.normalize(f @ projection, dim=1))
+        f = f.float().flatten(1).cpu()
+        if projection is None:
+            projection = torch.randn(f.shape[1], project_to, generator=rng) / project_to ** 0.5
+        feats.append(nn.functional.normalize(f @ projection, dim=1))
     reader.train(was_training)
-    return torch.cat(logits), (torch.cat(feats) if project_to else None)
+    return torch.cat(logits), torch.cat(feats)

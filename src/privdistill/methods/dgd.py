@@ -85,8 +85,8 @@ class DGDConfig:
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
     source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
-    # which samples of the pool are queried: random (paper) | balanced | diverse | confident | uncertain, the
-    # others read the model the generator was fitted to (engine/query_selection.py; ours, not the paper's)
+    # which samples of the pool are queried: random (paper) | diverse (a k-center cover per class: reads the model
+    # the generator was fitted to; engine/query_selection.py, ours)
     query_selection: str = "random"
     release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
 
