@@ -190,12 +190,6 @@ def test_budget_refuses_before_training(tiny_npz, tmp_path, cache):
     with pytest.raises(BudgetExceededError, match="paper"):
         run_srr(request(tiny_npz, tmp_path / "b", *PER_LABEL, "budget.epsilon=1", "budget.max_epsilon=0.5"))
     assert not cache.exists() or not any(cache.glob("baseline-*")), "nothing may be trained before the check"
-    # a synthetic set's filters: SRR draws its samples by latent code, so they would be silently ignored
-    with pytest.raises(ConfigError, match="srr_generator.verify_keep, srr_generator.balance"):
-        run_srr(request(tiny_npz, tmp_path / "v", *PER_LABEL, "budget.epsilon=1", "srr_generator.verify_keep=0.1",
-                        "srr_generator.balance=true", "srr_generator.class_targets=true",
-                        "srr_generator.source_models=2"))
-    assert not cache.exists() or not any(cache.glob("baseline-*"))
     # label-DP draws one label per private record: a preset's larger num_samples (60,000: all of MNIST) means all
     capped = run_srr(request(tiny_npz, tmp_path / "c", "srr.setting=label-dp", "srr.num_samples=100000",
                              "budget.epsilon=10", "srr.stages=1", "srr.student_model=small-cnn")).summary

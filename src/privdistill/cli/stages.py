@@ -129,11 +129,9 @@ def generator_quality(
     table.add_column("measure")
     table.add_column("value")
     for key, value in report.items():
-        if key not in ("stage", "dataset", "note", "recorded_quality"):
+        if key not in ("stage", "dataset", "note"):
             table.add_row(key, str(value))
     console.print(table)
-    if report["recorded_quality"]:
-        console.print(f"recorded when the stage was built: {report['recorded_quality']}", highlight=False)
 
 
 @cache_app.command("ls")

@@ -21,7 +21,6 @@ Ambiguities and the readings chosen:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from torch import nn
 from privdistill.data.dataset import to_uint8
 from privdistill.engine import streams
 from privdistill.engine.context import Env
-from privdistill.engine.ensemble import TeacherTraining
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_step_schedule, step_decay_factor
 from privdistill.engine.run import RunDir
@@ -61,29 +59,12 @@ class GeneratorTraining:
     lr_decay: float = 0.1
     num_samples: int = 0  # synthetic set size; 0: as many as the classifier's training set
     checkpoint_every: int = 100  # steps
-    # --- the synthesis engine beyond the papers' literal losses (engine/synthesis.py); off: the papers' generator
-    source_models: int = 0  # k >= 2: fit to k classifiers on disjoint parts of the private data, not to one
-    source_parts: int = 0  # each source sees 1/source_parts of the data (its first parts); 0: 1/source_models
-    source_with_classifier: bool = False  # the classifier (the baseline) is one more member of the ensemble
-    source_model: str = "paper-cnn"  # their architecture, and how they are trained (a cached teachers stage)
-    source_steps: int = 300
-    source_batch_size: int = 64
-    source_lr: float = 2e-3
-    tv_weight: float = 0.0  # image priors (DeepInversion): total variation ...
-    l2_weight: float = 0.0  # ... and L2 of the images
-    # what the source models do: "fit" (the generator is fitted to them, and they verify its samples) or "verify"
-    # (the generator is fitted to the classifier alone, as the papers', and the sources only verify its samples)
-    sources_role: str = "fit"
-    verify: float = 0.0  # synthetic set: keep samples on which at least this share of the source models agree
-    verify_keep: float = 0.0  # instead of a threshold: per class, the share of candidates the sources read most alike
-    balance: bool = False  # synthetic set: as many samples of each source label
+    # --- beyond the papers' literal losses (ours; off: the papers' generator): the adversarial synthesis of the
+    # recipes (recipes/__init__.py: ADVERSARIAL_GENERATOR; docs/research-log.md, "Samples that teach")
     class_targets: bool = False  # a class-conditional generator: each sample is made for a class it is told
-    diversity_weight: float = 0.0  # contrastive diversity (CMI's instance discrimination on the batch)
-    diversity_temperature: float = 0.2
     adversarial_weight: float = 0.0  # a student in the loop (DFAD): reward samples on which it and the source differ
     adversarial_student: str = "paper-cnn"  # that student's architecture (discarded after the stage)
     adversarial_lr: float = 1e-3  # its Adam rate; it learns the source's soft labels on each fresh batch
-    quality: bool = False  # measure the stage's quality (class balance, agreement, ceiling) into its stage.json
 
     def validate(self) -> None:
         if self.loss not in LOSS_DEFAULTS:
@@ -94,72 +75,8 @@ class GeneratorTraining:
             raise ConfigError("generator.lr must be > 0 and lr_decay in (0, 1]")
         if self.num_samples < 0:
             raise ConfigError("generator.num_samples must be >= 0")
-        if self.source_models == 1 or self.source_models < 0:
-            raise ConfigError("generator.source_models must be 0 (the one classifier) or >= 2")
-        if self.source_parts and self.source_parts < self.source_models:
-            raise ConfigError("generator.source_parts must be 0 or at least generator.source_models")
-        if min(self.source_steps, self.source_batch_size) < 1 or self.source_lr <= 0:
-            raise ConfigError("generator.source_steps and source_batch_size must be >= 1, source_lr > 0")
-        if min(self.tv_weight, self.l2_weight, self.diversity_weight, self.adversarial_weight) < 0 \
-                or self.diversity_temperature <= 0 or self.adversarial_lr <= 0:
-            raise ConfigError("generator.tv_weight, l2_weight, diversity_weight and adversarial_weight must be >= 0, "
-                              "diversity_temperature and adversarial_lr > 0")
-        if not 0 <= self.verify <= 1:
-            raise ConfigError("generator.verify must lie in [0, 1]")
-        if (self.verify or self.verify_keep) and self.source_models < 2:
-            raise ConfigError("generator.verify and verify_keep need generator.source_models >= 2 "
-                              "(models that can agree)")
-        if self.sources_role not in ("fit", "verify"):
-            raise ConfigError(f"generator.sources_role must be fit or verify, got {self.sources_role!r}")
-        if self.sources_role == "verify" and not (self.verify or self.verify_keep):
-            raise ConfigError("generator.sources_role=verify: the sources only verify; set generator.verify or "
-                              "generator.verify_keep")
-        if not 0 <= self.verify_keep < 1 or (self.verify_keep and self.verify):
-            raise ConfigError("generator.verify_keep must lie in [0, 1) and replaces generator.verify (a threshold): "
-                              "set one of them")
-        if self.verify_keep and not (self.class_targets and self.balance):
-            raise ConfigError("generator.verify_keep ranks each class's candidates: it needs generator.class_targets "
-                              "and generator.balance")
-
-    def source_training(self):
-        """The teachers-stage configuration of the source models (None: the papers' one classifier)."""
-        if self.source_models < 2:
-            return None
-        return TeacherTraining(num_teachers=self.source_models, model=self.source_model, steps=self.source_steps,
-                               batch_size=self.source_batch_size, lr=self.source_lr)
-
-    def refuse_sample_filters(self, section: str, why: str) -> None:
-        """For a method that draws its own samples by latent code (SRR's stages, DPDFD's steps) instead of a
-        synthetic set: the set's filters would be silently ignored there, so they are refused."""
-        chosen = [name for name, unset in (("verify", 0.0), ("verify_keep", 0.0), ("balance", False),
-                                           ("sources_role", "fit")) if getattr(self, name) != unset]
-        if chosen:
-            raise ConfigError(f"{', '.join(f'{section}.{name}' for name in chosen)}: {why}, not from a verified "
-                              "synthetic set; these options shape DGD's pool and `generator train`'s set only")
-
-    def fitting(self) -> "GeneratorTraining":
-        """The configuration the generator itself is trained with: this one, or, where the sources only verify,
-        this one without the source and verification fields, so that the generator (and its cache key) is the
-        one fitted to the classifier alone."""
-        if self.sources_role != "verify":
-            return self
-        plain = {f.name: f.default for f in dataclasses.fields(self)
-                 if f.name.startswith("source") or f.name in ("verify", "verify_keep", "balance")}
-        return dataclasses.replace(self, **plain)
-
-    def describe_source(self, classifier: str) -> str:
-        """What the generator is fitted to, for the privacy report: `classifier` (the papers), or the source
-        models. Under every accounting here these sit on the same uncovered pathway as the baseline: they read
-        the private data without noise."""
-        if self.source_models < 2:
-            return classifier
-        share = f"its own 1/{self.source_parts} of D" if self.source_parts > self.source_models else \
-            f"its own 1/{self.source_models} of D"
-        sources = f"{self.source_models} source models, each trained without noise on {share}"
-        if self.sources_role == "verify":
-            also = "it and " if self.source_with_classifier else ""
-            return f"the {classifier}, its samples verified by {also}{sources}"
-        return sources + (f" and the {classifier}" if self.source_with_classifier else "")
+        if self.adversarial_weight < 0 or self.adversarial_lr <= 0:
+            raise ConfigError("generator.adversarial_weight must be >= 0 and adversarial_lr > 0")
 
     @property
     def weights(self) -> tuple[float, float]:
@@ -178,8 +95,6 @@ def logits_and_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor
     Our classifiers expose `features` and `classifier`; for other modules (a user's torch model), the input
     of the last nn.Linear is captured with a forward hook.
     """
-    if hasattr(model, "logits_and_features"):  # a SourceEnsemble: log p̄ and the members' features
-        return model.logits_and_features(x)
     if hasattr(model, "features") and hasattr(model, "classifier") and callable(model.features):
         feats = model.features(x)
         return model.classifier(feats), feats
@@ -291,44 +206,7 @@ def datafree_loss(classifier: nn.Module, x: torch.Tensor, kind: str, alpha: floa
                   "activation": float(activation.detach())}
 
 
-# The loss terms beyond the papers' (image priors, contrastive diversity, the student in the loop): what each is
-# for is told in engine/synthesis.py, whose config options they serve; they live here, with the papers' terms
-# that train_generator composes them with.
-def image_prior(x: torch.Tensor, *, tv_weight: float, l2_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """DeepInversion's image priors: anisotropic total variation (mean |difference| of neighbouring pixels)
-    and the mean squared pixel value, weighted; zero (and not computed) when both weights are 0."""
-    x = x.float()
-    loss = x.new_zeros(())
-    parts: dict[str, float] = {}
-    if tv_weight:
-        tv = (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
-        loss = loss + tv_weight * tv
-        parts["tv"] = float(tv.detach())
-    if l2_weight:
-        l2 = x.pow(2).mean()
-        loss = loss + l2_weight * l2
-        parts["l2"] = float(l2.detach())
-    return loss, parts
-
-
-def contrastive_diversity(model: nn.Module, x: torch.Tensor, rng: torch.Generator, *, temperature: float = 0.2,
-                          max_shift: int = 2) -> tuple[torch.Tensor, dict[str, float]]:
-    """Instance discrimination on a batch (CMI, Fang et al. 2021, without its memory bank): two views of each
-    sample, each shifted by up to `max_shift` pixels, are embedded by `model`'s features (normalised); the loss
-    is the cross-entropy of finding a sample's second view among the batch's. Low when samples are distinct
-    in the source's eyes, high when the generator draws one image many times."""
-
-    def view() -> torch.Tensor:
-        shifts = torch.randint(-max_shift, max_shift + 1, (2,), generator=rng).tolist()
-        return torch.roll(x, shifts=shifts, dims=(-2, -1))
-
-    first = F.normalize(logits_and_features(model, view())[1].float().flatten(1), dim=1)
-    second = F.normalize(logits_and_features(model, view())[1].float().flatten(1), dim=1)
-    similarity = first @ second.T / temperature
-    loss = F.cross_entropy(similarity, torch.arange(len(x), device=x.device))
-    return loss, {"diversity": float(loss.detach())}
-
-
+# DFAD's student in the loop (generator.adversarial_weight), composed with the papers' terms by train_generator
 def disagreement(source_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
     """DFAD's adversarial objective, which the generator maximises: the mean L1 distance between the source's and
     the student's predictions. On probabilities (DFAD uses logits) it is bounded by 2 and cannot grow by
@@ -387,8 +265,8 @@ def build_generator(cfg: GeneratorTraining, channels: int, image_size: int, *, o
 
 def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, channels: int, image_size: int,
                     run: RunDir | None = None, num_classes: int = 0) -> tuple[nn.Module, dict]:
-    """Train a DAFL generator against the fixed `classifier` (its weights are never updated), or against a
-    SourceEnsemble (engine/synthesis.py), with the image priors the config asks for."""
+    """Train a DAFL generator against the fixed `classifier` (its weights are never updated), with the student in
+    the loop where the config asks for it."""
     classifier = env.place(classifier).eval()
     for p in classifier.parameters():
         p.requires_grad_(False)
@@ -428,15 +306,6 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                 outputs = logits_and_features(classifier, x)
                 loss, parts = datafree_loss(classifier, x, cfg.loss, alpha, beta, bn, outputs=outputs,
                                             targets=latent_labels(generator, z.to(env.device)))
-            if cfg.tv_weight or cfg.l2_weight:
-                prior, prior_parts = image_prior(x, tv_weight=cfg.tv_weight, l2_weight=cfg.l2_weight)
-                loss, parts = loss + prior, {**parts, **prior_parts}
-            if cfg.diversity_weight:
-                with env.autocast():
-                    diversity, diversity_parts = contrastive_diversity(
-                        classifier, x, env.generator(streams.GENERATOR_VIEWS, step),
-                        temperature=cfg.diversity_temperature)
-                loss, parts = loss + cfg.diversity_weight * diversity, {**parts, **diversity_parts}
             if "adversary" not in modules:
                 loop.update(loss, {"loss": float(loss.detach()), **parts})
                 continue

@@ -92,8 +92,8 @@ def _class_quotas(labels: torch.Tensor, count: int, num_classes: int) -> dict[in
 def _read(reader: nn.Module, images: torch.Tensor, env: Env, *, project_to: int, rng: torch.Generator,
           batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
     """The reader's logits and its backbone features (datafree.logits_and_features: the input of its last linear
-    layer, or a source ensemble's members' features side by side) through one random projection to `project_to`
-    dimensions drawn from `rng` at the first batch, each row then of unit norm."""
+    layer) through one random projection to `project_to` dimensions drawn from `rng` at the first batch, each row
+    then of unit norm."""
     was_training = reader.training
     reader.eval()
     logits, feats, projection = [], [], None

@@ -19,14 +19,12 @@ from torch import nn
 from privdistill.atomic import atomic_write_json
 from privdistill.config import ClassifierTraining, keyed_config
 from privdistill.data.dataset import DataSplits
-from privdistill.data.partition import partition_indices
 from privdistill.engine.cache import Stage, StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, class_balance, generate, train_generator, warn_if_collapsed
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, ensemble_accuracy, train_teachers
 from privdistill.engine.features import fixed_features
 from privdistill.engine.run import RunDir
-from privdistill.engine.synthesis import SourceEnsemble, ranked_samples, synthesis_quality, verified_samples
 from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.engine.vae import VAETraining, train_vae
 from privdistill.models import create_model
@@ -38,7 +36,9 @@ TEACHER_EVAL_LAPLACE_SCALE = 40.0
 # found (they are rebuilt). A key holds every field of the stage's configuration, set or not (config.keyed_config).
 # 2: teachers and generator keyed on every field (before, options added later counted only when set), synthetic
 # sets on their verification, balance and ranking sources, features on their copies, whatever their values.
-VERSIONS = {"baseline": "1", "teachers": "2", "generator": "2", "synthetic": "2", "vae": "1", "features": "2",
+# 3: the generator's configuration without the synthesis engine's source and verification options, a synthetic set
+# keyed on its generator, size and seed alone (issue 63: the options left the package).
+VERSIONS = {"baseline": "1", "teachers": "2", "generator": "3", "synthetic": "3", "vae": "1", "features": "2",
             "scatter-prior": "1"}
 
 
@@ -116,30 +116,18 @@ class Stages:
         return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
 
     def generator(self, classifier: nn.Module, classifier_key: str, cfg: GeneratorTraining) -> tuple[nn.Module, Stage]:
-        """A data-free generator trained against the fixed `classifier` (identified by `classifier_key`), or, with
-        `generator.source_models`, against an ensemble of source models (engine/synthesis.py). Where the sources
-        only verify (`generator.sources_role=verify`) this is the generator fitted to the classifier alone."""
-        fitting = cfg.fitting()
-        if fitting is not cfg:
-            return self.generator(classifier, classifier_key, fitting)
+        """A data-free generator trained against the fixed `classifier` (identified by `classifier_key`)."""
         channels, size = self.data.channels, self.data.image_size[0]
-        source, source_key = self.synthesis_source(classifier, classifier_key, cfg)
 
         def build(run: RunDir) -> dict:
-            gen, stats = train_generator(source, cfg, self.env, channels=channels, image_size=size, run=run,
+            gen, stats = train_generator(classifier, cfg, self.env, channels=channels, image_size=size, run=run,
                                          num_classes=self.data.num_classes)
             run.save_weights("generator", gen)
             run.remove_checkpoint("generator-checkpoint")
-            stats = {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes),
-                     "source": source_key}
-            if cfg.quality:  # evaluation only: reads non-private models and the real test set
-                samples = generate(gen, min(10000, cfg.num_samples or len(self.data.train)), self.env)
-                readers = {"baseline": classifier} if source is not classifier else {}
-                stats["quality"] = synthesis_quality(samples, source, self.env, num_classes=self.data.num_classes,
-                                                     readers=readers, ceiling_test=self.data.test)
-            return stats
+            return {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes),
+                    "source": classifier_key}
 
-        material = {"classifier": source_key, "config": keyed_config(cfg), "seed": self.env.seed,
+        material = {"classifier": classifier_key, "config": keyed_config(cfg), "seed": self.env.seed,
                     "precision": self.env.precision, "shape": [channels, size]}
         stage = self._get("generator", material, build)
         # checked on every use, so a cached collapsed generator warns again (stages made before the check too)
@@ -147,65 +135,19 @@ class Stages:
         gen = stage.run.load_weights("generator", device=self.env.device)
         return gen, stage
 
-    def synthesis_source(self, classifier: nn.Module, classifier_key: str,
-                         cfg: GeneratorTraining) -> tuple[nn.Module, str]:
-        """The model a generator is fitted to, and its key: the classifier itself (the papers), or the ensemble of
-        `generator.source_models` classifiers, each trained on its own disjoint part of the private data."""
-        training = cfg.source_training()
-        if training is None:
-            return classifier, classifier_key
-        if cfg.source_parts > cfg.source_models:
-            # small-data sources, like the models that will read the samples (DGD's teachers): the first
-            # source_models parts of a source_parts-way split (another split than the teachers': seed 1)
-            parts = partition_indices(len(self.data.train), cfg.source_parts, seed=1)[:cfg.source_models]
-            subset = self.data.train.subset(torch.cat(parts).sort().values, name="the source models' parts")
-            ensemble, stage = self.teachers_on(subset, training)
-        else:
-            ensemble, stage = self.teachers(training)
-        members = [self.env.place(ensemble.member(i)).eval() for i in range(ensemble.num_teachers)]
-        if cfg.source_with_classifier:  # the samples must also be read alike by the classifier (the baseline)
-            return SourceEnsemble([classifier, *members]), f"sources:{stage.key}+{classifier_key}"
-        return SourceEnsemble(members), f"sources:{stage.key}"
-
-    def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int, *, source: nn.Module | None = None,
-                  verify: float = 0.0, balance: bool = False, keep: float = 0.0,
-                  source_key: str | None = None) -> tuple[torch.Tensor, Stage]:
-        """n synthetic images (uint8) from the generator; with `verify` / `balance` (and the `source` models that fitted
-        or verify it), only samples the source models agree on, as many per label; with `keep`, per class the best
-        share of candidates by their agreement (`ranked_samples`; `source_key` names the sources). No labels are
-        stored with them: labels must come from a privacy mechanism (votes, randomized response, noisy gradients),
-        never from this stage."""
+    def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int) -> tuple[torch.Tensor, Stage]:
+        """n synthetic images (uint8) from the generator. No labels are stored with them: labels must come from a
+        privacy mechanism (votes, randomized response, noisy gradients), never from this stage."""
         def build(run: RunDir) -> dict:
             from safetensors.torch import save_file
 
-            if keep:
-                images, stats = ranked_samples(generator, source, n, self.env, num_classes=self.data.num_classes,
-                                               keep=keep)
-            elif verify or balance:
-                images, stats = verified_samples(generator, source, n, self.env, num_classes=self.data.num_classes,
-                                                 verify=verify, balance=balance)
-            else:
-                images, stats = generate(generator, n, self.env), {}
-            save_file({"images": images}, str(run.path / "synthetic.safetensors"))
-            return {"num_samples": n, **stats}
+            save_file({"images": generate(generator, n, self.env)}, str(run.path / "synthetic.safetensors"))
+            return {"num_samples": n}
 
-        # the sources that verify or rank need not be those the generator was fitted to: their key counts
-        material = {"generator": generator_stage.key, "n": n, "seed": self.env.seed, "verify": verify,
-                    "balance": balance, "keep": keep, "sources": source_key}
-        stage = self._get("synthetic", material, build)
+        stage = self._get("synthetic", {"generator": generator_stage.key, "n": n, "seed": self.env.seed}, build)
         from safetensors.torch import load_file
 
         return load_file(str(stage.path / "synthetic.safetensors"))["images"], stage
-
-    def synthetic_set(self, generator: nn.Module, generator_stage: Stage, n: int, classifier: nn.Module,
-                      classifier_key: str, cfg: GeneratorTraining) -> tuple[torch.Tensor, Stage, nn.Module]:
-        """The synthetic set a method draws from `generator` under `cfg`: n images, verified, balanced or ranked by
-        the sources `cfg` names (those the generator was fitted to, or that only verify it), and those sources
-        (the classifier itself where `cfg` names none), which read the set for the quality measures."""
-        source, source_key = self.synthesis_source(classifier, classifier_key, cfg)
-        images, stage = self.synthetic(generator, generator_stage, n, source=source, verify=cfg.verify,
-                                       balance=cfg.balance, keep=cfg.verify_keep, source_key=source_key)
-        return images, stage, source
 
     def teachers_on(self, train, cfg: TeacherTraining) -> tuple[TeacherEnsemble, Stage]:
         """Teachers on another training set than the run's (e.g. the private part when a slice is held out)."""

@@ -20,13 +20,12 @@ TEACHER_AUGMENT = 13  # teacher ensembles: each teacher's augmentation and input
 GENERATOR_LATENT = 21  # data-free generator learning: latent codes of each step
 SYNTHETIC = 22  # synthetic sets drawn from a trained generator
 SYNTHESIS_CEILING = 23  # the ceiling student of a synthetic set's quality report
-GENERATOR_VIEWS = 24  # data-free generator learning: the shifted views of each step's contrastive term
 GENERATOR_ADVERSARY = 25  # data-free generator learning: initial weights of the adversarial student (DFAD)
 VAE_EPOCH = 31  # VAE training: the permutation of each epoch
 
 ENGINE = {name: globals()[name] for name in (
     "TRAINER_EPOCH", "TRAINER_AUGMENT", "TEACHER_INIT", "TEACHER_EPOCH", "TEACHER_AUGMENT", "GENERATOR_LATENT",
-    "SYNTHETIC", "SYNTHESIS_CEILING", "GENERATOR_VIEWS", "GENERATOR_ADVERSARY", "VAE_EPOCH",
+    "SYNTHETIC", "SYNTHESIS_CEILING", "GENERATOR_ADVERSARY", "VAE_EPOCH",
 )}
 
 # --- methods ---------------------------------------------------------------------------------------------

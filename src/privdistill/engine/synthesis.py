@@ -1,41 +1,10 @@
-"""The data-free synthesis engine beyond the papers' literal generator losses (composable by config).
+"""What a data-free generator's samples are worth, measured (evaluation only: non-private models read them, no ε
+is spent): the class balance of the labels its source model gives them, the share on which other models (the DGD
+teachers' plurality, the baseline) give the same label, and the ceiling (the test accuracy of a student trained only
+on the samples, labelled by the source). The generator's own losses are engine/datafree.py's.
 
-The papers fit a generator to ONE classifier (the baseline). Its samples sit where that classifier is
-confident, far from the data manifold, and models trained on little data (DGD's 250 teachers) read them
-arbitrarily: at the quick preset the teachers' plurality gives the baseline's label on 28 % of them. The
-parts here aim at samples that many models read alike (DeepInversion names "images on which multiple models
-are confident" as the open problem; the measured lead in shared/docs/synthesis-probe.md: 36 % -> 81 % when the
-generator is fitted to six independently trained models instead of one):
-
-* `SourceEnsemble`: the generator is fitted to the mean prediction of k classifiers, each trained on its own
-  disjoint part of the private training set (`generator.source_models`). The ensemble's "logits" are
-  log p̄ (p̄ the mean softmax), so every loss of engine/datafree.py applies unchanged: one-hot CE on its
-  argmax, class balance of p̄, the activation terms on the members' concatenated features, BatchNorm
-  statistics summed over the members.
-* image priors (DeepInversion): total variation and L2 of the images (`generator.tv_weight`, `l2_weight`).
-* class targets (`generator.class_targets`): a class-conditional generator, told which class each sample is
-  for; the one-hot term aims at that class, so every class is drawn as often as asked.
-* contrastive diversity (`generator.diversity_weight`; CMI's instance discrimination, simplified to the batch):
-  two randomly shifted views of each sample must be told apart from the other samples in the source's feature
-  space, which pushes the samples of one class apart instead of onto one confident mode.
-* a student in the loop (`generator.adversarial_weight`; DFAD, Fang et al. 2019): a student learns the
-  source's answers on the samples while the generator is rewarded for samples on which the two still differ,
-  so the samples move to where the source's knowledge has not yet been passed on instead of staying on the
-  few prototypes the source is surest of.
-* sample verification (`generator.verify`, `generator.balance`): the synthetic set keeps the samples on which
-  at least a share `verify` of the source models agree with the ensemble's label (and, with class targets,
-  with the class asked for), and an equal number per label, so that every class is covered.
-* `synthesis_quality`: what a synthetic set is worth, measured: the source labels' class balance, the share
-  of samples on which other models (independently trained, the DGD teachers' plurality) give the source
-  label, and the ceiling (the test accuracy of a student trained only on the samples, labelled by the source).
-
-The loss terms among these (image priors, contrastive diversity, the student in the loop) are in
-engine/datafree.py, next to the papers' terms that `train_generator` adds them to; this module holds what is built
-around the generator: the source ensemble, sample verification and the quality measures.
-
-Privacy: the source models are trained on the private data and nothing is privatised on their way to the
-generator; under the papers' accounting they sit on the same uncovered pathway as the baseline (the privacy
-reports say so), and the strict accounting covers the privatised channels only, as before.
+(The synthesis engine's source-model ensembles, sample verification and ranking, image priors and contrastive
+diversity were measured and left the package: docs/research-log.md, "Synthesis engine".)
 """
 
 from __future__ import annotations
@@ -44,15 +13,13 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from privdistill.config import ClassifierTraining
-from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.data.dataset import ImageDataset
 from privdistill.engine import streams
 from privdistill.engine.augment import with_augmented_copies
 from privdistill.engine.context import Env
-from privdistill.engine.datafree import generate, logits_and_features
 from privdistill.engine.ensemble import TeacherEnsemble
 from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
 from privdistill.errors import ConfigError
@@ -61,144 +28,9 @@ from privdistill.models import create_model
 CEILING_EPOCHS = 3.0  # the ceiling student's epochs unless asked otherwise (`generator quality --ceiling-epochs`)
 
 
-class SourceEnsemble(nn.Module):
-    """k frozen classifiers read as one: forward(x) = log of their mean softmax (a valid logit vector:
-    softmax(log p̄) = p̄ and argmax = the ensemble's label)."""
-
-    def __init__(self, members: list[nn.Module]):
-        super().__init__()
-        if len(members) < 2:
-            raise ConfigError("a source ensemble needs at least 2 models")
-        self.members = nn.ModuleList(members)
-        for p in self.parameters():
-            p.requires_grad_(False)
-
-    def member_logits(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([m(x).float() for m in self.members])  # [k, B, K]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _log_mean_softmax(self.member_logits(x))
-
-    def logits_and_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [logits_and_features(m, x) for m in self.members]
-        logits = torch.stack([lg.float() for lg, _ in pairs])
-        return _log_mean_softmax(logits), torch.cat([f.float().flatten(1) for _, f in pairs], dim=1)
-
-    @torch.no_grad()
-    def agreement(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the ensemble's label [B], the share of members whose own label equals it [B])."""
-        logits = self.member_logits(x)
-        label = _log_mean_softmax(logits).argmax(1)
-        return label, (logits.argmax(2) == label[None]).float().mean(0)
-
-
-def _log_mean_softmax(logits: torch.Tensor) -> torch.Tensor:
-    return torch.logsumexp(F.log_softmax(logits, dim=-1), dim=0) - math.log(logits.shape[0])
-
-
 def source_labels(source: nn.Module, images: torch.Tensor, env: Env, batch_size: int = 500) -> torch.Tensor:
-    """The label the source model (a classifier or a SourceEnsemble) gives each uint8 image."""
+    """The label the source model gives each uint8 image."""
     return predict_logits(source, images, env, batch_size).argmax(1)
-
-
-@torch.no_grad()
-def verified_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *, num_classes: int,
-                     verify: float = 0.0, balance: bool = False, max_rounds: int = 50,
-                     batch_size: int = 500) -> tuple[torch.Tensor, dict[str, Any]]:
-    """n uint8 samples of `generator` that pass verification: with `verify` > 0 (a SourceEnsemble), at least that
-    share of the source models agree with the ensemble's label; with `balance`, n / K samples per label.
-    A class-conditional generator (generator.class_targets) is asked for the classes still short, and a sample
-    is kept only if the source reads it as the class it was made for.
-    Candidates are drawn from stream SYNTHETIC (round, batch); refused with a clear message when `max_rounds`
-    rounds of n candidates do not fill the set (the generator does not cover a class)."""
-    if verify and not isinstance(source, SourceEnsemble):
-        raise ConfigError("generator.verify needs generator.source_models >= 2 (models that can agree)")
-    quota = _quotas(n, num_classes) if balance else None
-    kept: list[torch.Tensor] = []
-    counts = torch.zeros(num_classes, dtype=torch.long)
-    drawn = 0
-    conditional = bool(getattr(generator, "num_classes", 0))
-    for round_ in range(max_rounds):
-        targets = None
-        if conditional:  # ask for the classes still short, in proportion to what each lacks
-            need = (torch.tensor(quota) - counts).clamp_min(0) if quota is not None else torch.ones(num_classes)
-            rng = env.generator(streams.SYNTHETIC, 1000 + round_)
-            targets = torch.multinomial(need.float(), n, replacement=True, generator=rng)
-            images = generate(generator, n, env, batch_size=batch_size,
-                              latents=generator.sample_latent(n, generator=rng, labels=targets))
-        else:
-            images = generate(generator, n, env, batch_size=batch_size, stream=1000 + round_)
-        drawn += len(images)
-        x = env.place_batch(to_float(images))
-        if isinstance(source, SourceEnsemble):
-            labels, share = zip(*(source.agreement(x[i:i + batch_size]) for i in range(0, len(x), batch_size)))
-            labels, share = torch.cat(labels).cpu(), torch.cat(share).cpu()
-        else:
-            labels, share = source_labels(source, images, env), torch.ones(len(images))
-        ok = share >= verify
-        if targets is not None:  # a sample made for one class and read as another is not kept
-            ok &= labels == targets
-        for image, label, keep in zip(images, labels.tolist(), ok.tolist()):
-            if not keep or (quota is not None and counts[label] >= quota[label]):
-                continue
-            kept.append(image)
-            counts[label] += 1
-            if len(kept) == n:
-                break
-        if len(kept) == n:
-            break
-    if len(kept) < n:
-        missing = [k for k in range(num_classes) if quota is not None and counts[k] < quota[k]]
-        raise ConfigError(f"{drawn} generated candidates gave only {len(kept)} of {n} verified samples"
-                          + (f" (classes short: {missing})" if missing else "")
-                          + ": lower generator.verify, turn off generator.balance or train the generator longer")
-    return torch.stack(kept), {"candidates": drawn, "acceptance": round(n / drawn, 4),
-                               "class_counts": counts.tolist(), "verify": verify, "balance": balance}
-
-
-def ranked_samples(generator: nn.Module, source: nn.Module, n: int, env: Env, *, num_classes: int, keep: float,
-                   batch_size: int = 500) -> tuple[torch.Tensor, dict[str, Any]]:
-    """n uint8 samples of a class-conditional `generator`, n / K per class: for each class, quota / `keep`
-    candidates made for it, of which the quota the source ensemble reads most alike as that class is kept
-    (ranked by the share of members whose label is the class, then by the ensemble's probability of it).
-    Unlike a threshold (`verified_samples`) it always fills every class at a known cost, also for a class that
-    the members seldom agree on, whose samples are then the least bad ones (the stats say how many members
-    agreed on the kept samples of each class). Each class's candidates are drawn from stream SYNTHETIC
-    (2000 + class), the shuffle from (3000)."""
-    if not isinstance(source, SourceEnsemble) or not getattr(generator, "num_classes", 0):
-        raise ConfigError("generator.verify_keep needs source models (generator.source_models >= 2) and a "
-                          "class-conditional generator (generator.class_targets)")
-    kept, agreed, quotas = [], [], _quotas(n, num_classes)
-    for label, quota in enumerate(quotas):
-        if not quota:  # (fewer samples than classes; None keeps the stats' list indexed by class)
-            agreed.append(None)
-            continue
-        count = math.ceil(quota / keep)
-        rng = env.generator(streams.SYNTHETIC, 2000 + label)
-        targets = torch.full((count,), label, dtype=torch.long)
-        images = generate(generator, count, env, batch_size=batch_size,
-                          latents=generator.sample_latent(count, generator=rng, labels=targets))
-        shares, probs = [], []
-        with torch.no_grad():
-            for start in range(0, count, batch_size):
-                logits = source.member_logits(env.place_batch(to_float(images[start:start + batch_size])))
-                shares.append((logits.argmax(2) == label).float().mean(0).cpu())
-                probs.append(_log_mean_softmax(logits)[:, label].exp().cpu())
-        share, prob = torch.cat(shares), torch.cat(probs)
-        # the probability breaks ties only: it is scaled below one member's step of the share
-        best = (share + prob / (len(source.members) + 1)).topk(quota).indices
-        kept.append(images[best])
-        agreed.append(float(share[best].mean()))
-    # shuffled: the set is read in order by its users (a first slice for the quality measures, a first split)
-    order = torch.randperm(n, generator=env.generator(streams.SYNTHETIC, 3000))
-    return torch.cat(kept)[order], {"candidates": sum(math.ceil(q / keep) for q in quotas),
-                             "verify_keep": keep, "class_counts": quotas,
-                             "kept_members_agreeing": [None if a is None else round(a, 4) for a in agreed]}
-
-
-def _quotas(n: int, num_classes: int) -> list[int]:
-    base, extra = divmod(n, num_classes)
-    return [base + (1 if k < extra else 0) for k in range(num_classes)]
 
 
 def label_balance(labels: torch.Tensor, num_classes: int) -> float:
@@ -248,7 +80,7 @@ def synthesis_agreement(images: torch.Tensor, source: nn.Module, baseline: nn.Mo
                         num_classes: int) -> dict[str, Any]:
     """How a teacher ensemble reads synthetic samples (DGD's label channel), evaluation only: the share on which
     its plurality gives the label the samples were synthesised for (`agreement_with_source`: the source
-    model's, the baseline or the source ensemble) and the baseline's label (`agreement_with_baseline`)."""
+    model's) and the baseline's label (`agreement_with_baseline`)."""
     by_source, by_baseline, plurality = (read_labels(m, images, env) for m in (source, baseline, teachers))
     return {"samples": len(images), "class_balance": round(label_balance(by_source, num_classes), 4),
             "agreement_with_source": round(float((plurality == by_source).float().mean()), 4),

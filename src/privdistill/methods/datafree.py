@@ -8,7 +8,6 @@ student has no privacy guarantee: it is the ceiling that the private methods' st
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import GeneratorTraining, generate
 from privdistill.engine.ensemble import TeacherEnsemble
 from privdistill.engine.stages import Stages, file_digest
-from privdistill.engine.synthesis import CEILING_EPOCHS, SourceEnsemble, synthesis_quality
+from privdistill.engine.synthesis import CEILING_EPOCHS, synthesis_quality
 from privdistill.engine.synthetic import save_grid, teacher_view
 from privdistill.engine.trainer import predict_logits
 from privdistill.errors import ConfigError, RunError
@@ -73,13 +72,11 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
     teacher_key = file_digest(teacher_run.path / "model.safetensors")
     teacher_accuracy = evaluate(teacher, data.test, env)
     generator, gen_stage = stages.generator(teacher, teacher_key, cfg)
-    # the set, and the teacher or the source ensemble that fitted or verifies its generator
-    images, syn_stage, source = stages.synthetic_set(generator, gen_stage, n, teacher, teacher_key, cfg)
+    images, syn_stage = stages.synthetic(generator, gen_stage, n)
 
-    view = teacher_view(source, images, env, data.num_classes)
-    teacher_labels = predict_logits(source, images, env).argmax(1)  # the source's (or verifying sources') labels
-    readers = {"teacher": teacher} if source is not teacher else {}  # an independently trained reader
-    quality = synthesis_quality(images[:2000], source, env, num_classes=data.num_classes, readers=readers)
+    view = teacher_view(teacher, images, env, data.num_classes)
+    teacher_labels = predict_logits(teacher, images, env).argmax(1)
+    quality = synthesis_quality(images[:2000], teacher, env, num_classes=data.num_classes)
     save_grid(images, teacher_labels, run.path / "samples.png", num_classes=data.num_classes)
     run.save_weights("generator", generator)
     from safetensors.torch import save_file
@@ -104,8 +101,7 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
         privacy="none: generator trained against a non-private teacher, student labelled by that teacher",
         wall_seconds=round(wall, 1), device=env.describe(), loss=cfg.loss, num_samples=n,
         generator_stage=gen_stage.ref(), synthetic_stage=syn_stage.ref(), generator_stats=gen_stage.info(),
-        synthetic_quality=view, synthesis_quality={**quality, "ceiling": round(student_accuracy, 4)},
-        source="teacher" if source is teacher else cfg.describe_source("teacher"),
+        synthetic_quality=view, synthesis_quality={**quality, "ceiling": round(student_accuracy, 4)}, source="teacher",
         **({"variant": req.variant} if req.variant else {}))
     if req.record:
         summary["recorded_as"] = str(record_result(summary, results_dir=req.results_dir))
@@ -113,31 +109,16 @@ def train_generator_workflow(req: GeneratorRequest) -> dict[str, Any]:
 
 
 def resolve_source(recorded: str, cache: StageCache, env: Env) -> nn.Module | None:
-    """The model a cached generator stage was fitted to, from the key its stage recorded: `sources:KEY` (an
-    ensemble of source models, the teachers stage KEY) with an optional `+DIGEST` (the classifier joined to
-    it), or a classifier: a baseline stage's key (SRR's teacher, DGD's baseline) or its weights' digest
-    (`generator train --teacher RUN`), looked up among the cached baselines. None if not in the cache."""
-    def classifier(digest: str) -> nn.Module | None:
-        stage = cache.root / f"baseline-{digest}"
-        if (stage / "model.safetensors").is_file():
-            return env.place(RunDir(stage).load_weights("model", device=env.device)).eval()
-        for path in sorted(cache.root.glob("baseline-*/model.safetensors")):
-            if file_digest(path) == digest:
-                return env.place(RunDir(path.parent).load_weights("model", device=env.device)).eval()
-        return None
-
-    if not recorded.startswith("sources:"):
-        return classifier(recorded)
-    teachers_key, _, digest = recorded.removeprefix("sources:").partition("+")
-    saved = cache.root / f"teachers-{teachers_key}" / "teachers.safetensors"
-    if not saved.is_file():
-        return None
-    ensemble = TeacherEnsemble.load(saved, env.device)
-    members = [env.place(ensemble.member(i)).eval() for i in range(ensemble.num_teachers)]
-    joined = classifier(digest) if digest else None
-    if digest and joined is None:
-        return None
-    return SourceEnsemble([joined, *members] if joined is not None else members)
+    """The classifier a cached generator stage was fitted to, from the key its stage recorded: a baseline stage's key
+    (SRR's teacher, DGD's baseline) or its weights' digest (`generator train --teacher RUN`), looked up among the
+    cached baselines. None if not in the cache."""
+    stage = cache.root / f"baseline-{recorded}"
+    if (stage / "model.safetensors").is_file():
+        return env.place(RunDir(stage).load_weights("model", device=env.device)).eval()
+    for path in sorted(cache.root.glob("baseline-*/model.safetensors")):
+        if file_digest(path) == recorded:
+            return env.place(RunDir(path.parent).load_weights("model", device=env.device)).eval()
+    return None
 
 
 def load_reader(path: str, env: Env) -> Any:
@@ -192,13 +173,8 @@ def generator_quality(stage: str, *, dataset: str, source: str | None = None, re
                      num_classes=data.num_classes)
     report = {"stage": directory.name, "fitted_to": source or recorded, "dataset": dataset, "seed": seed,
               "device": env.describe(), "wall_seconds": round(time.perf_counter() - started, 1),
-              "recorded_quality": run_info(directory).get("quality"), **quality, "grid": str(grid),
+              **quality, "grid": str(grid),
               "note": "evaluation only: non-private models read the samples (and the real test set for the "
                       "ceiling); not covered by any epsilon"}
     atomic_write_json(target / "quality.json", report)
     return report
-
-
-def run_info(directory: Path) -> dict[str, Any]:
-    marker = directory / "stage.json"
-    return json.loads(marker.read_text()) if marker.is_file() else {}

@@ -162,9 +162,8 @@ class DGDMethod(Method):
             baseline, baseline_key = e2e.generator_source(ctx, ledger, plan.details["events"], refs,
                                                       secure=cfg.secure_noise)
             generator, gen_stage = stages.generator(baseline, baseline_key, gcfg)
-            # the pool, and the models that fitted or verify its generator
-            pool, pool_stage, source = stages.synthetic_set(generator, gen_stage, cfg.num_synthetic or len(data.train),
-                                                            baseline, baseline_key, gcfg)
+            pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train))
+            source = baseline  # the model the generator was fitted to: what a query selection rule reads
             teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
             baseline_accuracy = evaluate(baseline, data.test, env)
             diagnostics["synthesis_quality"] = synthesis_agreement(pool[:2000], source, baseline, teachers, env,
@@ -223,7 +222,7 @@ class DGDMethod(Method):
         source = "DP source (DP-SGD)" if dp else "non-private baseline classifier"
         pathways = dgd_pathways(aggregation=cfg.aggregation, source_is_dp=dp,
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
-                                fitted_to=ctx.section("generator").describe_source(source),
+                                fitted_to=source,
                                 latent_codes=ctx.section("student").reads_latent_codes,
                                 query_selection=cfg.query_selection, release=cfg.release)
         e2e.add_source_label_pathway(pathways, cfg.source_labels)

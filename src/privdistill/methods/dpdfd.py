@@ -243,7 +243,6 @@ class DPDFDMethod(Method):
 
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         cfg: DPDFDConfig = ctx.section("dpdfd")
-        ctx.section("dpdfd_generator").refuse_sample_filters("dpdfd_generator", "DPDFD draws each step's batch fresh")
         steps = plan_steps(cfg, ctx.budget, num_teachers=ctx.section("dpdfd_teachers").num_teachers,
                            num_classes=ctx.data.num_classes, dataset_size=len(ctx.data.train))
         done = sum(e.steps for e in recorded.events() if isinstance(e, NormalisedGaussian))

@@ -108,13 +108,12 @@ def is_end_to_end(ctx) -> bool:
     return ctx.budget.privacy == END_TO_END
 
 
-def check_generator_end_to_end(ctx, inputs: str = "generator", section: str = "generator") -> None:
-    """A method whose student reads generator samples (DGD, data-free SRR) is end to end only if the generator
-    (config `section`) is fitted to the DP source alone (no non-private source models) and its samples are the
-    student's only inputs."""
-    if inputs != "generator" or getattr(ctx.section(section), "source_models", 0):
+def check_generator_end_to_end(ctx, inputs: str = "generator") -> None:
+    """A method whose student reads generator samples (DGD, data-free SRR) is end to end only if the generator's
+    samples (fitted to the DP source) are the student's only inputs."""
+    if inputs != "generator":
         raise ConfigError("--privacy end-to-end needs the generator's samples as the only inputs (dgd.inputs="
-                          f"generator) and no non-private source models ({section}.source_models=0)")
+                          "generator)")
 
 
 def check_source_labels(ctx, source_labels: bool) -> None:
@@ -255,7 +254,6 @@ def check_srr(ctx) -> None:
     feature statistics released under DP (a DP model has no BatchNorm statistics to match); the teacher's labels
     are then post-processing, so no label mechanism runs (randomising a DP model's answers protects nothing more).
     The target is split between the teacher and the statistics (srr_plan)."""
-    check_generator_end_to_end(ctx, section="srr_generator")
     if not ctx.section("dp_source").statistics(STATISTICS_SHARE):
         raise ConfigError("SRR end to end needs dp_source.statistics_share > 0 (default 0.2): its generator "
                           "matches BatchNorm statistics, and a DP-SGD teacher has none; the share pays for "

@@ -105,7 +105,6 @@ class SRRMethod(Method):
         if generator_loss != "srr":
             raise ConfigError("srr_generator.loss must be 'srr' (the paper's BN-statistics loss), "
                               f"got {generator_loss!r}")
-        ctx.section("srr_generator").refuse_sample_filters("srr_generator", "SRR draws each stage's samples by code")
         total = cfg.num_samples or len(ctx.data.train)
         if cfg.loss == "soft" and not e2e.is_end_to_end(ctx):
             raise ConfigError("srr.loss=soft trains on the teacher's softmax, which only a DP teacher may give "
@@ -168,8 +167,7 @@ class SRRMethod(Method):
         if e2e.is_end_to_end(ctx):
             return srr_end_to_end_pathways()
         # label-dp: no generator is trained or released, so the pathways name the student only
-        fitted_to = ctx.section("srr_generator").describe_source("non-private teacher")
-        return srr_pathways(setting=ctx.section("srr").setting, fitted_to=fitted_to)
+        return srr_pathways(setting=ctx.section("srr").setting)
 
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg: SRRConfig = ctx.section("srr")

@@ -60,7 +60,7 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
     chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
     ``inputs``: "generator" (the method) or "held-out-private" (Fig. 7 variant: a held-out slice of the private
     set replaces the generator).
-    ``fitted_to``: what the generator was fitted to (the baseline, or the synthesis engine's source models).
+    ``fitted_to``: what the generator was fitted to (the baseline, or a DP source end to end).
     ``release``: "argmax" (the noisy label, the paper) or "histogram" (the whole noisy vote histogram, priced
     alike by the data-independent analysis).
     ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
@@ -128,7 +128,7 @@ def dpdfd_pathways(*, algorithm: int = 1) -> dict[str, list[Pathway]]:
 
 def srr_pathways(*, setting: str = "data-free", fitted_to: str = "non-private teacher") -> dict[str, list[Pathway]]:
     """SRR (data-free: synthetic inputs) or its label-DP setting (real inputs, labels protected). ``fitted_to``:
-    what the pre-trained generator was fitted to (the teacher, or the synthesis engine's source models)."""
+    what the pre-trained generator was fitted to."""
     check_choice("setting", setting, ("data-free", "label-dp"))
     if setting == "label-dp":
         return {"student": [
