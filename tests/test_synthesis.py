@@ -210,8 +210,8 @@ def test_class_targets_make_a_generator_draw_the_class_it_is_asked_for():
 
 
 def test_teacher_augmentation_is_per_teacher_and_counts_in_the_stage_key(tiny_npz):
-    """teachers.augment / input_noise: the loop and vectorised trainers perturb each teacher's batches alike
-    (its own stream), the perturbation changes what is learnt, and the teachers' stage key holds both, set or not."""
+    """teachers.augment: the loop and vectorised trainers augment each teacher's batches alike (its own stream), the
+    augmentation changes what is learnt, and the teachers' stage key holds it, set or not."""
     from privdistill.config import keyed_config
     from privdistill.engine.ensemble import TeacherTraining, train_teachers
 
@@ -219,14 +219,14 @@ def test_teacher_augmentation_is_per_teacher_and_counts_in_the_stage_key(tiny_np
     env = Env.cpu(seed=0)
     base = dict(num_teachers=2, model="small-cnn", steps=4, batch_size=8, lr=0.01)
     plain, _ = train_teachers(data.train, TeacherTraining(**base, trainer="loop"), env)
-    noisy = {t: train_teachers(data.train, TeacherTraining(**base, trainer=t, augment="shift", input_noise=0.3),
-                               env)[0] for t in ("loop", "vectorized")}
+    shifted = {t: train_teachers(data.train, TeacherTraining(**base, trainer=t, augment="shift"), env)[0]
+               for t in ("loop", "vectorized")}
     x = data.test.images[:20].float() / 127.5 - 1
-    loop_out, vec_out = (noisy[t].member(1).eval()(x) for t in ("loop", "vectorized"))
-    assert torch.allclose(loop_out, vec_out, atol=1e-4), "the same perturbed batches in both trainers"
+    loop_out, vec_out = (shifted[t].member(1).eval()(x) for t in ("loop", "vectorized"))
+    assert torch.allclose(loop_out, vec_out, atol=1e-4), "the same augmented batches in both trainers"
     assert not torch.allclose(plain.member(1).eval()(x), loop_out, atol=1e-4)
     assert keyed_config(TeacherTraining(**base))["augment"] == "none"
-    assert keyed_config(TeacherTraining(**base, input_noise=0.3))["input_noise"] == 0.3
+    assert keyed_config(TeacherTraining(**base, augment="shift"))["augment"] == "shift"
     with pytest.raises(ConfigError, match="augment"):
         TeacherTraining(augment="rotate").validate()
 

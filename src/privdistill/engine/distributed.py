@@ -78,17 +78,9 @@ def _train_chunk_task(images, labels, num_classes, cfg_dict, ids, parts_padded, 
     return {k: v.detach().cpu() for k, v in params.items()}
 
 
-def _sgd_only(cfg: TeacherTraining) -> None:
-    """Ray trains teachers by SGD, chunk by chunk; a closed-form fit would be silently replaced by it."""
-    if cfg.fit != "sgd":
-        raise ConfigError(f"teachers.fit={cfg.fit} fits every teacher in about a minute on one machine and does not "
-                          "run on Ray; train without --ray (or set teachers.fit=sgd)")
-
-
 def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, address: str | None = None,
                        chunk_size: int = 0, num_cpus: int | None = None) -> tuple[TeacherEnsemble, dict]:
     """Train the ensemble as Ray tasks (one task per chunk of teachers) and gather it on the coordinator."""
-    _sgd_only(cfg)
     ray = connect(address, num_cpus=num_cpus)
     parts = make_partitions(train, cfg)
     sizes = torch.tensor([len(p) for p in parts])
@@ -156,7 +148,6 @@ class ClientEnsemble:
     def launch(cls, dataset: str, train: ImageDataset, cfg: TeacherTraining, env: Env, *, data_root: str | None = None,
                address: str | None = None, num_cpus: int | None = None) -> "ClientEnsemble":
         """One actor per partition. The coordinator computes the (seeded) partition index lists only."""
-        _sgd_only(cfg)
         ray = connect(address, num_cpus=num_cpus)
         if cfg.num_teachers > 64 and not address:
             raise ConfigError(f"{cfg.num_teachers} client actors on a local Ray instance would each load the "

@@ -33,7 +33,6 @@ from privdistill.engine.augment import augment_batch
 from privdistill.engine.context import Env
 from privdistill.engine.optim import make_optimizer, set_lr
 from privdistill.engine.progress import progress_bar
-from privdistill.engine.ridge_teachers import check_ridge_model, fit_ridge_heads
 from privdistill.engine.run import safetensors_bytes
 from privdistill.errors import ConfigError, DataError, ModelError
 from privdistill.models import create_model
@@ -65,27 +64,14 @@ class TeacherTraining:
     trainer: str = "auto"  # auto | vectorized | loop
     chunk_size: int = 0  # teachers per vectorised step; 0: automatic (memory-bounded)
     partition_seed: int = 0
-    # The synthesis engine's teacher side (docs/research-log.md, "Synthesis engine"): training that extrapolates
-    # consistently off the data, so that teachers read synthetic samples alike. Off by default (the papers' teachers).
+    # each teacher's batches augmented (its own stream): on MNIST affine copies make teachers that read synthetic
+    # samples alike (DGD's default recipe; docs/research-log.md, "Synthesis engine"). Off: the papers' teachers.
     augment: str = "none"  # one of config.AUGMENTATIONS (engine/augment.py)
-    input_noise: float = 0.0  # std of Gaussian noise added to each training image (in [-1, 1] units)
-    # sgd: the papers' teachers, `steps` of Adam | ridge: a closed-form ridge head on a fixed ScatterNet transform
-    # (model scatter-linear; engine/ridge_teachers.py): steps, batch, rate and augmentation do not apply
-    fit: str = "sgd"
-    ridge: float = 0.01  # fit=ridge: λ in (1/n) ‖Xw − Y‖² + λ ‖w‖², n the partition size
 
     def validate(self) -> None:
         check_augment(self.augment, "teachers.augment")
-        if self.input_noise < 0:
-            raise ConfigError("teachers.input_noise must be >= 0")
         if self.num_teachers < 1:
             raise ConfigError(f"num_teachers must be >= 1, got {self.num_teachers}")
-        if self.fit not in ("sgd", "ridge") or not self.ridge > 0:
-            raise ConfigError(f"teachers.fit must be sgd or ridge and teachers.ridge > 0, got {self.fit!r}, "
-                              f"{self.ridge}")
-        if self.fit == "ridge" and (self.augment != "none" or self.input_noise):
-            raise ConfigError("teachers.fit=ridge fits each head once on its partition's images as they are: "
-                              "teachers.augment and teachers.input_noise apply to sgd only")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ConfigError("steps, batch_size and lr must be positive")
         if self.trainer not in ("auto", "vectorized", "loop"):
@@ -135,8 +121,6 @@ class TeacherEnsemble(nn.Module):
         convolutions (measured: 250 paper CNNs on 500 images, 111 s vmap vs 40 s loop with channels-last
         inputs, 23 s under bf16 autocast). Callers choose the precision with their autocast context."""
         params, buffers = self.stacked()
-        if self.shares_features:
-            return self._head_logits(x, params)
         if vectorized is None:
             vectorized = x.device.type != "cpu"
         if not vectorized:
@@ -162,19 +146,6 @@ class TeacherEnsemble(nn.Module):
             b = {k: v[start:start + chunk] for k, v in buffers.items()}
             out.append(vmap(one, in_dims=(0, 0, None))(p, b, x).float())
         return torch.cat(out)
-
-    @property
-    def shares_features(self) -> bool:
-        """Whether the teachers share a fixed feature transform and differ only in their heads (e.g. ridge teachers
-        on a ScatterNet): then the transform runs once per batch, not once per teacher."""
-        return (hasattr(self.base[0], "scatter") and not self.buffer_names
-                and all(name.startswith("head.") for name in self.names))
-
-    def _head_logits(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        module = self._scratch_module(x.device, torch.contiguous_format)
-        features = module.scatter(x)
-        heads = {name[len("head."):]: value for name, value in params.items()}
-        return vmap(lambda p, f: functional_call(module.head, p, (f,)), in_dims=(0, None))(heads, features).float()
 
     def _scratch_module(self, device: torch.device, layout: torch.memory_format) -> nn.Module:
         key = (str(device), str(layout))
@@ -275,9 +246,6 @@ def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: st
     """Checks of a teacher ensemble's plan, run before anything trains: the partitions can be made, and what the
     vote noise leaves of a unanimous vote (a note; a VoteNoiseWarning when it leaves little)."""
     make_partitions(train, cfg)
-    if cfg.fit == "ridge":  # refused now, before any stage trains, rather than when the teachers' stage starts
-        with torch.random.fork_rng():  # the template's initialisation must not move the run's random state
-            check_ridge_model(_new_teacher(cfg, train), cfg.model)
     return vote_noise_note(cfg.num_teachers, train.num_classes, distribution=distribution, scale=scale, option=option,
                            threshold=threshold, sigma1=sigma1)
 
@@ -327,19 +295,12 @@ class _BatchPlan:
 
 
 def _perturb(x: torch.Tensor, cfg: TeacherTraining, rng_ids: torch.Tensor, step: int, env: Env) -> torch.Tensor:
-    """Each teacher's batch [m, B, C, H, W] augmented and noised (teachers.augment, input_noise) from its own
-    stream (teacher id, step): the same whether it is trained alone or in any chunk."""
-    if cfg.augment == "none" and not cfg.input_noise:
+    """Each teacher's batch [m, B, C, H, W] augmented (teachers.augment) from its own stream (teacher id, step): the
+    same whether it is trained alone or in any chunk."""
+    if cfg.augment == "none":
         return x
-    rows = []
-    for row, tid in zip(x, rng_ids.tolist()):
-        rng = env.generator(streams.TEACHER_AUGMENT, tid, step)
-        if cfg.augment != "none":
-            row = augment_batch(row, cfg.augment, rng)
-        if cfg.input_noise:
-            row = row + cfg.input_noise * torch.randn(row.shape, generator=rng).to(row.device)
-        rows.append(row)
-    return torch.stack(rows)
+    return torch.stack([augment_batch(row, cfg.augment, env.generator(streams.TEACHER_AUGMENT, tid, step))
+                        for row, tid in zip(x, rng_ids.tolist())])
 
 
 def _gather(train: ImageDataset, partitions: torch.Tensor, positions: torch.Tensor, env: Env):
@@ -381,8 +342,6 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
         warnings.warn(f"{len(lacking)} of {cfg.num_teachers} partitions lack some class (partition {first[0]} has no "
                       f"example of class(es) {first[1]}): those teachers can never vote for it. Use fewer teachers.",
                       EnsembleWarning, stacklevel=2)
-    if cfg.fit == "ridge":
-        return _fit_ridge(train, cfg, env, parts, len(lacking))
     sizes = torch.tensor([len(p) for p in parts])
     padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
     for i, p in enumerate(parts):
@@ -421,21 +380,6 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
              "partition_sizes": [int(sizes.min()), int(sizes.max())],
              "partitions_missing_classes": len(lacking)}
     return ensemble, stats
-
-
-def _fit_ridge(train: ImageDataset, cfg: TeacherTraining, env: Env, parts: list[torch.Tensor],
-               lacking: int) -> tuple[TeacherEnsemble, dict]:
-    """`teachers.fit=ridge`: each teacher a closed-form ridge head on the fixed transform (engine/ridge_teachers.py)."""
-    template = _init_teachers(cfg, train, 1, 0, env)[0]
-    check_ridge_model(template, cfg.model)
-    started = time.perf_counter()
-    params, fit_stats = fit_ridge_heads(template, train, parts, cfg.ridge, env)
-    wall = time.perf_counter() - started
-    sizes = [len(p) for p in parts]
-    return TeacherEnsemble(template, params), {
-        "num_teachers": cfg.num_teachers, "trainer": "ridge", "wall_seconds": round(wall, 3),
-        "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
-        "partition_sizes": [min(sizes), max(sizes)], "partitions_missing_classes": lacking, **fit_stats}
 
 
 def _train_chunk_vectorized(models, train, partitions, sizes, rng_ids, cfg: TeacherTraining, env: Env, bar, *,

@@ -1,7 +1,5 @@
 """A ScatterNet's fixed (data-independent) transform of a set of images: what the `features` stage caches (DP-SGD on
-ScatterNet features, engine/stages.py) and what ridge teachers are fitted on (engine/ridge_teachers.py).
-
-Kept apart from both: stages imports the teacher ensemble, which imports the ridge teachers."""
+ScatterNet features, engine/stages.py)."""
 
 from __future__ import annotations
 
