@@ -25,9 +25,10 @@ take today's default on the recorded side (the behaviour before the option exist
 cell or a recipe sets them otherwise. Ignored: how a run executes rather than what it computes (run.* but run.seed
 and run.deterministic: device, precision, threads, progress, runs_dir, data_root, the recipe's name, plan_check, the
 noise source), the name labels (`<section>.variant`) and the secure-noise switches (`secure_noise`, `secure_mode`:
-where the noise is drawn from, not its distribution). The preset's refit to the data (methods/sizing.py) is a no-op
-on the built-in datasets the matrices use, so it is not applied. A commit ending in `-dirty` had uncommitted changes
-when the row ran: they are unknown here.
+where the noise is drawn from, not its distribution). A recorded command's `--set` of an option that has since left
+the package (RETIRED) at the value that left it off is dropped before it is resolved. The preset's refit to the data
+(methods/sizing.py) is a no-op on the built-in datasets the matrices use, so it is not applied. A commit ending in
+`-dirty` had uncommitted changes when the row ran: they are unknown here.
 
     .venv/bin/python experiments/check_matrix_configs.py                 # both matrices, a summary and each difference
     .venv/bin/python experiments/check_matrix_configs.py --only dgd+ --json /tmp/check.json
@@ -77,6 +78,11 @@ IGNORED_KEYS = ("variant", "secure_noise", "secure_mode")
 #: summary field -> config key, for the budget every private method records
 BUDGET_ECHO = {"accounting": "accounting", "target_epsilon": "epsilon", "max_epsilon": "max_epsilon",
                "delta": "delta", "privacy_scope": "privacy"}
+#: options that left the package (issue 63; docs/research-log.md, "Code that left the package"), each with the value
+#: that left it off: a recorded command that sets one to that value ran as today's code runs without it, so the
+#: setting is dropped before the command is resolved (set to anything else, the command stays unverifiable)
+RETIRED = {"srr.augment": "none", "srr.label_copies": 1, "srr.copy_augment": "shift", "teachers.fit": "sgd",
+           "teachers.input_noise": 0.0}
 #: summary fields each method copies from its own section unchanged
 METHOD_ECHO = {"dgd": ("dgd", ("aggregation", "inputs", "query_selection", "release")),
                "pate": ("pate", ("aggregation", "query_selection")),
@@ -232,6 +238,20 @@ def command_words(command: str) -> list[str]:
     raise ValueError(f"not a privdistill command: {command}")
 
 
+def retired_dropped(words: list[str]) -> tuple[list[str], list[str]]:
+    """`words` without the `--set KEY=VALUE` pairs that set a RETIRED option to the value that left it off."""
+    out, dropped, i = [], [], 0
+    while i < len(words):
+        key, _, value = words[i + 1].partition("=") if words[i] == "--set" and i + 1 < len(words) else ("", "", "")
+        if key in RETIRED and same(yaml.safe_load(value), RETIRED[key]):
+            dropped.append(words[i + 1])
+            i += 2
+            continue
+        out.append(words[i])
+        i += 1
+    return out, dropped
+
+
 # ---------------------------------------------------------------------------------------------- resolution
 def _number(value: Any) -> float | None:
     try:
@@ -329,6 +349,8 @@ def recorded(result: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """{'then': config as it ran, 'now': the recorded command under today's presets and recipes, 'notes': [...]}."""
     commit, commit_note = recorded_commit(result)
     words, notes = overlays_expanded(command_words(str(result["command"])), commit, tmp)
+    words, retired = retired_dropped(words)
+    notes += [f"options since retired, set to their off value: {', '.join(retired)}"] if retired else []
     captured = request_of(words)
     method = captured.method
     recipe_name = result.get("recipe")

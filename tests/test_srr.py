@@ -483,41 +483,6 @@ def test_student_average_is_the_prior_and_the_release_at_the_same_epsilon(tiny_n
             SRRConfig(**bad).validate()
 
 
-def test_label_copies_label_augmented_copies_of_each_sample_at_the_same_spend(tiny_npz, tmp_path, cache, monkeypatch):
-    """srr.label_copies K: a stage's first ceil(n/K) images are the generator's samples (one batch: the generator
-    normalises with batch statistics, so they are not the plain run's first ones), then blocks of their shifted
-    copies, cut to n; every image gets its own label through the mechanism, N counts them all, and the generator
-    is fine-tuned on the samples' latent codes with the samples' own labels."""
-    from privdistill.methods.srr_training import SRRTraining
-
-    tuned = []
-    real_finetune = SRRTraining.finetune_generator
-
-    def recording_finetune(self, i, labels):
-        tuned.append((len(self.latents(i)), len(labels)))
-        return real_finetune(self, i, labels)
-
-    monkeypatch.setattr(SRRTraining, "finetune_generator", recording_finetune)
-    args = (*PER_LABEL, "budget.epsilon=2", "srr.keep_synthetic=true")
-    run = run_srr(request(tiny_npz, tmp_path / "copies", *args, "srr.label_copies=3"))
-    assert run.summary["epsilon_paper"] == 2.0 and run.summary["num_labels"] == 160
-    assert run.summary["variant"] == "copies3", "never recorded under the one-label cell's name"
-    assert any("label_copies 3" in note for note in run.summary["plan_notes"])
-    assert sum(e.count for e in PrivacyLedger(tmp_path / "copies", accounting="paper").events()) == 160
-    assert tuned[0] == (14, 40), "40 labels a stage on ceil(40 / 3) = 14 samples; fine-tuning reads the 14"
-    images = torch.load(tmp_path / "copies" / "synthetic" / "stage-0001.pt", weights_only=True)
-    assert images.dtype == torch.uint8 and len(images) == 40
-    samples = images[:14]
-    for k, copy in enumerate(images[14:]):  # copy k is of sample k mod 14, moved by at most 2 pixels, black fill
-        padded = torch.nn.functional.pad(samples[k % 14], (2,) * 4)
-        assert any(torch.equal(padded[:, dy:dy + 28, dx:dx + 28], copy) for dy in range(5) for dx in range(5))
-    assert not torch.equal(images[14:28], samples)
-    for bad in (dict(label_copies=0), dict(label_copies=2, copy_augment="none"),
-                dict(label_copies=2, setting="label-dp"), dict(copy_augment="affine")):
-        with pytest.raises(ConfigError, match="label_copies"):
-            SRRConfig(**bad).validate()
-
-
 def test_soft_student_loss_is_the_cross_entropy_to_the_teacher_s_softmax():
     """srr.loss=soft (end to end): the student fits the DP teacher's whole answer; its loss is smallest, among
     students, at the teacher's own distribution, where hard labels would push it to the argmax."""

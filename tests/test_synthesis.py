@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from privdistill.data import ImageDataset, load_data
-from privdistill.data.dataset import to_float
 from privdistill.engine import Env
 from privdistill.engine.cache import StageCache
 from privdistill.engine.datafree import GeneratorTraining, train_generator
@@ -60,7 +59,6 @@ def test_soft_targets_teach_the_whole_answer():
     distribution is learned as that distribution (hard labels make the model sure of the argmax); a wrong shape
     is refused. The soft ceiling of synthesis_quality records which labels its student read."""
     from privdistill.config import ClassifierTraining
-    from privdistill.data import ImageDataset
     from privdistill.engine.trainer import train_classifier
 
     g = torch.Generator().manual_seed(0)
@@ -108,29 +106,6 @@ def test_soft_targets_teach_the_whole_answer():
         synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_labels="logits")
 
 
-def test_ceiling_copies_relabel_each_shifted_copy_by_the_source(monkeypatch):
-    """ceiling_copies K: the ceiling student reads the samples and K - 1 shifted copies, each labelled by the
-    source on its own (a shift brings in black pixels, so a bright sample's copy can fall in a darker bin)."""
-    import privdistill.engine.synthesis as synthesis
-
-    seen = {}
-
-    def recording(images, labels, *args, **kwargs):
-        seen.update(images=images, labels=labels)
-        return 0.5
-
-    monkeypatch.setattr(synthesis, "ceiling_accuracy", recording)
-    bins = ((torch.full((8, 1, 4, 4), 0.75) + 1) * 127.5).round().to(torch.uint8)  # all in the brightest bin
-    test = ImageDataset(bins, torch.full((8,), 3), 4, name="test")
-    q = synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_copies=3)
-    assert q["ceiling_training"]["copies"] == 3 and len(seen["images"]) == 24
-    assert torch.equal(seen["images"][:8], bins) and (seen["labels"][:8] == 3).all()
-    assert torch.equal(seen["labels"], Fixed()(to_float(seen["images"])).argmax(1))
-    assert (seen["labels"][8:] < 3).any(), "a copy shifted in black is relabelled, not given its sample's label"
-    with pytest.raises(ConfigError, match="copies"):
-        synthesis_quality(bins, Fixed(), Env.cpu(), num_classes=4, ceiling_test=test, ceiling_copies=0)
-
-
 def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path, monkeypatch):
     """`privdistill generator quality STAGE` finds the baseline a cached stage was fitted to, and measures class
     balance, another reader's agreement and a grid; a stage whose source is gone asks for --source."""
@@ -152,16 +127,16 @@ def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path,
                                       "--samples", "40", "--reader", f"again={baseline_stage.path}", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "quality.json").read_text())
-    # another seed draws other samples and trains another ceiling student (here on each sample and a shifted copy)
+    # another seed draws other samples and trains another ceiling student
     other = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}",
                                      "--samples", "40", "--seed", "1", "--out", str(tmp_path / "other"),
-                                     "--ceiling", "--ceiling-copies", "2", "--ceiling-epochs", "0.5"])
+                                     "--ceiling", "--ceiling-epochs", "0.5"])
     assert other.exit_code == 0, other.output
     reseeded = json.loads((tmp_path / "other" / "quality.json").read_text())
-    assert reseeded["ceiling_training"] == {"model": "paper-cnn", "epochs": 0.5, "labels": "hard", "copies": 2}
+    assert reseeded["ceiling_training"] == {"model": "paper-cnn", "epochs": 0.5, "labels": "hard"}
     assert 0 <= reseeded["ceiling"] <= 1 and "ceiling" not in report
     alone = CliRunner().invoke(get_app(), ["generator", "quality", f"generator-{stage.key}", "-d", f"npz:{tiny_npz}",
-                                     "--ceiling-copies", "2"])
+                                     "--ceiling-epochs", "2"])
     assert alone.exit_code != 0 and "add --ceiling" in str(alone.exception)
     assert (report["seed"], reseeded["seed"]) == (0, 1)
     assert report["samples"] == 40 and sum(report["class_counts"]) == 40 and 0 <= report["class_balance"] <= 1

@@ -101,12 +101,9 @@ def generator_quality(
     ceiling_labels: Annotated[str, typer.Option(
         "--ceiling-labels", help="the ceiling student learns the source's label (hard: what a label channel such "
                                  "as DGD's votes or SRR's responses carries) or its softmax (soft)")] = "hard",
-    ceiling_copies: Annotated[int, typer.Option(
-        "--ceiling-copies", min=1, help="the ceiling student also learns K - 1 copies of each sample shifted by up "
-                                        "to 2 px, each labelled by the source (SRR's srr.label_copies)")] = 1,
     ceiling_epochs: Annotated[Optional[float], typer.Option(
         "--ceiling-epochs", min=0.01,
-        help="the ceiling student's epochs over its samples (and copies); default 3")] = None,
+        help="the ceiling student's epochs over its samples; default 3")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="where quality.json and samples.png go")] = None,
     data_root: o.DataRoot = None,
     seed: Annotated[int, typer.Option(
@@ -122,7 +119,7 @@ def generator_quality(
         readers[name] = path
     report = datafree.generator_quality(stage, dataset=dataset, source=str(source) if source else None,
                                         readers=readers, samples=samples, ceiling=ceiling,
-                                        ceiling_labels=ceiling_labels, ceiling_copies=ceiling_copies,
+                                        ceiling_labels=ceiling_labels,
                                         ceiling_epochs=ceiling_epochs, out=str(out) if out else None,
                                         data_root=str(data_root) if data_root else None, seed=seed)
     table = Table(title=f"generator stage {report['stage']} on {dataset} (evaluation only, no epsilon)")

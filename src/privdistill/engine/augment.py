@@ -7,8 +7,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from privdistill.data.dataset import to_float, to_uint8
-
 
 def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
     """Translate each image by up to `max_shift` pixels in each direction, filling with black (-1)."""
@@ -45,18 +43,6 @@ def random_affine(x: torch.Tensor, generator: torch.Generator, degrees: float = 
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     # grid_sample fills with 0; shifting to [0, 2] first makes that fill black (-1) after shifting back
     return F.grid_sample(x + 1, grid, mode="bilinear", padding_mode="zeros", align_corners=False) - 1
-
-
-def with_augmented_copies(images: torch.Tensor, copies: int, kind: str, generator: torch.Generator) -> torch.Tensor:
-    """The images followed by `copies` - 1 augmented copies of them ([n] + [n] + ...; copy k of image j at
-    k * n + j), in the images' dtype (uint8 in, uint8 out: a copy is quantised like a real image). Each copy is
-    a new sample of its own (SRR labels every one); DP-SGD's copies of one record are grouped per record
-    instead, [n, copies, ...], as they are clipped together (engine/stages.py, features)."""
-    x = to_float(images)
-    moved = [augment_batch(x, kind, generator) for _ in range(copies - 1)]
-    if images.dtype == torch.uint8:
-        moved = [to_uint8(copy) for copy in moved]
-    return torch.cat([images, *moved])
 
 
 def augment_batch(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:

@@ -50,11 +50,9 @@ DP_STATISTICS = 66  # end to end: the noise of the DP source's feature statistic
 SRR_INIT = 71
 SRR_LATENT = 72  # latent codes of each stage's synthetic inputs
 SRR_EPOCH = 73  # student batches of each stage
-SRR_AUGMENT = 74
 SRR_FINETUNE = 75  # generator fine-tuning batches
 SRR_NOISE = 76  # label noise of each stage
 SRR_ORDER = 77  # label-dp: the order in which private records are labelled
-SRR_COPIES = 78  # data-free: the augmented copies of each stage's samples (`label_copies`)
 
 PATE_QUERIES = 71  # (never in a run with SRR) which public images are queried
 PATE_LABELLED = 72
@@ -74,9 +72,9 @@ METHODS = {
               "DPDFD_STUDENT_INIT": DPDFD_STUDENT_INIT, "DPDFD_GENERATOR_INIT": DPDFD_GENERATOR_INIT},
     "dpsgd": {"DPSGD_INIT": DPSGD_INIT, "DPSGD_SAMPLE": DPSGD_SAMPLE, "DPSGD_NOISE": DPSGD_NOISE,
               "DPSGD_AUGMENT": DPSGD_AUGMENT},
-    "srr": {"SRR_INIT": SRR_INIT, "SRR_LATENT": SRR_LATENT, "SRR_EPOCH": SRR_EPOCH, "SRR_AUGMENT": SRR_AUGMENT,
+    "srr": {"SRR_INIT": SRR_INIT, "SRR_LATENT": SRR_LATENT, "SRR_EPOCH": SRR_EPOCH,
             "SRR_FINETUNE": SRR_FINETUNE, "SRR_NOISE": SRR_NOISE, "SRR_ORDER": SRR_ORDER,
-            "SRR_COPIES": SRR_COPIES, "DP_STATISTICS": DP_STATISTICS},
+            "DP_STATISTICS": DP_STATISTICS},
     # PATE shares DGD's held-out split on purpose (one teacher ensemble serves both, DGD Fig. 7)
     "pate": {"DGD_SPLIT": DGD_SPLIT, "PATE_QUERIES": PATE_QUERIES, "PATE_LABELLED": PATE_LABELLED,
              "PATE_UNLABELLED": PATE_UNLABELLED, "PATE_VAT": PATE_VAT, "PATE_INIT": PATE_INIT},

@@ -18,7 +18,6 @@ from torch import nn
 from privdistill.config import ClassifierTraining
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine import streams
-from privdistill.engine.augment import with_augmented_copies
 from privdistill.engine.context import Env
 from privdistill.engine.ensemble import TeacherEnsemble
 from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
@@ -43,19 +42,15 @@ def label_balance(labels: torch.Tensor, num_classes: int) -> float:
 def synthesis_quality(images: torch.Tensor, source: nn.Module, env: Env, *, num_classes: int,
                       readers: dict[str, Any] | None = None, ceiling_test: ImageDataset | None = None,
                       ceiling_epochs: float = CEILING_EPOCHS, ceiling_model: str = "paper-cnn",
-                      ceiling_labels: str = "hard", ceiling_copies: int = 1) -> dict[str, Any]:
+                      ceiling_labels: str = "hard") -> dict[str, Any]:
     """What a synthetic set is worth (evaluation only: it reads non-private models, no ε is spent).
 
     ``readers``: other models by name (a classifier, or a TeacherEnsemble read by its plurality vote); for each,
     the share of samples on which it gives the source's label (``agreement_with_<name>``). With
     ``ceiling_test``, the ceiling: the test accuracy of a fresh ``ceiling_model`` trained only on the samples
-    labelled by the source: its argmax (``ceiling_labels="hard"``) or its softmax (``"soft"``); with
-    ``ceiling_copies`` K, on the samples and K - 1 copies of them shifted by up to 2 pixels, each copy labelled by
-    the source on its own (what SRR's `label_copies` releases: more labels near each sample)."""
+    labelled by the source: its argmax (``ceiling_labels="hard"``) or its softmax (``"soft"``)."""
     if ceiling_labels not in ("hard", "soft"):
         raise ConfigError(f"ceiling labels must be hard or soft, got {ceiling_labels!r}")
-    if ceiling_copies < 1:
-        raise ConfigError(f"ceiling copies must be >= 1, got {ceiling_copies}")
     answers = predict_logits(source, images, env).float()  # read once: the labels, and the soft ceiling's targets
     labels = answers.argmax(1)
     out: dict[str, Any] = {"samples": len(images), "class_balance": round(label_balance(labels, num_classes), 4),
@@ -63,16 +58,10 @@ def synthesis_quality(images: torch.Tensor, source: nn.Module, env: Env, *, num_
     for name, reader in (readers or {}).items():
         out[f"agreement_with_{name}"] = round(float((read_labels(reader, images, env) == labels).float().mean()), 4)
     if ceiling_test is not None:
-        taught, taught_answers = images, answers
-        if ceiling_copies > 1:  # (SYNTHESIS_CEILING, 1): the copies' shifts; the bare stream seeds the student
-            taught = with_augmented_copies(images, ceiling_copies, "shift", env.generator(streams.SYNTHESIS_CEILING, 1))
-            copies = taught[len(images):]
-            taught_answers = torch.cat([answers, predict_logits(source, copies, env).float()])
-        soft = taught_answers.softmax(1) if ceiling_labels == "soft" else None
-        out["ceiling"] = round(ceiling_accuracy(taught, taught_answers.argmax(1), ceiling_test, env, num_classes,
-                                                ceiling_epochs, ceiling_model, soft_targets=soft), 4)
-        out["ceiling_training"] = {"model": ceiling_model, "epochs": ceiling_epochs, "labels": ceiling_labels,
-                                   **({"copies": ceiling_copies} if ceiling_copies > 1 else {})}
+        soft = answers.softmax(1) if ceiling_labels == "soft" else None
+        out["ceiling"] = round(ceiling_accuracy(images, labels, ceiling_test, env, num_classes, ceiling_epochs,
+                                                ceiling_model, soft_targets=soft), 4)
+        out["ceiling_training"] = {"model": ceiling_model, "epochs": ceiling_epochs, "labels": ceiling_labels}
     return out
 
 

@@ -135,14 +135,14 @@ def load_reader(path: str, env: Env) -> Any:
 
 def generator_quality(stage: str, *, dataset: str, source: str | None = None, readers: dict[str, str] | None = None,
                       samples: int = 2000, ceiling: bool = False, ceiling_labels: str = "hard",
-                      ceiling_copies: int = 1, ceiling_epochs: float | None = None, out: str | None = None,
+                      ceiling_epochs: float | None = None, out: str | None = None,
                       data_root: str | None = None, seed: int = 0) -> dict[str, Any]:
     """The quality of any generator stage (a cache key such as generator-1a2b…, or its directory): class balance
     under the model it was fitted to, agreement of other readers with that model's labels, optionally the
     ceiling, and a sample grid. Evaluation only: non-private models read the samples, no ε is spent."""
     started = time.perf_counter()
-    if not ceiling and (ceiling_copies != 1 or ceiling_epochs is not None):
-        raise ConfigError("--ceiling-copies and --ceiling-epochs shape the ceiling student: add --ceiling")
+    if not ceiling and ceiling_epochs is not None:
+        raise ConfigError("--ceiling-epochs shapes the ceiling student: add --ceiling")
     cache = StageCache()
     directory = Path(stage) if Path(stage).is_dir() else cache.root / stage
     if not directory.is_dir() and (cache.root / f"generator-{stage}").is_dir():  # the bare key a summary shows
@@ -166,7 +166,6 @@ def generator_quality(stage: str, *, dataset: str, source: str | None = None, re
     quality = synthesis_quality(images, fitted_to, env, num_classes=data.num_classes,
                                 readers={name: load_reader(p, env) for name, p in (readers or {}).items()},
                                 ceiling_test=data.test if ceiling else None, ceiling_labels=ceiling_labels,
-                                ceiling_copies=ceiling_copies,
                                 ceiling_epochs=CEILING_EPOCHS if ceiling_epochs is None else ceiling_epochs)
     target = Path(out or f"generator-quality-{directory.name}")
     grid = save_grid(images, predict_logits(fitted_to, images, env).argmax(1), target / "samples.png",

@@ -52,11 +52,6 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
 - ``loss: likelihood`` (ours, off in the presets): instead of Eq. 3, the student maximises the probability
   Σ_y p_s(y | x) P(released | y, I) it gives the released label through the mechanism (I and ε are known;
   `released_label_likelihood`): post-processing of the release, no privacy cost.
-- ``label_copies`` K (ours, off in the presets; data-free): a stage's samples are joined by K - 1 augmented copies
-  (``copy_augment``, a shift of up to 2 pixels by default), each labelled through the mechanism on its own: more
-  hard labels near each sample teach more than more samples (experiments/ceiling_probe.py, `aug-hard`). N counts
-  every label, so the strict ε composes over the copies too; the paper's ε stays per label, and under it the
-  independent noise on near-duplicate samples partly averages out, which that accounting does not price.
 - Student: the paper uses DataLens' network for the data-free setting and ResNet-18 for the label-sensitive
   one; we use the paper CNN (DGD/DPDFD's) for both in the quick preset and ResNet-18 for label-dp in the
   paper preset.
@@ -121,11 +116,6 @@ class SRRMethod(Method):
                  "each"] * capped + ([] if ctx.budget.accounting == "paper" else [
             f"epsilon per label {epsilon:.6g}: the largest whose strict epsilon for all {total} labels fits the "
             f"target {ctx.budget.epsilon:g}"])
-        if cfg.label_copies > 1:
-            notes.append(f"label_copies {cfg.label_copies}: the {total} labels fall on about "
-                         f"{total // cfg.label_copies} synthetic samples and their {cfg.copy_augment} copies, each "
-                         "labelled through the mechanism; the strict epsilon composes over all of them, the paper's "
-                         "is per label")
         threshold = cfg.threshold if cfg.threshold is not None else 1.0 / (2 * num_classes)
         return Plan(remaining=[event for i, event in enumerate(events) if stage_key(i) not in recorded], notes=notes,
                     details={"epsilon_per_label": epsilon, "num_labels": total, "threshold": threshold,

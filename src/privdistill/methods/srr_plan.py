@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from privdistill.config import check_augment, check_model_name
+from privdistill.config import check_model_name
 from privdistill.errors import ConfigError
 from privdistill.methods.runner import Budget
 from privdistill.privacy.calibration import calibrate_noise
@@ -47,14 +47,9 @@ class SRRConfig:
     loss: str = "ce"
     first_stage_fraction: float = 0.0  # share of the N labels drawn at stage 1 (0: N/T, the paper's equal split)
     final_epochs: float = 0.0  # extra epochs on the union of all labelled samples after the last stage
-    augment: str = "none"  # one of config.AUGMENTATIONS (label-dp on real images)
     # ours, off in the presets: an exponential moving average of the student's weights (this decay) is the prior
     # of every later stage and the released model; it reads only released labels, so every ε is unchanged
     student_ema: float = 0.0
-    # ours, off in the presets (data-free): each synthetic sample is labelled with copy_augment-ed copies of it,
-    # label_copies labels in all, each drawn through the mechanism (N counts them all, so do both ε)
-    label_copies: int = 1
-    copy_augment: str = "shift"
     # generator fine-tuning (data-free)
     finetune: str = "kd"  # kd | kd+srr | none
     finetune_steps: int = 5  # per stage
@@ -68,8 +63,6 @@ class SRRConfig:
         check_model_name(self.student_model, "srr.student_model")
         if self.student_model_label_dp:
             check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
-        check_augment(self.augment, "srr.augment")
-        check_augment(self.copy_augment, "srr.copy_augment")
         for ok, message in [
             (self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}"),
             (self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"),
@@ -89,13 +82,6 @@ class SRRConfig:
             (self.final_epochs >= 0, "final_epochs must be >= 0"),
             (0 <= self.student_ema < 1 and not (self.student_ema and self.final_epochs),
              "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
-            (self.label_copies >= 1 and (self.label_copies == 1 or self.copy_augment != "none"),
-             "label_copies must be >= 1, and copies need a copy_augment other than none"),
-            (self.label_copies > 1 or self.copy_augment == "shift",
-             "copy_augment applies to the copies of label_copies > 1; with one label a sample leave it unset"),
-            (self.label_copies == 1 or self.setting == "data-free",
-             "label_copies is for the data-free setting: in label-dp, copies of a private record would release its "
-             "label more than once, which the parallel (once per record) pricing does not cover"),
             (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
             (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
             (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
@@ -110,11 +96,9 @@ class SRRConfig:
 
     @property
     def default_variant(self) -> str | None:
-        """The result name's suffix when none is given: label-dp, the mechanism when it is not SRR, and the labels
-        a sample (never recorded under the one-label cell's name)."""
+        """The result name's suffix when none is given: label-dp, and the mechanism when it is not SRR."""
         return "-".join(([self.setting] if self.setting == "label-dp" else [])
-                        + ([self.mechanism] if self.mechanism != "srr" else [])
-                        + ([f"copies{self.label_copies}"] if self.label_copies > 1 else [])) or None
+                        + ([self.mechanism] if self.mechanism != "srr" else [])) or None
 
 
 def label_event(cfg: SRRConfig, count: int, num_classes: int, epsilon: float):

@@ -20,7 +20,6 @@ from privdistill.atomic import atomic_torch_save
 from privdistill.config import ClassifierTraining, to_plain
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import streams
-from privdistill.engine.augment import augment_batch, with_augmented_copies
 from privdistill.engine.datafree import (
     BatchNormStatistics,
     GeneratorTraining,
@@ -135,8 +134,7 @@ class SRRTraining:
     # ------------------------------------------------------------------------------------ stage data
     def inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Stage i's (0-based) uint8 inputs D̃(i), the label the mechanism protects when it needs no teacher
-        (label-dp: the true label) and the true label when known (evaluation only). With `label_copies` K the
-        inputs are the stage's base_count(i) samples, then their copies in blocks, cut to the stage's size."""
+        (label-dp: the true label) and the true label when known (evaluation only)."""
         if self.label_dp:
             start = sum(self.schedule.sizes[:i])
             idx = self.order[start:start + self.schedule.sizes[i]]
@@ -145,21 +143,13 @@ class SRRTraining:
         path = self.synthetic_dir / f"stage-{i + 1:04d}.pt"
         if path.is_file():
             return torch.load(path, map_location="cpu", weights_only=True), None, None
-        images = generate(self.generator, self.base_count(i), self.env, latents=self.latents(i))
-        if self.cfg.label_copies > 1:  # the samples first (the fine-tuning reads their labels), then their copies
-            images = with_augmented_copies(images, self.cfg.label_copies, self.cfg.copy_augment,
-                                           self.env.generator(streams.SRR_COPIES, i))[:self.schedule.sizes[i]]
+        images = generate(self.generator, self.schedule.sizes[i], self.env, latents=self.latents(i))
         atomic_torch_save(path, images)
         return images, None, None
 
-    def base_count(self, i: int) -> int:
-        """Stage i's synthetic samples: one per label, or with `label_copies` K ceil(n/K) of them for its n labels
-        (their copies take the others)."""
-        return math.ceil(self.schedule.sizes[i] / self.cfg.label_copies)
-
     def latents(self, i: int) -> torch.Tensor:
         """z_i: stage i's latent codes (the same codes again for the generator's fine-tuning)."""
-        return draw_latent(self.generator, self.base_count(i), self.env.generator(streams.SRR_LATENT, i))
+        return draw_latent(self.generator, self.schedule.sizes[i], self.env.generator(streams.SRR_LATENT, i))
 
     def recorded(self, i: int) -> torch.Tensor:
         """Stage i's released labels, read back from the ledger: never drawn here."""
@@ -222,10 +212,7 @@ class SRRTraining:
             epoch, position = divmod(step, per_epoch)
             perm = torch.randperm(m, generator=env.generator(streams.SRR_EPOCH, i, epoch))
             idx = perm[position * b:(position + 1) * b]
-            x = to_float(images[idx])
-            if cfg.augment != "none":
-                x = augment_batch(x, cfg.augment, env.generator(streams.SRR_AUGMENT, i, step))
-            x, y = env.place_batch(x), targets[idx].to(env.device)
+            x, y = env.place_batch(to_float(images[idx])), targets[idx].to(env.device)
             with env.autocast():
                 logits = student(x)
             loss = self.student_loss(logits.float(), y, soft=cfg.loss == "soft")
@@ -272,8 +259,7 @@ class SRRTraining:
         images, labels, _ = self.labelled_union(cfg.stages)
         final = ClassifierTraining(model=cfg.student_for_setting, epochs=cfg.final_epochs, batch_size=cfg.batch_size,
                                    optimizer=cfg.optimizer, lr=cfg.lr * 0.1, momentum=cfg.momentum,
-                                   weight_decay=cfg.weight_decay, lr_schedule=cfg.lr_schedule, augment=cfg.augment,
-                                   eval_every_epochs=1e9)
+                                   weight_decay=cfg.weight_decay, lr_schedule=cfg.lr_schedule, eval_every_epochs=1e9)
         union = ImageDataset(images, labels, self.data.num_classes, name="srr labelled union")
         train_classifier(self.student, union, cfg=final, env=self.env, run=self.run, checkpoint="srr-final-checkpoint",
                          description="srr final epochs")
