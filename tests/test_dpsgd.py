@@ -112,25 +112,3 @@ def test_python_api_takes_a_recipe_a_config_file_and_arrays(tiny_npz, tmp_path):
     result = DPSGD(overrides=TINY, run_dir=str(tmp_path / "api"), epochs=1).fit(arrays["x"], arrays["y"])
     assert result.summary["method"] == "dpsgd" and result.summary["epochs"] == 1
     assert result.summary["epsilon_paper"] <= 10 + 1e-9 and result.generator is None
-
-
-def test_zero_head_init_starts_the_classifier_at_zero_and_nothing_else(tiny_npz, tmp_path, monkeypatch):
-    import privdistill.methods.dpsgd as dpsgd
-
-    real, seen = dpsgd.make_optimizer, {}
-
-    def record_initial_parameters(parameters, *args, **kwargs):
-        parameters = list(parameters)
-        seen[len(seen)] = [p.detach().clone() for p in parameters]
-        return real(parameters, *args, **kwargs)
-
-    monkeypatch.setattr(dpsgd, "make_optimizer", record_initial_parameters)
-    _run(tiny_npz, tmp_path, "default", ["dpsgd.epochs=1"])
-    zero = _run(tiny_npz, tmp_path, "zero", ["dpsgd.epochs=1", "dpsgd.head_init=zero"])
-    (*body, weight, _), (*zero_body, zero_weight, zero_bias) = seen[0], seen[1]
-    assert weight.abs().sum() > 0, "the model's own (random) initialisation by default"
-    assert not zero_weight.any() and not zero_bias.any(), "the classifier layer (the last) starts at zero"
-    assert all(torch.equal(a, b) for a, b in zip(body, zero_body)), "the layers below keep the seeded init"
-    assert zero["test_accuracy"] > 0.0 and zero["not_covered"] == []
-    with pytest.raises(ConfigError, match="head_init"):
-        _run(tiny_npz, tmp_path, "bad", ["dpsgd.head_init=ones"])

@@ -77,9 +77,6 @@ class DPSGDConfig:
     # with `augment`, features computed once) before clipping: augmentation multiplicity (De et al. 2022)
     augment_copies: int = 1
     grad_sample_mode: str = "hooks"
-    # "zero": the classifier layer starts at zero (every logit 0, the softmax uniform), as De et al. 2022 start
-    # DP fine-tuning; "default": PyTorch's random initialisation, whose random logits the noisy steps must unlearn
-    head_init: str = "default"
     noise_seed: int | None = None  # seed of the sampling and noise generators (default: the run seed)
     secure_mode: Optional[bool] = None  # secure noise and OS-entropy batches; None: run.noise decides (common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name
@@ -93,8 +90,6 @@ class DPSGDConfig:
             raise ConfigError("dpsgd.optimizer must be sgd or adam")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
-        if self.head_init not in ("default", "zero"):
-            raise ConfigError(f"dpsgd.head_init must be default or zero, got {self.head_init!r}")
         check_augment(self.augment, "dpsgd.augment")
         copies = self.augment_copies > 1
         if (copies and (self.model not in LINEAR_SCATTERNETS or self.augment == "none")) or self.augment_copies < 1 or (
@@ -214,10 +209,6 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
     torch.manual_seed(env.generator(streams.DPSGD_INIT).initial_seed())
     model = create_model(cfg.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
                          image_size=data.image_size[0]).to(env.device)  # trained in fp32: no autocast
-    if cfg.head_init == "zero":  # a public choice, before any private data is read
-        with torch.no_grad():
-            for parameter in model.classifier.parameters():
-                parameter.zero_()
     for module in model.modules():  # Opacus's backward hooks refuse in-place ops on hooked outputs
         if isinstance(module, nn.ReLU):
             module.inplace = False
