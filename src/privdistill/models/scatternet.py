@@ -6,7 +6,7 @@ data)", ICLR 2021): a fixed scattering transform, a data-independent normalisati
                     -> optionally (`fine=True`, model scatter-multiscale-prior-linear) beside it a J = 1
                        scattering, [9 C, H/2, W/2], each channel GroupNorm'd alone; both scales flattened together
                     -> optionally (`prior="dead-leaves"`, model scatter-prior-linear, or "dead-leaves-textured",
-                       scatter-textured-prior-linear and the multiscale model): a fixed projection onto
+                       the multiscale model): a fixed projection onto
                        `prior_dims` directions whitened on images of a random process, fitted from a public seed
                        without any data (models/random_prior.py) -> [prior_dims, 1, 1]
                     -> head: "linear" (one linear layer) or "cnn" (their small CNN on ScatterNet features: 3x3
@@ -60,8 +60,7 @@ PRIOR_DIMS, PRIOR_IMAGES = 800, 100_000
 #: the random processes a prior projection is fitted on -> their texture amplitude (models/random_prior.py)
 PRIORS = {"none": 0.0, "dead-leaves": 0.0, "dead-leaves-textured": PRIOR_TEXTURE}
 #: the registered ScatterNets with a linear head: the ones whose features take augmented copies (methods/dpsgd.py)
-LINEAR_SCATTERNETS = ("scatter-linear", "scatter-prior-linear", "scatter-textured-prior-linear",
-                      "scatter-multiscale-prior-linear")
+LINEAR_SCATTERNETS = ("scatter-linear", "scatter-prior-linear", "scatter-multiscale-prior-linear")
 
 
 def make_scattering(image_size: tuple[int, int], *, J: int = 2, L: int = 8, reference: bool = False) -> nn.Module:
@@ -552,13 +551,6 @@ def scatter_linear(in_channels: int = 1, num_classes: int = 10, image_size: int 
 def scatter_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
     return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves", prior_dims=PRIOR_DIMS,
                       prior_images=PRIOR_IMAGES)
-
-
-@register_model("scatter-textured-prior-linear", kind="classifier",
-                description="ScatterNet + GroupNorm + a projection whitened on textured dead-leaves images + linear")
-def scatter_textured_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
-    return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves-textured",
-                      prior_dims=PRIOR_DIMS, prior_images=PRIOR_IMAGES)
 
 
 @register_model("scatter-multiscale-prior-linear", kind="classifier",
