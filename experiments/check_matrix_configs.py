@@ -82,7 +82,7 @@ BUDGET_ECHO = {"accounting": "accounting", "target_epsilon": "epsilon", "max_eps
 #: that left it off: a recorded command that sets one to that value ran as today's code runs without it, so the
 #: setting is dropped before the command is resolved (set to anything else, the command stays unverifiable)
 RETIRED = {"srr.augment": "none", "srr.label_copies": 1, "srr.copy_augment": "shift", "teachers.fit": "sgd",
-           "teachers.input_noise": 0.0, "dpsgd.head_init": "default"}
+           "teachers.input_noise": 0.0, "dpsgd.head_init": "default", "dpdfd.student_ema": 0.0}
 #: summary fields each method copies from its own section unchanged
 METHOD_ECHO = {"dgd": ("dgd", ("aggregation", "inputs", "query_selection", "release")),
                "pate": ("pate", ("aggregation", "query_selection")),

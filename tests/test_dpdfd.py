@@ -224,32 +224,6 @@ def test_a_frozen_warm_generator_is_the_cached_stage_unchanged(tiny_npz, tmp_pat
     assert weights and all(torch.equal(fitted[k], released[k]) for k in weights)
 
 
-def test_student_ema_releases_the_average_of_the_iterates(tiny_npz, tmp_path, cache):
-    """dpdfd.student_ema: the released student is torch's EMA of the iterates (checked against the formula on a
-    toy model), a different model from the last iterate, at the same spend."""
-    from safetensors.torch import load_file
-
-    from privdistill.engine.optim import weight_average
-
-    model = torch.nn.Linear(2, 1, bias=False)
-    average = weight_average(model, 0.5)
-    for value in (1.0, 3.0, 7.0):  # the first update copies the iterate, then average <- 0.5 average + 0.5 iterate
-        with torch.no_grad():
-            model.weight.fill_(value)
-        average.update_parameters(model)
-    assert torch.allclose(average.module.weight, torch.full((1, 2), 0.5 * (0.5 * 1 + 0.5 * 3) + 0.5 * 7))
-    assert weight_average(model, 0.0) is None
-    with pytest.raises(ConfigError, match="student_ema"):
-        DPDFDConfig(student_ema=1.0).validate()
-    args = ("budget.epsilon=null", "dpdfd.steps=30", "dpdfd.sigma=0.5", "dpdfd.generator_init=teacher",
-            "dpdfd.generator_every=0")  # (a fresh generator teaches nothing in 30 steps; a warm one does)
-    plain = run(tiny_npz, tmp_path / "p", *args)
-    averaged = run(tiny_npz, tmp_path / "a", *args, "dpdfd.student_ema=0.9")
-    assert averaged["epsilon_paper"] == plain["epsilon_paper"] and averaged["test_accuracy"] > 0.6
-    a, b = load_file(tmp_path / "p" / "student.safetensors"), load_file(tmp_path / "a" / "student.safetensors")
-    assert a.keys() == b.keys() and not all(torch.equal(a[k], b[k]) for k in a)
-
-
 def test_the_teacher_generator_recipe_trains_srrs_teacher_and_generator_once():
     """`--recipe teacher-generator` gives DPDFD exactly SRR's quick teacher and generator (the same settings, so
     the same cache keys): one dataset's SRR and DPDFD cells share both stages."""
@@ -304,7 +278,7 @@ def test_sigkilled_run_resumes_to_the_same_result_without_respending(tiny_npz, t
     from safetensors.torch import load_file
 
     args = ["dpdfd", "--dataset", f"npz:{tiny_npz}", "--seed", "4", "--steps", "60", "--set", "budget.epsilon=null",
-            "--set", "dpdfd.sigma=2", "--set", "dpdfd.student_ema=0.9"] + [a for kv in TINY for a in ("--set", kv)]
+            "--set", "dpdfd.sigma=2"] + [a for kv in TINY for a in ("--set", kv)]
     cmd, env = _cli(*args, "--run-dir", str(tmp_path / "full"))
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
     cmd, env = _cli(*args, "--run-dir", str(tmp_path / "killed"))

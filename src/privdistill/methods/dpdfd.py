@@ -26,8 +26,7 @@ Readings and choices (see docs/privacy.md for the privacy side):
   setting one to 0 is the Table 5 ablation.
 * The generator (the paper gives none; it builds on DAFL) is DAFL's; ``generator_output_norm`` adds DAFL's final
   non-affine BatchNorm, set per dataset by the presets (why: methods/dpdfd_plan.py). Beyond the paper:
-  ``generator_init=teacher`` (a generator fitted to the teacher first, NOT covered) and ``student_ema`` (an average
-  of the student's iterates is released: post-processing).
+  ``generator_init=teacher`` (a generator fitted to the teacher first, NOT covered).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, build_generator, draw_latent, logits_and_features
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
 from privdistill.engine.loop import LoopResult, TrainingLoop
-from privdistill.engine.optim import make_optimizer, set_lr, weight_average
+from privdistill.engine.optim import make_optimizer, set_lr
 from privdistill.engine.run import RunDir
 from privdistill.engine.synthetic import save_generator_grid
 from privdistill.engine.teachers import TeacherSpec, load_teacher
@@ -114,15 +113,12 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
         if not isinstance(teacher, TeacherEnsemble):
             teacher = env.place(teacher).eval().requires_grad_(False)
 
-    average = weight_average(student, cfg.student_ema)  # what is released and evaluated, when set
-    released = student if average is None else average.module
-
     def evaluation() -> dict[str, Any]:
-        accuracy = {} if test is None else {"test_accuracy": evaluate(released, test, env)}
+        accuracy = {} if test is None else {"test_accuracy": evaluate(student, test, env)}
         return {**accuracy, "elapsed": round(loop.wall_seconds(), 1)}
 
     loop = TrainingLoop(steps=plan.steps, env=env, run=run, checkpoint=CHECKPOINT, title=f"dpdfd alg. {cfg.algorithm}",
-                        log_stage="dpdfd", modules={"student": student, "generator": generator, "average": average},
+                        log_stage="dpdfd", modules={"student": student, "generator": generator},
                         optimizers={"student": opt_s, "generator": opt_g}, eval_every=cfg.eval_every,
                         checkpoint_every=cfg.checkpoint_every, evaluate=evaluation)
     chunks = LedgerChunks(ledger, plan, cfg, env)
@@ -130,16 +126,14 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
         try:
             chunk_seed = chunks.seed_for(step)  # the chunk is charged before its first step runs
         except BudgetExceededError as err:
-            return DPDFDResult(released, generator, loop.finish(step), f"budget exhausted before step {step}: {err}")
+            return DPDFDResult(student, generator, loop.finish(step), f"budget exhausted before step {step}: {err}")
         set_lr(opt_s, cfg.student_lr, cfg.student_lr_schedule, step, plan.steps)
         if direct:
             parts = _direct_step(cfg, plan, env, student, opt_s, private, step, chunk_seed)
         else:
             parts = _datafree_step(cfg, plan, env, student, opt_s, generator, opt_g, teacher, step, chunk_seed)
-        if average is not None:
-            average.update_parameters(student)
         loop.record(parts)
-    return DPDFDResult(released, generator, loop.finish())
+    return DPDFDResult(student, generator, loop.finish())
 
 
 def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Module, opt_s, generator: nn.Module, opt_g,
