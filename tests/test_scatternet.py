@@ -35,9 +35,9 @@ def test_scatternet_is_a_fixed_transform_with_a_trainable_head():
     assert torch.allclose(groups.mean(-1), torch.zeros(4, 27), atol=1e-4)
     assert torch.allclose(model.scatter(x[:1]), features[:1], atol=1e-5), "per example: no batch statistics"
     assert model(x).shape == (4, 10)
-    cnn = create_model("scatter-cnn", in_channels=1, num_classes=10, image_size=28)
-    assert cnn.transform_id == model.transform_id, "both heads read the same cached features"
-    rgb = create_model("scatter-cnn", in_channels=3, num_classes=5, image_size=32)
+    other = create_model("scatter-linear", in_channels=1, num_classes=5, image_size=28)
+    assert other.transform_id == model.transform_id, "both heads read the same cached features"
+    rgb = create_model("scatter-linear", in_channels=3, num_classes=5, image_size=32)
     assert rgb.transform_id != model.transform_id
     assert rgb(torch.zeros(2, 3, 32, 32)).shape == (2, 5)
     with pytest.raises(ModelError, match="divisible by 4"):
@@ -104,7 +104,7 @@ def test_scatternet_dpsgd_release_covers_the_model_and_reloads(tiny_npz, tmp_pat
 def test_scatternet_augments_only_with_copies(tiny_npz, tmp_path):
     """The features are computed once: augmentation means fixed copies averaged per example (multiplicity)."""
     for bad in (["dpsgd.augment=shift"], ["dpsgd.augment_copies=3"],
-                ["dpsgd.augment_copies=3", "dpsgd.augment=shift", "dpsgd.model=scatter-cnn"]):
+                ["dpsgd.augment_copies=3", "dpsgd.augment=shift", "dpsgd.model=small-cnn"]):
         with pytest.raises(ConfigError, match="augment_copies"):
             _run(tiny_npz, tmp_path, "aug", bad)
 
@@ -217,8 +217,6 @@ def test_scatter_prior_projection_is_fitted_without_data_and_saved_with_the_mode
     run.save_weights("model", model)
     reloaded = run.load_weights("model", ScatterNet(1, 10, 28, prior="dead-leaves", prior_dims=32, prior_images=300))
     assert torch.equal(reloaded(x), model(x)), "the released weights carry the projection"
-    with pytest.raises(ModelError, match="linear head"):
-        ScatterNet(1, 10, 28, head="cnn", prior="dead-leaves")
     with pytest.raises(ModelError, match="prior must be one of"):
         ScatterNet(1, 10, 28, prior="dead leaves")
     textured = ScatterNet(1, 10, 28, prior="dead-leaves-textured", prior_dims=32, prior_images=300)
@@ -228,7 +226,6 @@ def test_scatter_prior_projection_is_fitted_without_data_and_saved_with_the_mode
 
 
 def test_fine_scale_sits_beside_the_coarse_one():
-    from privdistill.errors import ModelError
     from privdistill.models.scatternet import ScatterNet
 
     x = torch.rand(3, 1, 28, 28) * 2 - 1
@@ -242,8 +239,6 @@ def test_fine_scale_sits_beside_the_coarse_one():
     prior = ScatterNet(1, 10, 28, prior="dead-leaves-textured", prior_dims=16, prior_images=100, fine=True)
     prior.fit_prior()
     assert prior.prior_projection.shape == (81 * 49 + 9 * 196, 16) and prior(x).shape == (3, 10)
-    with pytest.raises(ModelError, match="linear head"):
-        ScatterNet(1, 10, 28, head="cnn", fine=True)
 
 
 def test_scatter_prior_dpsgd_release(tiny_npz, tmp_path, monkeypatch):

@@ -163,7 +163,7 @@ class WithFeatureStatistics(nn.Module):
         super().__init__()
         if not hasattr(model, "scatter"):
             raise ModelError("feature statistics are recorded on a ScatterNet model's scattering features "
-                             f"(scatter-linear, scatter-cnn), not on {type(model).__name__}")
+                             f"(scatter-linear and its prior variants), not on {type(model).__name__}")
         self.model, self.statistics = model, RecordedStatistics(mean, var)
 
     def _features_in(self, x: torch.Tensor) -> torch.Tensor:

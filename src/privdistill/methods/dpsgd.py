@@ -64,7 +64,8 @@ class DPSGDConfig:
 
     accountant: str = "rdp"  # Opacus accountant: calibrates σ under budget.accounting=paper (the headline)
     model: str = "paper-cnn"  # no BatchNorm: per-sample gradients need per-sample independent layers;
-    # scatter-linear / -prior-linear / -cnn: Tramèr & Boneh's ScatterNet, fixed features computed once (scatternet.py)
+    # scatter-linear / -prior-linear / -multiscale-prior-linear: Tramèr & Boneh's ScatterNet, fixed features computed
+    # once (scatternet.py)
     epochs: int = 5
     batch_size: int = 256  # expected batch size (Poisson sampling)
     max_grad_norm: float = 1.0  # C

@@ -9,8 +9,8 @@ data)", ICLR 2021): a fixed scattering transform, a data-independent normalisati
                        the multiscale model): a fixed projection onto
                        `prior_dims` directions whitened on images of a random process, fitted from a public seed
                        without any data (models/random_prior.py) -> [prior_dims, 1, 1]
-                    -> head: "linear" (one linear layer) or "cnn" (their small CNN on ScatterNet features: 3x3
-                       convolutions of 16 (stride 2) and 32 channels, a hidden layer of 32, tanh throughout)
+                    -> head: one linear layer (their small CNN on the features did not beat it at ε = 1 and left
+                       the package: docs/research-log.md, "DP-SGD on ScatterNet features")
 
 Only the head has parameters, so DP-SGD (methods/dpsgd.py) trains the head on the scattering features computed
 once: the transform is a fixed function of each image (no privacy cost, and the released model contains it).
@@ -428,8 +428,8 @@ class FastScattering2D(nn.Module):
 
 class ScatterNet(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int | tuple[int, int] = 28,
-                 head: str = "linear", groups: int = 27, width: int = 32, prior: str = "none",
-                 prior_dims: int = PRIOR_DIMS, prior_images: int = PRIOR_IMAGES, fine: bool = False):
+                 groups: int = 27, prior: str = "none", prior_dims: int = PRIOR_DIMS, prior_images: int = PRIOR_IMAGES,
+                 fine: bool = False):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
         if h % 4 or w % 4:
@@ -443,26 +443,14 @@ class ScatterNet(nn.Module):
         self.fine = fine
         scattered = channels * (h // 4) * (w // 4)
         if fine:  # J = 1 beside J = 2: the first order at twice the spatial resolution, each channel normalised alone
-            if head != "linear":
-                raise ModelError("the fine (J = 1) scattering feeds a linear head only")
             object.__setattr__(self, "_fine_scattering", make_scattering((h, w), J=1))
             fine_channels = FINE_ORDERS * in_channels
             self.fine_norm = nn.GroupNorm(fine_channels, fine_channels, affine=False)
             scattered += fine_channels * (h // 2) * (w // 2)
-        if head == "linear":
-            self.feature_dim = scattered
-            # flattens the last three dims: [B, K, C, h, w] features (K augmented copies, methods/dpsgd.py) give
-            # [B, K, classes]; the state dict is the same as with nn.Flatten()
-            self.head = nn.Sequential(nn.Flatten(start_dim=-3), nn.Linear(self.feature_dim, num_classes))
-        elif head == "cnn":  # Tramèr & Boneh's small CNN on scattering features (their MNIST model's shape)
-            side = lambda n: (n + 1) // 2  # noqa: E731 - the stride-2 convolution's output side
-            self.head = nn.Sequential(
-                nn.Conv2d(channels, width // 2, 3, stride=2, padding=1), nn.Tanh(),
-                nn.Conv2d(width // 2, width, 3, padding=1), nn.Tanh(), nn.Flatten(),
-                nn.Linear(width * side(h // 4) * side(w // 4), width), nn.Tanh(), nn.Linear(width, num_classes))
-            self.feature_dim = width
-        else:
-            raise ModelError(f"ScatterNet head must be 'linear' or 'cnn', got {head!r}")
+        self.feature_dim = scattered
+        # flattens the last three dims: [B, K, C, h, w] features (K augmented copies, methods/dpsgd.py) give
+        # [B, K, classes]; the state dict is the same as with nn.Flatten()
+        self.head = nn.Sequential(nn.Flatten(start_dim=-3), nn.Linear(self.feature_dim, num_classes))
         if prior not in PRIORS:
             raise ModelError(f"ScatterNet prior must be one of {sorted(PRIORS)}, got {prior!r}")
         self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, h, w)
@@ -470,8 +458,6 @@ class ScatterNet(nn.Module):
         # what the fixed features depend on (the head does not): the key of their cached stage
         self.transform_id = f"scattering-J2-L8-{in_channels}x{h}x{w}-groupnorm{groups}" + ("-fineJ1" if fine else "")
         if prior != "none":
-            if head != "linear":
-                raise ModelError("a ScatterNet prior projection feeds a linear head only")
             # buffers, saved with the weights: a released model carries its projection. Zero until fit_prior()
             # (or loading saved weights) fills them; scatter() refuses to run before that.
             prior_dims = min(prior_dims, scattered, prior_images)  # (small images have fewer coefficients)
@@ -543,24 +529,18 @@ class ScatterNet(nn.Module):
 @register_model("scatter-linear", kind="classifier",
                 description="ScatterNet (kymatio, J=2, L=8) + GroupNorm + linear (Tramer & Boneh 2021), for DP-SGD")
 def scatter_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
-    return ScatterNet(in_channels, num_classes, image_size, head="linear")
+    return ScatterNet(in_channels, num_classes, image_size)
 
 
 @register_model("scatter-prior-linear", kind="classifier",
                 description="ScatterNet + GroupNorm + a projection whitened on dead-leaves images (no data) + linear")
 def scatter_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
-    return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves", prior_dims=PRIOR_DIMS,
+    return ScatterNet(in_channels, num_classes, image_size, prior="dead-leaves", prior_dims=PRIOR_DIMS,
                       prior_images=PRIOR_IMAGES)
 
 
 @register_model("scatter-multiscale-prior-linear", kind="classifier",
                 description="ScatterNet at J=2 and J=1 + GroupNorm + the textured dead-leaves projection + linear")
 def scatter_multiscale_prior_linear(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
-    return ScatterNet(in_channels, num_classes, image_size, head="linear", prior="dead-leaves-textured",
+    return ScatterNet(in_channels, num_classes, image_size, prior="dead-leaves-textured",
                       prior_dims=PRIOR_DIMS, prior_images=PRIOR_IMAGES, fine=True)
-
-
-@register_model("scatter-cnn", kind="classifier",
-                description="ScatterNet (kymatio, J=2, L=8) + GroupNorm + a small tanh CNN (Tramer & Boneh 2021)")
-def scatter_cnn(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> ScatterNet:
-    return ScatterNet(in_channels, num_classes, image_size, head="cnn")
