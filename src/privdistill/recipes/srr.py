@@ -5,7 +5,7 @@ inputs used directly, labels protected); `end-to-end` covers the whole model.
 default: the staged schedule measured best at ε = 1 (docs/research-log.md, "The ε = 1 cells with the staged
 prior"): four stages, a quarter of the labels in the first (no prior), the student trained on every label drawn so
 far by the mechanism's likelihood, its weights averaged (EMA 0.995). At ε = 10 on Fashion-MNIST it gained 3.4
-points over the paper's schedule; on MNIST ε = 10 it is not measured (the paper's schedule: 97.84 %).
+points over the paper's schedule, on MNIST 0.66 (98.50 against 97.84 %).
 """
 
 from privdistill.recipes import ADVERSARIAL_GENERATOR, Recipe
@@ -19,6 +19,7 @@ DEFAULT = Recipe(
     values={"srr": STAGED},
     measured={("mnist", 1): "94.73 % (seeds 94.74, 94.52, one generator); 87.50 % with a rebuilt generator, "
                             "paper ε 1 per label, the labels only",
+              ("mnist", 10): "98.50 %, paper ε 10 per label (the paper's schedule: 97.84 %)",
               ("fashion-mnist", 1): "74.61 %, paper ε 1 per label", ("fashion-mnist", 10): "84.45 %"},
 )
 
