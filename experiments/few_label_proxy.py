@@ -24,15 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.cluster import KMeans
-from sklearn.decomposition import PCA
 
-from privdistill.data.dataset import to_float
 from privdistill.engine.cache import StageCache
-from privdistill.engine.few_label import spread_labels
+from privdistill.engine.features import fixed_features
+from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
 from privdistill.engine.holdout import holdout_split
 from privdistill.engine.stages import Stages
 from privdistill.methods.common import RunRequest, prepare_run
@@ -40,22 +37,7 @@ from privdistill.methods.pate import PATEMethod
 from privdistill.methods.runner import Budget
 from privdistill.models.scatternet import ScatterNet
 from privdistill.privacy import calibration
-from privdistill.privacy.events import GNMaxQueries
-
-
-def scattering(images: torch.Tensor, batch: int = 1000) -> torch.Tensor:
-    net = ScatterNet(images.shape[1], 10, tuple(images.shape[2:]))
-    with torch.no_grad():
-        return torch.cat([net.normalised_scattering(to_float(images[i:i + batch])).flatten(1)
-                          for i in range(0, len(images), batch)])
-
-
-def medoids(z: np.ndarray, k: int, seed: int) -> np.ndarray:
-    km = KMeans(n_clusters=k, n_init=1 if k > 200 else 3, random_state=seed).fit(z)
-    d = ((z[:, None, :] - km.cluster_centers_[None]) ** 2).sum(-1) if len(z) * k < 3e7 else None
-    if d is not None:
-        return np.unique(d.argmin(0))
-    return np.unique([((z - c) ** 2).sum(1).argmin() for c in km.cluster_centers_])
+from privdistill.privacy.events import GaussianQueries
 
 
 def linear_student(x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor, *, soft: torch.Tensor | None,
@@ -141,10 +123,10 @@ def main() -> None:
     print(f"teachers ready ({time.time() - t0:.0f} s); plurality right on the pool: "
           f"{float((votes.argmax(1) == truth).float().mean()):.4f}", flush=True)
 
-    s_pool, s_test = scattering(public.images), scattering(prep.data.test.images)
-    z = PCA(args.pca, random_state=0).fit(s_pool.numpy()).transform(s_pool.numpy())
-    mu, sd = z.mean(0), z.std(0) + 1e-8
-    z = (z - mu) / sd
+    net = ScatterNet(public.images.shape[1], 10, tuple(public.images.shape[2:]))
+    s_pool = fixed_features(net, public.images, prep.env).flatten(1)
+    s_test = fixed_features(net, prep.data.test.images, prep.env).flatten(1)
+    z = embed_pool(public.images, prep.env, dims=args.pca)  # the package's embedding, queries and spreading
     # the student reads the whole scattering (a linear head, as the DP-SGD default's), standardised on the pool
     m, s = s_pool.mean(0), s_pool.std(0) + 1e-6
     x_pool, x_test = (s_pool - m) / s, (s_test - m) / s
@@ -155,12 +137,12 @@ def main() -> None:
     rows = []
     gen = torch.Generator().manual_seed(args.seed)
     for k in args.k:
-        sigma = calibration.calibrate_noise(GNMaxQueries(sigma=40.0, count=k), target_epsilon=args.epsilon,
+        sigma = calibration.calibrate_noise(GaussianQueries(sigma=40.0, count=k), target_epsilon=args.epsilon,
                                             delta=args.delta, accounting="strict")
         for rule in args.rules:
             t = time.time()
             idx = (torch.randperm(len(z), generator=gen)[:k].numpy() if rule == "random"
-                   else medoids(z, k, args.seed))
+                   else medoid_queries(z, k, seed=args.seed).numpy())
             noisy = votes[idx] + sigma * torch.randn(len(idx), votes.shape[1], generator=gen, dtype=torch.float64)
             answers = noisy.argmax(1)
             dist = spread_labels(z, torch.as_tensor(idx), answers, int(truth.max()) + 1,

@@ -4,6 +4,7 @@ PATE with them: the same ε is spent as with random queries (the embedding and t
 import numpy as np
 import torch
 
+from privdistill.engine.context import Env
 from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
 from privdistill.methods.common import RunRequest
 from privdistill.methods.pate import run_pate
@@ -55,9 +56,10 @@ def test_a_wrong_label_stays_in_its_cluster():
 
 def test_the_embedding_reads_images_of_any_size():
     images = torch.randint(0, 256, (50, 1, 12, 12), dtype=torch.uint8)
-    z = embed_pool(images, dims=8)
+    z = embed_pool(images, Env.cpu(), dims=8)
     assert z.shape == (50, 8) and np.allclose(z.mean(0), 0, atol=1e-6)
-    odd = embed_pool(torch.randint(0, 256, (30, 3, 10, 10), dtype=torch.uint8), dims=8)  # sides not 4k: pixels
+    odd = torch.randint(0, 256, (30, 3, 10, 10), dtype=torch.uint8)  # sides not multiples of 4: the pixels
+    odd = embed_pool(odd, Env.cpu(), dims=8)
     assert odd.shape == (30, 8)
 
 

@@ -27,31 +27,29 @@ from sklearn.decomposition import PCA
 from sklearn.semi_supervised import LabelSpreading
 
 from privdistill.data.dataset import to_float
+from privdistill.engine.context import Env
+from privdistill.engine.features import fixed_features
 from privdistill.models.scatternet import ScatterNet
 
 EMBEDDING_DIMS = 64  # PCA dimensions of the pool embedding
 NEIGHBOURS = 10  # k of the k-NN graph the labels spread along
 ALPHA = 0.2  # LabelSpreading's clamping: the share of a sample's label taken from its neighbours
-BATCH = 1000
-SCATTER_CHANNELS = 81  # coefficients per input channel at J = 2, L = 8 (1 + J L + L² J (J - 1) / 2)
 
 
-@torch.no_grad()
-def embed_pool(images: torch.Tensor, *, dims: int = EMBEDDING_DIMS, seed: int = 0) -> np.ndarray:
-    """[n, dims] float64: the pool (uint8 or [-1, 1] images) in the data-independent space above. Images whose sides
-    are not multiples of 4 (the scattering's J = 2) are embedded from their pixels instead."""
+def embed_pool(images: torch.Tensor, env: Env, *, dims: int = EMBEDDING_DIMS) -> np.ndarray:
+    """[n, dims] float64: the pool (uint8 or [-1, 1] images) in the data-independent space above, the scattering run
+    on env's device. Images whose sides are not multiples of 4 (the scattering's J = 2) are embedded from their
+    pixels instead."""
     c, h, w = images.shape[1:]
-    if h % 4 == 0 and w % 4 == 0:  # (ScatterNet's GroupNorm of 27 groups divides 81 C)
-        net = ScatterNet(c, 2, (h, w))
-        coefficients = torch.cat([net.normalised_scattering(to_float(images[i:i + BATCH])).flatten(1)
-                                  for i in range(0, len(images), BATCH)])
+    if h % 4 == 0 and w % 4 == 0:  # a linear ScatterNet without a prior: its `scatter` is the normalised scattering
+        coefficients = fixed_features(ScatterNet(c, 2, (h, w)), images, env).flatten(1)
     else:
         coefficients = to_float(images).flatten(1)
     x = coefficients.double().numpy()
     dims = max(1, min(dims, x.shape[0] - 1, x.shape[1]))
-    z = PCA(dims, random_state=seed, svd_solver="randomized" if min(x.shape) > 4 * dims else "full").fit_transform(x)
+    z = PCA(dims, random_state=env.seed,
+            svd_solver="randomized" if min(x.shape) > 4 * dims else "full").fit_transform(x)
     return (z - z.mean(0)) / (z.std(0) + 1e-8)
-
 
 
 def medoid_queries(embedding: np.ndarray, count: int, *, seed: int = 0) -> torch.Tensor:

@@ -140,6 +140,11 @@ def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, 
     return n, notes
 
 
+def uses_few_label(ctx: Context) -> bool:
+    """Whether the run reads the public slice's embedding (engine/few_label.py): to choose medoids or spread labels."""
+    return ctx.section("pate").query_selection == "medoids" or ctx.section("pate_student").labels == "spread"
+
+
 def pathways(aggregation: str, *, few_label: bool = False) -> dict[str, list[Pathway]]:
     student = [p for p in pate_pathways(aggregation=aggregation)["student"] if p.source != "public unlabelled data"]
     student.append(Pathway("held-out slice of the training set (PATE's public data)",
@@ -184,9 +189,8 @@ class PATEMethod(Method):
 
         st: PATEStudentConfig = ctx.section("pate_student")
         order = torch.randperm(len(public), generator=env.generator(streams.PATE_QUERIES))
-        few_label = cfg.query_selection == "medoids" or st.labels == "spread"
         # the public slice in a fixed feature space: reads no private record and no model, so it costs no ε
-        embedding = embed_pool(public.images, seed=env.seed) if few_label else None
+        embedding = embed_pool(public.images, env) if uses_few_label(ctx) else None
         if cfg.query_selection == "medoids":  # the medoids first, the rest (asked only under the filter) at random
             first = medoid_queries(embedding, min(queries, len(public)), seed=env.seed)
             rest = torch.ones(len(public), dtype=torch.bool)
@@ -228,8 +232,7 @@ class PATEMethod(Method):
 
     def pathways(self, ctx: Context, plan: Plan) -> dict[str, list[Pathway]]:
         return pathways(ctx.section("pate").aggregation,  # the module's function (a method's name is not in scope)
-                        few_label=ctx.section("pate").query_selection == "medoids"
-                        or ctx.section("pate_student").labels == "spread")
+                        few_label=uses_few_label(ctx))
 
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg: PATEConfig = ctx.section("pate")
