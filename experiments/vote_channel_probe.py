@@ -32,7 +32,7 @@ from privdistill.engine.trainer import evaluate, train_classifier
 from privdistill.models import create_model
 from privdistill.privacy import mechanisms
 from privdistill.privacy.accounting import epsilon
-from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries
+from privdistill.privacy.events import ConfidentGaussianQueries, GaussianQueries, LaplaceQueries
 
 
 def student_accuracy(images, labels, data, env: Env, steps: int, seed: int = 0) -> float:
@@ -117,15 +117,16 @@ def main() -> None:
     order = torch.randperm(len(pool), generator=rng)
 
     def gnmax_row(sigma: float, name: str) -> None:
-        n = largest_prefix(lambda m: GNMaxQueries(sigma=sigma, count=max(m, 1)), len(pool), args.epsilon, args.delta)
+        n = largest_prefix(lambda m: GaussianQueries(sigma=sigma, count=max(m, 1)), len(pool), args.epsilon, args.delta)
         idx = order[:n]
-        record(name, idx, mechanisms.gnmax(votes[idx], sigma=sigma, generator=rng), GNMaxQueries(sigma=sigma, count=n))
+        record(name, idx, mechanisms.gnmax(votes[idx], sigma=sigma, generator=rng),
+               GaussianQueries(sigma=sigma, count=n))
 
     if "lnmax" in args.channels:
-        n = largest_prefix(lambda m: LNMaxQueries(scale=40.0, count=max(m, 1)), len(pool), args.epsilon, args.delta)
+        n = largest_prefix(lambda m: LaplaceQueries(scale=40.0, count=max(m, 1)), len(pool), args.epsilon, args.delta)
         idx = order[:n]
         record("lnmax b=40 (DGD)", idx, mechanisms.lnmax(votes[idx], scale=40.0, generator=rng),
-               LNMaxQueries(scale=40.0, count=n))
+               LaplaceQueries(scale=40.0, count=n))
     if "gnmax" in args.channels:
         gnmax_row(args.sigma2, f"gnmax sigma={args.sigma2:g} (DGD+)")
     for sigma in args.sigmas:
@@ -137,7 +138,7 @@ def main() -> None:
 
         def event(m, threshold=threshold):
             m = max(m, 1)
-            return ConfidentGNMaxQueries(threshold=threshold, sigma1=args.sigma1, sigma2=args.sigma2, count=m,
+            return ConfidentGaussianQueries(threshold=threshold, sigma1=args.sigma1, sigma2=args.sigma2, count=m,
                                          answered=int(answered_before[m - 1]))
 
         checks = largest_prefix(event, len(pool), args.epsilon, args.delta)
@@ -151,7 +152,7 @@ def main() -> None:
             keep = answered[:asked]
             record(f"confident-gnmax under an RDP filter T={threshold:g} sigma1={args.sigma1:g} "
                    f"sigma2={args.sigma2:g} (budget {checks}, {asked} checks)", order[:asked][keep],
-                   labels[:asked][keep], ConfidentGNMaxQueries(threshold=threshold, sigma1=args.sigma1,
+                   labels[:asked][keep], ConfidentGaussianQueries(threshold=threshold, sigma1=args.sigma1,
                                                                sigma2=args.sigma2, count=asked,
                                                                answered=int(keep.sum()), filter_budget=checks))
     out = {"dataset": args.dataset, "generator": args.generator, "teachers": args.teachers, "pool": len(pool),

@@ -25,7 +25,7 @@ import numpy as np
 from privdistill.audits.metrics import roc_curve
 from privdistill.bench.report import load_results
 from privdistill.privacy.accounting import epsilon
-from privdistill.privacy.events import GNMaxQueries, LatentLaplace, LNMaxQueries
+from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.report import guarantee
 
 
@@ -142,14 +142,15 @@ def privacy_vs_queries(path: str | Path, *, max_queries: int = 1500, delta: floa
     qs = np.unique(np.r_[1, np.linspace(10, max_queries, 40).astype(int), 27, 1300])
     curves = {
         f"DGD paper formula (LNMax b={laplace_scale:g}, + ε1 = 0.01)":
-            [epsilon([LNMaxQueries(scale=laplace_scale, count=int(q)), LatentLaplace(epsilon1=0.01)], delta=delta,
-                     accounting="paper", breakdown=False).value for q in qs],
+            [epsilon([LaplaceQueries(scale=laplace_scale, count=int(q)), LaplaceOnSyntheticCodes(epsilon1=0.01)],
+                     delta=delta, accounting="paper", breakdown=False).value for q in qs],
         f"strict RDP, LNMax b={laplace_scale:g}":
-            [epsilon(LNMaxQueries(scale=laplace_scale, count=int(q)), delta=delta, breakdown=False).value for q in qs],
+            [epsilon(LaplaceQueries(scale=laplace_scale, count=int(q)), delta=delta, breakdown=False).value
+             for q in qs],
         f"strict RDP, GNMax σ={sigma:g}":
-            [epsilon(GNMaxQueries(sigma=sigma, count=int(q)), delta=delta, breakdown=False).value for q in qs],
+            [epsilon(GaussianQueries(sigma=sigma, count=int(q)), delta=delta, breakdown=False).value for q in qs],
         f"PATE 2018 conversion, GNMax σ={sigma:g}":
-            [epsilon(GNMaxQueries(sigma=sigma, count=int(q)), delta=delta, accounting="paper", breakdown=False).value
+            [epsilon(GaussianQueries(sigma=sigma, count=int(q)), delta=delta, accounting="paper", breakdown=False).value
              for q in qs],
     }
     plt = _plt()

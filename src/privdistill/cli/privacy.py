@@ -22,13 +22,13 @@ from privdistill.errors import PrivacyError
 from privdistill.privacy._checks import check_delta
 from privdistill.privacy.calibration import calibrate_noise, max_count
 from privdistill.privacy.events import (
-    ConfidentGNMaxQueries,
-    DPDFDSteps,
-    GNMaxQueries,
-    LatentLaplace,
-    LNMaxQueries,
-    RRLabels,
-    SRRLabels,
+    ConfidentGaussianQueries,
+    GaussianQueries,
+    LaplaceOnSyntheticCodes,
+    LaplaceQueries,
+    NormalisedGaussian,
+    RandomizedResponse,
+    RandomizedResponseWithPrior,
 )
 from privdistill.privacy.report import (
     dgd_pathways,
@@ -71,7 +71,7 @@ def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilo
     if mechanism is Mechanism.dpdfd:
         if queries is not None and steps is None:
             steps = queries
-        main = DPDFDSteps(clip_norm=_need(clip_norm, "--clip-norm", m), sigma=_need(sigma, "--sigma", m),
+        main = NormalisedGaussian(clip_norm=_need(clip_norm, "--clip-norm", m), sigma=_need(sigma, "--sigma", m),
                           batch_size=_need(batch_size, "--batch-size", m), steps=_need(steps, "--steps", m),
                           num_teachers=num_teachers, granularity=granularity.value, algorithm=algorithm,
                           dataset_size=dataset_size, num_classes=num_classes)
@@ -84,24 +84,25 @@ def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilo
                 raise PrivacyError("--mechanism lnmax needs --laplace-scale (or --epsilon0, scale = 2/epsilon0)")
             if laplace_scale is not None and epsilon0 is not None:
                 raise PrivacyError("give either --laplace-scale or --epsilon0, not both")
-            main = (LNMaxQueries(scale=laplace_scale, count=queries) if laplace_scale is not None
-                    else LNMaxQueries.from_epsilon0(epsilon0, queries))
+            main = (LaplaceQueries(scale=laplace_scale, count=queries) if laplace_scale is not None
+                    else LaplaceQueries.from_epsilon0(epsilon0, queries))
         elif mechanism is Mechanism.gnmax:
-            main = GNMaxQueries(sigma=_need(sigma if sigma is not None else sigma2, "--sigma", m), count=queries)
+            main = GaussianQueries(sigma=_need(sigma if sigma is not None else sigma2, "--sigma", m), count=queries)
         elif mechanism is Mechanism.confident_gnmax:
             s2 = sigma2 if sigma2 is not None else sigma
-            main = ConfidentGNMaxQueries(threshold=_need(threshold, "--threshold", m),
+            main = ConfidentGaussianQueries(threshold=_need(threshold, "--threshold", m),
                                          sigma1=_need(sigma1, "--sigma1", m), sigma2=_need(s2, "--sigma2", m),
                                          count=queries, answered=answered, filter_budget=filter_budget)
         elif mechanism is Mechanism.srr:
-            main = SRRLabels(epsilon=_need(epsilon_per_label, "--epsilon-per-label", m), count=queries,
-                             num_classes=_need(num_classes, "--num-classes", m), setting=srr_setting.value)
+            main = RandomizedResponseWithPrior(epsilon=_need(epsilon_per_label, "--epsilon-per-label", m),
+                                               count=queries, num_classes=_need(num_classes, "--num-classes", m),
+                                               setting=srr_setting.value)
         else:
-            main = RRLabels(epsilon=_need(epsilon_per_label, "--epsilon-per-label", m), count=queries,
+            main = RandomizedResponse(epsilon=_need(epsilon_per_label, "--epsilon-per-label", m), count=queries,
                             num_classes=_need(num_classes, "--num-classes", m))
     events = [main]
     if latent_epsilon is not None:
-        events.append(LatentLaplace(epsilon1=latent_epsilon))
+        events.append(LaplaceOnSyntheticCodes(epsilon1=latent_epsilon))
     return main, events
 
 

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 from privdistill.errors import ConfigError
 from privdistill.models import create_model
 from privdistill.privacy.events import (
-    ConfidentGNMaxQueries,
-    DPDFDSteps,
-    GNMaxQueries,
-    LNMaxQueries,
-    RRLabels,
-    SRRLabels,
+    ConfidentGaussianQueries,
+    GaussianQueries,
+    LaplaceQueries,
+    NormalisedGaussian,
+    RandomizedResponse,
+    RandomizedResponseWithPrior,
 )
 from privdistill.privacy.ledger import LedgerView
 from privdistill.privacy.vote_noise import unanimous_label_accuracy
@@ -103,10 +103,10 @@ def _ratio_verdict(ratio: float, what: str) -> Verdict:
 
 def _vote_verdict(event: Any, k: int, ctx: "Context", *, spread: bool = False) -> Verdict:
     teachers = ctx.section("teachers").num_teachers
-    if isinstance(event, LNMaxQueries):
+    if isinstance(event, LaplaceQueries):
         p, _ = unanimous_label_accuracy(teachers, k, distribution="laplace", scale=event.scale)
         queries, what = event.count, f"{event.count} LNMax answers (Laplace {event.scale:g}, {teachers} teachers)"
-    elif isinstance(event, ConfidentGNMaxQueries):
+    elif isinstance(event, ConfidentGaussianQueries):
         p, answered = unanimous_label_accuracy(teachers, k, distribution="gaussian", scale=event.sigma2,
                                                threshold=event.threshold, sigma1=event.sigma1)
         queries = event.count * answered
@@ -123,10 +123,10 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
     k = ctx.data.train.num_classes
     events = list(plan.remaining)
     for event in events:
-        if isinstance(event, (LNMaxQueries, GNMaxQueries, ConfidentGNMaxQueries)):
+        if isinstance(event, (LaplaceQueries, GaussianQueries, ConfidentGaussianQueries)):
             return _vote_verdict(event, k, ctx, spread=bool(plan.details.get("spread_labels")))
-        if isinstance(event, (RRLabels, SRRLabels)):  # every stage's labels together
-            stages = [e for e in events if isinstance(e, (RRLabels, SRRLabels))]
+        if isinstance(event, (RandomizedResponse, RandomizedResponseWithPrior)):  # every stage's labels together
+            stages = [e for e in events if isinstance(e, (RandomizedResponse, RandomizedResponseWithPrior))]
             count = sum(e.count for e in stages)
             informative = 0.0
             for e in stages:
@@ -136,7 +136,7 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
             what = (f"{count:,} labels at ε {event.epsilon:.3g} each, each kept at least {p:.0%} of the time "
                     f"(chance {1 / k:.0%})")
             return _labels_verdict(informative, k, what)
-        if isinstance(event, DPDFDSteps):
+        if isinstance(event, NormalisedGaussian):
             ratio = event.sigma * math.sqrt(k) / math.sqrt(event.batch_size * event.steps)
             return _ratio_verdict(ratio, f"{event.steps} steps of B = {event.batch_size} at σ {event.sigma:.4g}")
     if method.name == "dpsgd" and plan.details.get("sigma") is not None:

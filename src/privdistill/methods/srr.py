@@ -24,11 +24,11 @@ restricted to the top-k* classes of the prior). All three are "k-RR on a candida
 looking at the label, uniform on I if the label is not in I" (plain RR: I = all K classes), so each released
 label is ε-DP in the label it hides (docs/privacy.md, SRR strict). Pricing:
 - data-free: one private record can change the teacher, hence every label: the strict accounting composes
-  over ALL labels drawn from the one teacher (SRRLabels / RRLabels with the label count); the paper's ε is the
-  per-label ε, no composition.
+  over ALL labels drawn from the one teacher (RandomizedResponseWithPrior / RandomizedResponse with the label
+  count); the paper's ε is the per-label ε, no composition.
 - label-dp: every record's label is released once: ε-label-DP under "change one record's label" (parallel
-  composition), priced as SRRLabels(setting="label-dp") for all three mechanisms (plain RR and RRWithPrior
-  are members of the SRR family above; the ledger record says which mechanism ran).
+  composition), priced as RandomizedResponseWithPrior(setting="label-dp") for all three mechanisms (plain RR and
+  RRWithPrior are members of the SRR family above; the ledger record says which mechanism ran).
 Budget (section ``budget``): under ``accounting: paper`` the target ε is the per-label ε (the paper's); under
 ``strict`` the per-label ε is the largest whose strict ε for all the run's labels fits the target.
 The configuration (`SRRConfig`) and this pricing (`label_event`, `epsilon_per_label`) are in methods/srr_plan.py.

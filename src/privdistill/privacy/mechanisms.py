@@ -26,7 +26,7 @@ import torch
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy._checks import check_epsilon, check_positive, check_real
-from privdistill.privacy.events import ConfidentGNMaxQueries
+from privdistill.privacy.events import ConfidentGaussianQueries
 from privdistill.privacy.secure import SecureNoise
 
 __all__ = [
@@ -231,7 +231,7 @@ def filtered_confident_gnmax(votes: torch.Tensor, *, threshold: float, sigma1: f
     released. The stopping rule reads only the released outcomes (answered or not), as the filter requires."""
     labels, answered = confident_gnmax(votes, threshold=threshold, sigma1=sigma1, sigma2=sigma2, generator=generator)
     # the costs the strict accountant prices, from the event that records the run
-    check, answer = ConfidentGNMaxQueries(threshold=threshold, sigma1=sigma1, sigma2=sigma2, count=1).round_costs
+    check, answer = ConfidentGaussianQueries(threshold=threshold, sigma1=sigma1, sigma2=sigma2, count=1).round_costs
     budget = filter_budget * (check + answer) * (1 + 1e-12)
     # the cost before each row from integer counts (checks so far, answers so far): no rounding builds up
     answers_before = torch.cumsum(answered.long().cpu(), 0) - answered.long().cpu()
@@ -483,7 +483,7 @@ def normalize_and_noise(grads: torch.Tensor, *, clip_norm: float, sigma: float, 
     i.e. a noisy gradient of the batch-MEAN loss w.r.t. sample i's logits; returns [B, K].
     ``granularity="batch_sum"``: the literal Eq. 4, (sum_i C g_i/(||g_i|| + e) + N(0, sigma^2 C^2 I_K)) / B,
     one vector [K] for the whole batch (it carries no per-sample information; broadcast by the caller).
-    Both are priced by ``DPDFDSteps(..., granularity=...)`` (docs/privacy.md derives the sensitivities).
+    Both are priced by ``NormalisedGaussian(..., granularity=...)`` (docs/privacy.md derives the sensitivities).
     """
     grads, clip_norm, sigma = _check_gradient_mechanism("normalize_and_noise", grads, 2, clip_norm=clip_norm,
                                                         sigma=sigma, granularity=granularity, generator=generator)
@@ -586,7 +586,7 @@ def gaussian_feature_statistics(features: torch.Tensor, *, noise_multiplier: flo
     Each example contributes w = [u, clip(u * u / square_clip, 1)] / sqrt(2), with u its feature vector scaled to
     norm 1 (the variance is read on that scale, times d: for GroupNorm'd features, whose norm is sqrt(d), the
     features' own), so ||w|| <= 1 and replacing one example moves the sum by at most 2. Noise N(0, z^2) on every
-    coordinate of the sum is then exactly DP-SGD's Gaussian step with q = 1 (privacy.events.DPSGDTraining with
+    coordinate of the sum is then exactly DP-SGD's Gaussian step with q = 1 (privacy.events.SubsampledGaussian with
     sample_rate 1 and one step: dp-accounting's replace-one PLD prices sensitivity 2). n is public (the size of
     the training set). Returns (mean, variance), the variance floored at 1e-2."""
     check_positive("noise multiplier", noise_multiplier)
