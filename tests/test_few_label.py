@@ -1,14 +1,17 @@
 """The few-label student's parts (engine/few_label.py): medoid queries, label spreading, the pool embedding, and
-PATE with them: the same ε is spent as with random queries (the embedding and the spreading cost nothing)."""
+PATE and DGD with them: the same ε is spent as with random queries (the embedding and the spreading cost nothing)."""
 
 import numpy as np
+import pytest
 import torch
 
 from privdistill.engine.context import Env
 from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
 from privdistill.methods.common import RunRequest
+from privdistill.methods.dgd import run_dgd
 from privdistill.methods.pate import run_pate
 from privdistill.privacy.ledger import PrivacyLedger
+from tests.test_dgd import TINY as DGD_TINY
 from tests.test_pate import TINY
 
 
@@ -76,3 +79,22 @@ def test_pate_with_medoids_and_spread_labels_spends_what_random_queries_spend(ti
     events = [PrivacyLedger(tmp_path / name).events() for name in ("random", "few")]
     assert events[0] == events[1], "the embedding, the medoids and the spreading record nothing"
     assert any("ScatterNet" in str(p) for p in few["not_covered"]), "the report names the feature space"
+
+
+@pytest.mark.parametrize("embedding", ["source", "scatter"])
+def test_dgd_with_medoids_and_spread_labels_spends_what_random_queries_spend(tiny_npz, tmp_path, embedding):
+    base = DGD_TINY + ["dgd.queries=12", "dgd.aggregation=gaussian", "student.unsupervised=false",
+                       "dgd.spread_pool=150"]
+    runs = {}
+    for name, extra in {"random": [], "few": ["dgd.query_selection=medoids", "dgd.labels=spread",
+                                              f"dgd.embedding={embedding}"]}.items():
+        runs[name] = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=base + extra,
+                                        run_dir=str(tmp_path / name))).summary
+    random, few = runs["random"], runs["few"]
+    assert few["query_selection"] == "medoids" and few["labels"] == "spread" and few["embedding"] == embedding
+    assert few["spread_labels"]["pool"] == 150 and sum(few["spread_labels"]["classes"]) == 150
+    assert few["epsilon_strict"] == random["epsilon_strict"] and few["epsilon_paper"] == random["epsilon_paper"]
+    events = [PrivacyLedger(tmp_path / name).events() for name in ("random", "few")]
+    assert events[0] == events[1], "the embedding, the medoids and the spreading record nothing"
+    named = " ".join(str(p) for p in few["not_covered"])
+    assert "spread over the pool" in str(few) and ("reads" in named) == (embedding == "source")

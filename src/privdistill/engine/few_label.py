@@ -3,10 +3,13 @@
 At a strict ε of 1 a vote channel buys tens of labels. A student that learns from those alone answers one class
 (DGD) or stays near 60 % (PATE). The pool the queries come from carries structure the labels can follow:
 
-    embedding     the pool in a data-independent feature space: normalised ScatterNet coefficients (J = 2, L = 8,
-                  models/scatternet.py: a fixed wavelet transform, no parameter fitted to any data), projected by a
-                  PCA fitted to the pool itself and standardised. It reads only the pool, which every method using
-                  it already holds outside the ε (PATE's public slice, DGD's synthetic samples): no ε is spent
+    embedding     the pool in a feature space that costs no ε, projected by a PCA fitted to the pool itself and
+                  standardised. Either data-independent: normalised ScatterNet coefficients (J = 2, L = 8,
+                  models/scatternet.py: a fixed wavelet transform, no parameter fitted to any data); or a `reader`'s
+                  backbone features, where the method already reads that model on a pathway its report names (DGD:
+                  the model its generator was fitted to, the non-private baseline under the paper's accounting, the
+                  DP source end to end). It reads only the pool, which every method using it already holds outside
+                  the ε (PATE's public slice, DGD's synthetic samples), and that reader: no ε is spent
     medoid query  k-means with k = the label budget in that space; each cluster's member nearest its centre is
                   queried, so that each bought label speaks for a cluster rather than for one sample
     spreading     label spreading over the pool's k-NN graph (Zhou et al. 2004, scikit-learn's LabelSpreading):
@@ -29,19 +32,26 @@ from sklearn.semi_supervised import LabelSpreading
 from privdistill.data.dataset import to_float
 from privdistill.engine.context import Env
 from privdistill.engine.features import fixed_features
+from privdistill.engine.query_selection import read_features
 from privdistill.models.scatternet import ScatterNet
 
 EMBEDDING_DIMS = 64  # PCA dimensions of the pool embedding
+READER_PROJECTION = 256  # a reader's features are first projected to this many dimensions
 NEIGHBOURS = 10  # k of the k-NN graph the labels spread along
 ALPHA = 0.2  # LabelSpreading's clamping: the share of a sample's label taken from its neighbours
 
 
-def embed_pool(images: torch.Tensor, env: Env, *, dims: int = EMBEDDING_DIMS) -> np.ndarray:
-    """[n, dims] float64: the pool (uint8 or [-1, 1] images) in the data-independent space above, the scattering run
-    on env's device. Images whose sides are not multiples of 4 (the scattering's J = 2) are embedded from their
-    pixels instead."""
+def embed_pool(images: torch.Tensor, env: Env, *, dims: int = EMBEDDING_DIMS,
+               reader: torch.nn.Module | None = None) -> np.ndarray:
+    """[n, dims] float64: the pool (uint8 or [-1, 1] images) in one of the spaces above, run on env's device.
+    Without a `reader`, the scattering; images whose sides are not multiples of 4 (the scattering's J = 2) are
+    embedded from their pixels instead. With one, its backbone features through a fixed random projection
+    (READER_PROJECTION dimensions: a large pool's 6,272-wide features would not fit in memory)."""
     c, h, w = images.shape[1:]
-    if h % 4 == 0 and w % 4 == 0:  # a linear ScatterNet without a prior: its `scatter` is the normalised scattering
+    if reader is not None:
+        rng = torch.Generator().manual_seed(env.seed)
+        coefficients = read_features(reader, images, env, project_to=READER_PROJECTION, rng=rng)[1]
+    elif h % 4 == 0 and w % 4 == 0:  # a linear ScatterNet without a prior: its `scatter` is the normalised scattering
         coefficients = fixed_features(ScatterNet(c, 2, (h, w)), images, env).flatten(1)
     else:
         coefficients = to_float(images).flatten(1)

@@ -47,7 +47,7 @@ def split_pool(pool: torch.Tensor, count: int, rule: str, *, reader: nn.Module |
                           "(e.g. dgd.inputs=private-holdout): use random")
     # the features through a random projection that keeps distances (Johnson-Lindenstrauss) at a fraction of the
     # cost and memory: a large pool's backbone features would not fit (960,000 x 6,272 floats)
-    logits, features = _read(reader, pool[order], env, project_to=feature_dim, rng=rng)
+    logits, features = read_features(reader, pool[order], env, project_to=feature_dim, rng=rng)
     labels = logits.argmax(1)
     chosen = []
     for label, quota in _class_quotas(labels, count, num_classes).items():
@@ -89,7 +89,8 @@ def _class_quotas(labels: torch.Tensor, count: int, num_classes: int) -> dict[in
     return {k: q for k, q in quotas.items() if q}
 
 
-def _read(reader: nn.Module, images: torch.Tensor, env: Env, *, project_to: int, rng: torch.Generator,
+@torch.no_grad()
+def read_features(reader: nn.Module, images: torch.Tensor, env: Env, *, project_to: int, rng: torch.Generator,
           batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
     """The reader's logits and its backbone features (datafree.logits_and_features: the input of its last linear
     layer) through one random projection to `project_to` dimensions drawn from `rng` at the first batch, each row

@@ -51,6 +51,7 @@ from privdistill.engine import evaluate, streams
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
+from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
 from privdistill.engine.holdout import holdout_size, holdout_split
 from privdistill.engine.query_selection import QUERY_SELECTIONS, split_pool
 from privdistill.engine.synthesis import query_label_agreement, synthesis_agreement
@@ -87,8 +88,16 @@ class DGDConfig:
     source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
     # which samples of the pool are queried: random (paper) | diverse (a k-center cover per class: reads the model
     # the generator was fitted to; engine/query_selection.py, ours)
-    query_selection: str = "random"
+    query_selection: str = "random"  # ... | medoids (one per k-means cluster of the spread pool; engine/few_label.py)
     release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
+    # the few-label student (engine/few_label.py, ours): answers (paper: the student learns from the queries) |
+    # spread (the answers spread over `spread_pool` samples of the pool along their k-NN graph, and the student
+    # learns from all of them)
+    labels: str = "answers"
+    # the space medoids and spreading use: source (the backbone features of the model the generator was fitted to,
+    # read on the generator's own pathway) | scatter (data-independent ScatterNet coefficients)
+    embedding: str = "source"
+    spread_pool: int = 20_000  # samples of the pool the medoids are chosen from and the labels spread over
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -103,11 +112,27 @@ class DGDConfig:
             self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
         if self.release not in ("argmax", "histogram"):
             raise ConfigError(f"dgd.release must be argmax or histogram, got {self.release!r}")
-        if self.query_selection not in QUERY_SELECTIONS:
-            raise ConfigError(f"dgd.query_selection must be one of {', '.join(QUERY_SELECTIONS)}")
-        if self.query_selection != "random" and self.inputs != "generator":
-            raise ConfigError("dgd.query_selection other than random reads the generator's source model; "
-                              "dgd.inputs=private-holdout has none")
+        if self.query_selection not in QUERY_SELECTIONS + ("medoids",):
+            raise ConfigError(f"dgd.query_selection must be one of {', '.join(QUERY_SELECTIONS + ('medoids',))}")
+        if self.labels not in ("answers", "spread"):
+            raise ConfigError(f"dgd.labels must be answers or spread, got {self.labels!r}")
+        if self.embedding not in ("source", "scatter"):
+            raise ConfigError(f"dgd.embedding must be source or scatter, got {self.embedding!r}")
+        if self.spread_pool < 2:
+            raise ConfigError("dgd.spread_pool must be at least 2")
+        if self.reads_source and self.inputs != "generator":
+            raise ConfigError("dgd.query_selection=diverse and dgd.embedding=source read the generator's source "
+                              "model; dgd.inputs=private-holdout has none (use random, or embedding=scatter)")
+
+    @property
+    def few_label(self) -> bool:
+        """Whether the pool is embedded (engine/few_label.py): to choose medoids or to spread the answers."""
+        return self.query_selection == "medoids" or self.labels == "spread"
+
+    @property
+    def reads_source(self) -> bool:
+        """Whether choosing or labelling the samples reads the model the generator was fitted to."""
+        return self.query_selection == "diverse" or (self.few_label and self.embedding == "source")
 
 
 # the ledger keys of the two mechanism uses a run spends budget on
@@ -149,7 +174,7 @@ class DGDMethod(Method):
                                scale=cfg.laplace_scale if cfg.aggregation == "laplace" else cfg.gaussian_sigma)]
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
         return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
-                    details={"queries": queries, "events": events})
+                    details={"queries": queries, "events": events, "spread_labels": cfg.labels == "spread"})
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
         cfg: DGDConfig = ctx.section("dgd")
@@ -183,8 +208,20 @@ class DGDMethod(Method):
 
         # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes; the paper
         # draws the queries at random, a selection rule reads only what the generator was fitted to
-        queried, unqueried = split_pool(pool, queries, cfg.query_selection, reader=source, env=env,
-                                        rng=env.generator(streams.DGD_SPLIT), num_classes=data.num_classes)
+        spread_pool, embedding = None, None
+        if cfg.few_label:  # the queries (and the spread labels) come from a random part of the pool, embedded
+            spread_pool = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))[:cfg.spread_pool]
+            if queries > len(spread_pool):
+                raise ConfigError(f"{queries} queries do not fit in dgd.spread_pool={cfg.spread_pool}: raise it")
+            embedding = embed_pool(pool[spread_pool], env, reader=source if cfg.embedding == "source" else None)
+        if cfg.query_selection == "medoids":
+            local = medoid_queries(embedding, queries, seed=env.seed)
+            rest = torch.ones(len(pool), dtype=torch.bool)
+            rest[spread_pool[local]] = False
+            queried, unqueried = spread_pool[local], rest.nonzero().squeeze(1)
+        else:
+            queried, unqueried = split_pool(pool, queries, cfg.query_selection, reader=source, env=env,
+                                            rng=env.generator(streams.DGD_SPLIT), num_classes=data.num_classes)
         query_images, rest_images = pool[queried], pool[unqueried]
         noise_seed, fresh = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}
 
@@ -208,6 +245,16 @@ class DGDMethod(Method):
         torch.manual_seed(env.generator(streams.DGD_INIT).initial_seed())
         student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                                num_classes=data.num_classes, image_size=data.image_size[0])
+        if cfg.labels == "spread":  # the answers spread over the embedded part of the pool: the student learns it all
+            position = {int(j): i for i, j in enumerate(spread_pool)}
+            local = torch.tensor([position[int(j)] for j in queried])
+            share = spread_labels(embedding, local, labels, data.num_classes)
+            query_images, labels = pool[spread_pool], share.argmax(1)
+            diagnostics["spread_labels"] = {"pool": len(spread_pool), "embedding": cfg.embedding,
+                                            "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
+            if baseline is not None:  # evaluation only, as the query agreement above
+                diagnostics["spread_labels"]["agreement_with_baseline"] = query_label_agreement(
+                    baseline, query_images, labels, None, env)
         query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
         if share is not None:  # samples the DP source labelled (dgd.source_labels) keep their label as a one-hot
@@ -224,7 +271,8 @@ class DGDMethod(Method):
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
                                 fitted_to=source,
                                 latent_codes=ctx.section("student").reads_latent_codes,
-                                query_selection=cfg.query_selection, release=cfg.release)
+                                query_selection=cfg.query_selection, release=cfg.release,
+                                embedding=cfg.embedding if cfg.few_label else None, spread=cfg.labels == "spread")
         e2e.add_source_label_pathway(pathways, cfg.source_labels)
         return pathways
 
@@ -238,6 +286,7 @@ class DGDMethod(Method):
                       fields={"epsilon_covers": covers, "queries": plan.details["queries"],
                               "aggregation": cfg.aggregation, "inputs": cfg.inputs, "latent_noise": latent,
                               "query_selection": cfg.query_selection, "release": cfg.release,
+                              "labels": cfg.labels, "embedding": cfg.embedding if cfg.few_label else None,
                               "variant": cfg.variant})
 
 

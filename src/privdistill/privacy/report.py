@@ -54,7 +54,8 @@ PRIVATE = "private training data"
 def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                  fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
                  latent_codes: bool = True, query_selection: str = "random",
-                 release: str = "argmax") -> dict[str, list[Pathway]]:
+                 release: str = "argmax", embedding: str | None = None,
+                 spread: bool = False) -> dict[str, list[Pathway]]:
     """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
     codes (Eq. 1's energies), not only the samples themselves. ``query_selection``: how the queried samples are
     chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
@@ -63,6 +64,9 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
     ``fitted_to``: what the generator was fitted to (the baseline, or a DP source end to end).
     ``release``: "argmax" (the noisy label, the paper) or "histogram" (the whole noisy vote histogram, priced
     alike by the data-independent analysis).
+    ``embedding``: the space medoid queries and spread labels use ("source": the backbone features of what the
+    generator was fitted to, the same pathway; "scatter": data-independent). ``spread``: the answers are spread over
+    the pool (post-processing of the answers, the pool and that space).
     ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
     the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
     check_choice("aggregation", aggregation, ("laplace", "gaussian"))
@@ -71,7 +75,9 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
     agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
     released = f"{agg} labels" if release == "argmax" else (
         f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
-    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of the queried samples",
+    space = {"source": f"{fitted_to}'s features", "scatter": "a fixed ScatterNet feature space", None: ""}[embedding]
+    spread_note = f", spread over the pool along a k-NN graph in {space}" if spread else ""
+    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of the queried samples{spread_note}",
                        "labels of the student's supervised set", True,
                        "the vote channel: what epsilon prices")]
     if inputs == "generator":
@@ -80,8 +86,11 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
         student += [
             Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
                     "the student's inputs (queried and unlabelled)", source_is_dp, why),
-            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried (and kept, when verified)"
-                    + ("" if query_selection == "random" else f"; {query_selection} selection reads {fitted_to}"),
+            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried"
+                    + ("" if query_selection == "random" else
+                       f"; {query_selection} selection in {space}" if embedding == "scatter" and
+                       query_selection == "medoids" else f"; {query_selection} selection reads {fitted_to}")
+                    + (f"; the labels spread in {fitted_to}'s features" if spread and embedding == "source" else ""),
                     "the student's query set", source_is_dp, why if source_is_dp else ""),
         ]
         if latent_codes:
