@@ -17,6 +17,7 @@ from privdistill.methods.common import RunRequest
 from privdistill.methods.dgd import DGD, DGDConfig, plan_queries, run_dgd
 from privdistill.methods.runner import Budget
 from privdistill.models import create_model
+from privdistill.privacy.events import SubsampledGaussian
 
 TINY = ["run.recipe=paper", "run.plan_check=warn",  # the mechanics on tiny data (test_recipes, test_plan_judge)
         "baseline.model=small-cnn", "baseline.epochs=2", "baseline.batch_size=32",
@@ -222,9 +223,12 @@ def test_end_to_end_mode_covers_every_pathway_within_the_target(tiny_npz, tmp_pa
     with pytest.raises(Exception, match="end-to-end"):  # a held-out private slice cannot be covered
         run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"),
                            overrides=TINY + E2E + ["budget.epsilon=20", "dgd.inputs=private-holdout"]))
-    with pytest.raises(ConfigError, match="statistics_share"):  # SRR's; DGD's generator would not read them
-        run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused-statistics"),
-                           overrides=TINY + E2E + ["budget.epsilon=20", "dp_source.statistics_share=0.2"]))
+    for extra, reason in ((["generator.loss=srr"], "ScatterNet DP source"),  # statistics of the scattering
+                          ([], "BN-statistics generator loss"),  # the paper's DAFL loss would not read them
+                          (["dp_source.share=0.9", "dp_source.statistics_share=0.1"], "nothing of ε")):
+        with pytest.raises(ConfigError, match=reason):
+            run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused-statistics"),
+                               overrides=TINY + E2E + ["budget.epsilon=20", "dp_source.statistics_share=0.2", *extra]))
 
 
 @pytest.mark.slow
@@ -280,3 +284,23 @@ def test_histogram_release_records_the_noisy_histogram_at_the_argmax_s_epsilon(t
         assert torch.equal(x, y)
     with pytest.raises(ConfigError, match="dgd.release"):
         DGDConfig(release="logits").validate()
+
+
+@pytest.mark.slow
+def test_end_to_end_with_dp_feature_statistics_prices_three_events_within_the_target(tiny_npz, tmp_path):
+    from privdistill.privacy import both
+    from privdistill.privacy.ledger import PrivacyLedger
+
+    run_dir = tmp_path / "e2e-statistics"
+    s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir), overrides=TINY + E2E + [
+        "budget.epsilon=20", "dgd.laplace_scale=4", "dp_source.model=scatter-linear", "generator.loss=srr",
+        "dp_source.share=0.6", "dp_source.statistics_share=0.2"])).summary
+    assert s["not_covered"] == [] and s["privacy_scope"] == "end-to-end"
+    ledger = PrivacyLedger(run_dir)
+    assert sorted(ledger.keys()) == ["dgd/queries", "dp-source", "dp-source/statistics"]
+    deltas = [e.delta for e in ledger.events() if isinstance(e, SubsampledGaussian)]  # the source's, the statistics'
+    assert len(deltas) == 2 and sum(deltas) == pytest.approx(1e-5 / 2)
+    total = both(ledger.events(), delta=1e-5)["strict"].value
+    assert s["epsilon_strict"] == pytest.approx(total, rel=1e-6) and total <= 20 + 1e-9, "one ε, within the target"
+    assert any("mean and variance" in p["via"] for p in json.loads((run_dir / "privacy.json").read_text())
+               ["artifacts"]["generator"]), "the report names the statistics"

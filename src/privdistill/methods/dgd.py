@@ -147,9 +147,19 @@ class DGDMethod(Method):
 
     def check_end_to_end(self, ctx: Context) -> None:  # the generator fitted to a DP source, its samples the inputs
         e2e.check_generator_end_to_end(ctx, ctx.section("dgd").inputs)
-        if ctx.section("dp_source").statistics(0.0):
-            raise ConfigError("dp_source.statistics_share is SRR's (its generator matches DP feature statistics); "
-                              "DGD's end-to-end generator does not read them: leave it unset")
+        source = ctx.section("dp_source")
+        if source.statistics(0.0):  # the adversarial generator's BN-statistics target, released under DP
+            if source.share + source.statistics(0.0) >= 1:
+                raise ConfigError(f"dp_source.share {source.share:g} + dp_source.statistics_share "
+                                  f"{source.statistics(0.0):g} leave nothing of ε for the teachers' votes: keep "
+                                  "their sum below 1")
+            if ctx.section("generator").loss != "srr":
+                raise ConfigError("dp_source.statistics_share is the target of a BN-statistics generator loss "
+                                  "(generator.loss=srr, as the default recipe's); this generator would not read them")
+            if not source.model.startswith("scatter-"):
+                raise ConfigError("dp_source.statistics_share needs a ScatterNet DP source (a dp_source.model named "
+                                  "scatter-*): the DP statistics its generator matches are of the scattering "
+                                  "coefficients")
 
     def summary_name(self, ctx: Context) -> str:
         return "dgd" if ctx.section("dgd").aggregation == "laplace" else "dgd+"
@@ -158,14 +168,15 @@ class DGDMethod(Method):
         """|D̂s| from the target ε (or as given); refused here, before any stage trains, if it cannot fit."""
         cfg: DGDConfig = ctx.section("dgd")
         e2e.check_source_labels(ctx, cfg.source_labels)
-        source = [e2e.source_event(ctx)] if e2e.is_end_to_end(ctx) else []  # the DP source's share, then the votes'
+        # end to end: the DP source's share (and the DP feature statistics' for its generator), then the votes'
+        source = e2e.dgd_source_events(ctx) if e2e.is_end_to_end(ctx) else {}
         reads_codes = ctx.section("student").reads_latent_codes  # ε1 is spent only where the codes are read
-        queries = plan_queries(cfg, ctx.budget, fixed=source, reads_codes=reads_codes)
+        queries = plan_queries(cfg, ctx.budget, fixed=list(source.values()), reads_codes=reads_codes)
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
                      else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
             raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
-        events = {QUERIES_KEY: vote_event(cfg, queries), **({e2e.SOURCE_KEY: source[0]} if source else {})}
+        events = {QUERIES_KEY: vote_event(cfg, queries), **source}
         if cfg.latent_noise and reads_codes:
             events[LATENT_KEY] = LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
                                                          clip=cfg.latent_clip)
@@ -186,7 +197,13 @@ class DGDMethod(Method):
             # the generator's discriminator: the non-private baseline, or in end-to-end mode a DP-SGD model
             baseline, baseline_key = e2e.generator_source(ctx, ledger, plan.details["events"], refs,
                                                       secure=cfg.secure_noise)
-            generator, gen_stage = stages.generator(baseline, baseline_key, gcfg)
+            fitted_to, fitted_key = baseline, baseline_key
+            if e2e.STATISTICS_KEY in plan.details["events"]:  # the DP source has no BatchNorm statistics to match
+                fitted_to, statistics_key = e2e.with_statistics(ctx, ledger, baseline,
+                                                                plan.details["events"][e2e.STATISTICS_KEY],
+                                                                secure=cfg.secure_noise)
+                fitted_key = f"{baseline_key}+{statistics_key}"
+            generator, gen_stage = stages.generator(fitted_to, fitted_key, gcfg)
             pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train))
             source = baseline  # the model the generator was fitted to: what a query selection rule reads
             teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
@@ -274,6 +291,8 @@ class DGDMethod(Method):
                                 query_selection=cfg.query_selection, release=cfg.release,
                                 embedding=cfg.embedding if cfg.few_label else None, spread=cfg.labels == "spread")
         e2e.add_source_label_pathway(pathways, cfg.source_labels)
+        if dp and ctx.section("dp_source").statistics(0.0):
+            e2e.add_statistics_pathway(pathways)
         return pathways
 
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:

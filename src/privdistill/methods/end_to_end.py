@@ -76,7 +76,8 @@ class DPSourceConfig:
     # features (one Gaussian sum, privacy.mechanisms.gaussian_feature_statistics): the BN-statistics target of a
     # DeepInversion-style generator (SRR's loss) fitted to a source that has no BatchNorm. None: the method's
     # default. SRR: STATISTICS_SHARE (its generator needs them), and its teacher takes the rest of ε and δ, so
-    # `share` and `delta_share` do not apply; DGD: no statistics (a share > 0 is refused), `share` as above
+    # `share` and `delta_share` do not apply; DGD: none by default; with a share, the source keeps `share`, the
+    # statistics take theirs and the votes the rest (dgd_source_events)
     statistics_share: Optional[float] = None
     # augmentation multiplicity of the source's DP-SGD (as dpsgd.augment / dpsgd.augment_copies): 4 affine copies
     # are worth +0.5 points at strict ε = 1 on MNIST, and lower Fashion-MNIST (docs/research-log.md)
@@ -137,6 +138,27 @@ def add_source_label_pathway(pathways: dict, source_labels: bool) -> None:
     if source_labels:
         pathways["student"].append(Pathway(PRIVATE, "DP source (DP-SGD) -> labels of the unqueried synthetic samples",
                                            "the student's supervised set", True, "post-processing of the DP source"))
+
+
+def add_statistics_pathway(pathways: dict) -> None:
+    """The privacy report's line for the DP feature statistics a DGD generator matches end to end."""
+    pathways["generator"].append(Pathway(PRIVATE, "DP source's scattering features -> per-coordinate mean and "
+                                         "variance + Gaussian noise", "the generator's BatchNorm-statistics target",
+                                         True, "one Gaussian sum, in the ledger"))
+
+
+def dgd_source_events(ctx) -> dict[str, SubsampledGaussian]:
+    """DGD's end-to-end events before its votes: the DP source at `dp_source.share` of ε, and with
+    `dp_source.statistics_share` the DP feature statistics its generator matches. Their δ is the source's
+    `delta_share` of δ, split between them as their ε is; the votes get the rest of both."""
+    cfg: DPSourceConfig = ctx.section("dp_source")
+    statistics = cfg.statistics(0.0)
+    if not statistics:
+        return {SOURCE_KEY: source_event(ctx)}
+    source_delta, statistics_delta = split_delta(ctx.budget.delta * cfg.delta_share,
+                                                 cfg.share / (cfg.share + statistics))
+    return {SOURCE_KEY: source_event(ctx, delta=source_delta),
+            STATISTICS_KEY: statistics_event(ctx, statistics, statistics_delta)}
 
 
 def generator_source(ctx, ledger: PrivacyLedger, events: dict, refs: dict, *, secure: bool,
