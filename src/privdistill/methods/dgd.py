@@ -185,7 +185,8 @@ class DGDMethod(Method):
                                scale=cfg.laplace_scale if cfg.aggregation == "laplace" else cfg.gaussian_sigma)]
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
         return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
-                    details={"queries": queries, "events": events, "spread_labels": cfg.labels == "spread"})
+                    details={"queries": queries, "events": events, "spread_labels": cfg.labels == "spread",
+                             "source_labels": cfg.source_labels})
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
         cfg: DGDConfig = ctx.section("dgd")

@@ -122,6 +122,9 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
     """The verdict on `plan` (None: nothing in it this module knows how to judge, e.g. an end-to-end source)."""
     k = ctx.data.train.num_classes
     events = list(plan.remaining)
+    if plan.details.get("source_labels"):  # DGD end to end: the votes are not the student's only labels
+        return Verdict("ok", f"{plan.details.get('queries', 0):,} voted queries, and every other sample labelled by "
+                       "the DP source (post-processing, free)", "the DP source's DP-SGD plan is judged by its own run")
     for event in events:
         if isinstance(event, (LaplaceQueries, GaussianQueries, ConfidentGaussianQueries)):
             return _vote_verdict(event, k, ctx, spread=bool(plan.details.get("spread_labels")))
