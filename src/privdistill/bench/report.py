@@ -387,7 +387,8 @@ def headline_table(results: list[dict]) -> str:
     summary naming its recipe), else the recipe's recorded best from before recipes existed, said so."""
     recorded = {}
     for r in results:
-        if r.get("recipe") is not None and r.get("target_epsilon") is not None:
+        # a run with a variant label changed the recipe with --set: not the recipe's own short command
+        if r.get("recipe") is not None and r.get("target_epsilon") is not None and not r.get("variant"):
             key = (r["method"].rstrip("+"), r["recipe"], dataset_slug(str(r["dataset"])), float(r["target_epsilon"]))
             recorded[key] = r
     rows = []
