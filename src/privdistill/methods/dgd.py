@@ -118,6 +118,9 @@ class DGDConfig:
             raise ConfigError(f"dgd.labels must be answers or spread, got {self.labels!r}")
         if self.embedding not in ("source", "scatter"):
             raise ConfigError(f"dgd.embedding must be source or scatter, got {self.embedding!r}")
+        if self.labels == "spread" and self.source_labels:
+            raise ConfigError("dgd.labels=spread and dgd.source_labels=true both label the unqueried samples: choose "
+                              "one (end to end, the DP source's own labels are free)")
         if self.spread_pool < 2:
             raise ConfigError("dgd.spread_pool must be at least 2")
         if self.reads_source and self.inputs != "generator":
