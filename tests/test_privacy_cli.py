@@ -11,17 +11,17 @@ from typer.testing import CliRunner
 
 from privdistill.cli.privacy import app
 from privdistill.errors import PrivacyError, RunError
+from privdistill.methods.dgd import dgd_pathways
+from privdistill.methods.dpdfd_plan import dpdfd_pathways
+from privdistill.methods.srr_plan import srr_pathways
 from privdistill.privacy.events import DPDFDSteps, LatentLaplace, LNMaxQueries, SRRLabels
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.report import (
     Pathway,
-    dgd_pathways,
-    dpdfd_pathways,
     noise_source,
     privacy_report,
     render_text,
     run_report,
-    srr_pathways,
     write_privacy_json,
 )
 

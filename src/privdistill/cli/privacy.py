@@ -18,6 +18,7 @@ from typing import Any, Optional
 import typer
 
 from privdistill.cli import options as o
+from privdistill.cli.lazy import lazy_module
 from privdistill.errors import PrivacyError
 from privdistill.privacy._checks import check_delta
 from privdistill.privacy.calibration import calibrate_noise, max_count
@@ -30,15 +31,13 @@ from privdistill.privacy.events import (
     RandomizedResponse,
     RandomizedResponseWithPrior,
 )
-from privdistill.privacy.report import (
-    dgd_pathways,
-    dpdfd_pathways,
-    pate_pathways,
-    privacy_report,
-    render_text,
-    run_report,
-    srr_pathways,
-)
+from privdistill.privacy.report import privacy_report, render_text, run_report
+
+# each method's pathways live with the method (they import torch: imported when `estimate` runs)
+dgd = lazy_module("privdistill.methods.dgd")
+dpdfd_plan = lazy_module("privdistill.methods.dpdfd_plan")
+pate = lazy_module("privdistill.methods.pate")
+srr_plan = lazy_module("privdistill.methods.srr_plan")
 
 app = typer.Typer(help="Estimate epsilon under both accountings (paper and strict); privacy reports of runs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -108,15 +107,15 @@ def _build_events(mechanism: Mechanism, *, queries, steps, laplace_scale, epsilo
 
 def _pathways_for(mechanism: Mechanism, algorithm: int, srr_setting: o.SRRSetting):
     if mechanism is Mechanism.lnmax:
-        return "DGD", dgd_pathways(aggregation="laplace")
+        return "DGD", dgd.dgd_pathways(aggregation="laplace")
     if mechanism is Mechanism.gnmax:
-        return "DGD+ (Gaussian aggregation)", dgd_pathways(aggregation="gaussian")
+        return "DGD+ (Gaussian aggregation)", dgd.dgd_pathways(aggregation="gaussian")
     if mechanism is Mechanism.confident_gnmax:
-        return "PATE (Confident-GNMax, public inputs)", pate_pathways(aggregation="Confident-GNMax")
+        return "PATE (Confident-GNMax, public inputs)", pate.pate_pathways(aggregation="Confident-GNMax")
     if mechanism is Mechanism.dpdfd:
-        return f"DPDFD Alg. {algorithm}", dpdfd_pathways(algorithm=algorithm)
+        return f"DPDFD Alg. {algorithm}", dpdfd_plan.dpdfd_pathways(algorithm=algorithm)
     if mechanism is Mechanism.srr:
-        return f"SRR ({srr_setting.value})", srr_pathways(setting=srr_setting.value)
+        return f"SRR ({srr_setting.value})", srr_plan.srr_pathways(setting=srr_setting.value)
     return None, None
 
 

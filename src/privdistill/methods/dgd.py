@@ -63,9 +63,10 @@ from privdistill.methods.dgd_student import StudentConfig, train_student
 from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import calibration, mechanisms
+from privdistill.privacy._checks import check_choice
 from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
-from privdistill.privacy.report import Pathway, dgd_pathways
+from privdistill.privacy.report import PRIVATE, Pathway
 
 
 @dataclass
@@ -140,6 +141,69 @@ class DGDConfig:
 
 # the ledger keys of the two mechanism uses a run spends budget on
 QUERIES_KEY, LATENT_KEY = "dgd/queries", "dgd/latent-codes"
+
+
+def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
+                 fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
+                 latent_codes: bool = True, query_selection: str = "random",
+                 release: str = "argmax", embedding: str | None = None,
+                 spread: bool = False) -> dict[str, list[Pathway]]:
+    """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
+    codes (Eq. 1's energies), not only the samples themselves. ``query_selection``: how the queried samples are
+    chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
+    ``inputs``: "generator" (the method) or "held-out-private" (Fig. 7 variant: a held-out slice of the private
+    set replaces the generator).
+    ``fitted_to``: what the generator was fitted to (the baseline, or a DP source end to end).
+    ``release``: "argmax" (the noisy label, the paper) or "histogram" (the whole noisy vote histogram, priced
+    alike by the data-independent analysis).
+    ``embedding``: the space medoid queries and spread labels use ("source": the backbone features of what the
+    generator was fitted to, the same pathway; "scatter": data-independent). ``spread``: the answers are spread over
+    the pool (post-processing of the answers, the pool and that space).
+    ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
+    the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
+    check_choice("aggregation", aggregation, ("laplace", "gaussian"))
+    check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
+    check_choice("release", release, ("argmax", "histogram"))
+    agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
+    released = f"{agg} labels" if release == "argmax" else (
+        f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
+    space = {"source": f"{fitted_to}'s features", "scatter": "a fixed ScatterNet feature space", None: ""}[embedding]
+    spread_note = f", spread over the pool along a k-NN graph in {space}" if spread else ""
+    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of the queried samples{spread_note}",
+                       "labels of the student's supervised set", True,
+                       "the vote channel: what epsilon prices")]
+    if inputs == "generator":
+        why = ("post-processing of the DP source, whose DP-SGD training is in the ledger" if source_is_dp else
+               "what the generator is fitted to and the generator are trained on D without noise")
+        student += [
+            Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
+                    "the student's inputs (queried and unlabelled)", source_is_dp, why),
+            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried"
+                    + ("" if query_selection == "random" else
+                       f"; {query_selection} selection in {space}" if embedding == "scatter" and
+                       query_selection == "medoids" else f"; {query_selection} selection reads {fitted_to}")
+                    + (f"; the labels spread in {fitted_to}'s features" if spread and embedding == "source" else ""),
+                    "the student's query set", source_is_dp, why if source_is_dp else ""),
+        ]
+        if latent_codes:
+            student.insert(2, Pathway(
+                PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + Laplace(2c/eps1) -> "
+                "decoded triples", "the student's unsupervised regulariser", source_is_dp, why if source_is_dp else
+                "the latent noise perturbs codes of synthetic samples; it does not protect private records"))
+        generator = [Pathway(PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator",
+                             "generator weights", source_is_dp, why if source_is_dp else
+                             "not covered: the generator is fitted to models trained without noise")]
+        out = {"student": student, "generator": generator}
+    elif inputs == "held-out-private":
+        student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
+                            "training data", "the student's inputs", False,
+                            "covered only if that slice is genuinely public")]
+        out = {"student": student}
+    else:
+        student += [Pathway("public unlabelled data", "inputs and VAE training data", "the student's inputs", True,
+                            "public by assumption: nothing to protect")]
+        out = {"student": student}
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the method

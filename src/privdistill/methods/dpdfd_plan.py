@@ -40,10 +40,11 @@ from privdistill.errors import ConfigError, PrivacyError
 from privdistill.methods.dkd import TEACHER_LOSSES
 from privdistill.methods.runner import Budget
 from privdistill.privacy import calibration
+from privdistill.privacy._checks import check_choice
 from privdistill.privacy.events import NormalisedGaussian
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import SecureNoise, make_generator, privatise
-from privdistill.privacy.report import PRIVATE, Pathway, dpdfd_pathways
+from privdistill.privacy.report import PRIVATE, Pathway
 
 
 # ============================================================================================ config
@@ -266,6 +267,27 @@ def noisy_gradients(grads: torch.Tensor, cfg: DPDFDConfig, plan: StepPlan, chunk
 
 
 # ========================================================================================== report
+def dpdfd_pathways(*, algorithm: int = 1) -> dict[str, list[Pathway]]:
+    """DPDFD Alg. 1 (one teacher), 2 (n disjoint teachers) or 3 (direct training on private data)."""
+    check_choice("algorithm", algorithm, (1, 2, 3))
+    if algorithm in (1, 2):
+        teachers = "the teacher" if algorithm == 1 else "n disjoint teachers"
+        channel = Pathway(PRIVATE, f"{teachers} -> per-sample output gradients normalised to norm C + "
+                          "N(0, sigma^2 C^2 I) (A_C,sigma)", "student and generator updates", True,
+                          "every access to the teacher goes through the noisy gradients; both models are "
+                          "post-processing of them")
+        return {"student": [channel,
+                            Pathway("noise z and the student", "generator trained against the student",
+                                    "the student's synthetic inputs", True, "no private data on this path")],
+                "generator": [channel]}
+    return {"student": [
+        Pathway(PRIVATE, "per-sample output gradients normalised + Gaussian noise, Poisson-sampled",
+                "output-space targets of the update", True, "the channel the paper analyses"),
+        Pathway(PRIVATE, "back-propagation through the model's Jacobian at the private inputs",
+                "student weights", False, "Alg. 3 is not DP as written: this path carries un-noised private data"),
+    ]}
+
+
 def pathways(cfg: DPDFDConfig) -> dict[str, list[Pathway]]:
     """What the epsilon covers, per released artifact (student, generator)."""
     arts = dpdfd_pathways(algorithm=cfg.algorithm)

@@ -42,12 +42,13 @@ from privdistill.errors import ConfigError, RunError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.dpsgd import run_dpsgd, steps_per_epoch
 from privdistill.methods.runner import Plan, Report
+from privdistill.methods.srr_plan import srr_end_to_end_pathways
 from privdistill.models.scatternet import LINEAR_SCATTERNETS
 from privdistill.privacy.accounting import strict_noise_multiplier
 from privdistill.privacy.events import SubsampledGaussian
 from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
 from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
-from privdistill.privacy.report import PRIVATE, Pathway, srr_end_to_end_pathways
+from privdistill.privacy.report import PRIVATE, Pathway
 
 END_TO_END = "end-to-end"
 SOURCE_KEY = "dp-source"

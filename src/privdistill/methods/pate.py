@@ -59,7 +59,7 @@ from privdistill.privacy.events import (
     event_from_dict,
 )
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
-from privdistill.privacy.report import Pathway, pate_pathways
+from privdistill.privacy.report import PRIVATE, Pathway
 
 AGGREGATIONS = ("lnmax", "gnmax", "confident-gnmax")
 QUERY_SELECTIONS = ("random", "medoids")
@@ -143,6 +143,14 @@ def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, 
 def uses_few_label(ctx: Context) -> bool:
     """Whether the run reads the public slice's embedding (engine/few_label.py): to choose medoids or spread labels."""
     return ctx.section("pate").query_selection == "medoids" or ctx.section("pate_student").labels == "spread"
+
+
+def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
+    """PATE baselines: public unlabelled inputs labelled by the private ensemble."""
+    return {"student": [
+        Pathway(PRIVATE, f"disjoint teachers -> {aggregation} labels", "the student's labels", True),
+        Pathway("public unlabelled data", "inputs", "the student's inputs", True, "public by assumption"),
+    ]}
 
 
 def pathways(aggregation: str, *, few_label: bool = False) -> dict[str, list[Pathway]]:

@@ -71,12 +71,19 @@ from privdistill.errors import ConfigError
 from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
-from privdistill.methods.srr_plan import SRRConfig, epsilon_per_label, label_event
+from privdistill.methods.srr_plan import (
+    SRRConfig,
+    epsilon_per_label,
+    label_event,
+    srr_end_to_end_pathways,
+    srr_notes,
+    srr_pathways,
+)
 from privdistill.methods.srr_schedule import StageSchedule
 from privdistill.methods.srr_training import SRRTraining, label_stats, stage_key
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.mechanisms import candidate_sets, noise_source, release_labels
-from privdistill.privacy.report import Pathway, srr_end_to_end_pathways, srr_notes, srr_pathways
+from privdistill.privacy.report import Pathway
 
 
 # ======================================================================================= the method

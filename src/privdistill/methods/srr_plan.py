@@ -1,5 +1,7 @@
 """SRR's configuration (section `srr`) and its privacy pricing: the event a run's labels are charged as and the ε per
-label a budget allows. The algorithm itself is methods/srr.py, whose docstring says why each label is priced so.
+label a budget allows; and what that ε covers (its pathways, end to end too, and its summary notes: here rather than
+in methods/srr.py, which imports methods/end_to_end.py, which uses them). The algorithm itself is methods/srr.py,
+whose docstring says why each label is priced so.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from typing import Optional
 from privdistill.config import check_model_name
 from privdistill.errors import ConfigError
 from privdistill.methods.runner import Budget
+from privdistill.privacy._checks import check_choice
 from privdistill.privacy.calibration import calibrate_noise
 from privdistill.privacy.events import RandomizedResponse, RandomizedResponseWithPrior
 from privdistill.privacy.mechanisms import LABEL_MECHANISMS
+from privdistill.privacy.report import PRIVATE, Pathway
 
 SETTINGS = ("data-free", "label-dp")
 MECHANISMS = LABEL_MECHANISMS
@@ -118,3 +122,64 @@ def epsilon_per_label(cfg: SRRConfig, budget: Budget, total: int, num_classes: i
     # all stages' labels as one event: how the ledger prices them (merged, label-dp: one parallel release)
     return calibrate_noise(label_event(cfg, total, num_classes, budget.epsilon), target_epsilon=budget.epsilon,
                            delta=budget.delta, accounting="strict")
+
+
+def srr_pathways(*, setting: str = "data-free", fitted_to: str = "non-private teacher") -> dict[str, list[Pathway]]:
+    """SRR (data-free: synthetic inputs) or its label-DP setting (real inputs, labels protected). ``fitted_to``:
+    what the pre-trained generator was fitted to."""
+    check_choice("setting", setting, ("data-free", "label-dp"))
+    if setting == "label-dp":
+        return {"student": [
+            Pathway(PRIVATE + " (labels)", "selective randomized response, each label released once",
+                    "the student's labels", True, "epsilon-label-DP: correct under 'change one label'"),
+            Pathway(PRIVATE + " (inputs)", "used directly as training inputs", "student weights", False,
+                    "label-DP does not protect the inputs"),
+        ]}
+    return {
+        "student": [
+            Pathway(PRIVATE, "non-private teacher -> selective randomized response labels", "the student's labels",
+                    True, "strict: composed over every label drawn from the teacher"),
+            Pathway(PRIVATE, f"{fitted_to} -> generator (BN-statistics, trained against it, fine-tuned against "
+                    "the teacher) -> synthetic inputs", "the student's inputs", False,
+                    "the generator is trained against models read without noise"),
+        ],
+        "generator": [Pathway(PRIVATE, f"{fitted_to} used as fixed discriminator", "generator weights",
+                              False, "not covered: the generator is trained against models read without noise")],
+    }
+
+
+def srr_end_to_end_pathways() -> dict[str, list[Pathway]]:
+    """Data-free SRR end to end (methods/end_to_end.py): the teacher is a DP-SGD model and the statistics its
+    generator matches are released by a Gaussian sum, both in the run's ledger; everything else is post-processing."""
+    why = "post-processing of the DP teacher and the DP statistics, both in the ledger"
+    return {
+        "student": [
+            Pathway(PRIVATE, "DP-SGD teacher -> its labels of the synthetic inputs (no further noise needed)",
+                    "the student's labels", True, why),
+            Pathway(PRIVATE, "DP-SGD teacher + DP feature statistics -> generator (BN-statistics loss) -> synthetic "
+                    "inputs", "the student's inputs", True, why),
+        ],
+        "generator": [Pathway(PRIVATE, "DP-SGD teacher + DP feature statistics used as fixed discriminator",
+                              "generator weights", True, why)],
+    }
+
+
+def srr_notes(*, setting: str, mechanism: str, labels: int, epsilon: float) -> dict[str, str]:
+    """SRR's summary notes: what its ε covers, and that comparing its labels with the protected ones is not
+    covered (`epsilon`: per label)."""
+    label_dp = setting == "label-dp"
+    if label_dp:
+        privacy = (f"label-DP: each of {labels} private records' label released once by {mechanism} at "
+                   f"epsilon {epsilon:g}; the private inputs are used as they are (not protected)")
+    else:
+        privacy = (f"{labels} labels by {mechanism} at epsilon {epsilon:g} each from one non-private teacher; "
+                   "the teacher and the generator (trained against it) are not covered by any epsilon")
+    return {"privacy": privacy,
+            "epsilon_note": ("epsilon_paper: pure epsilon-label-DP per label (delta = 0), no composition over labels, "
+                             "as the paper states; epsilon_strict: (epsilon, delta) for the private training set "
+                             + ("under 'change one record's label' (each label released once)" if label_dp else
+                                f"composed over all {labels} labels drawn from one teacher (replace-one)")
+                             + "; neither covers the teacher -> generator -> synthetic-input pathway" * (not label_dp)),
+            "label_accuracy_note": ("evaluation only: comparing released labels with the "
+                                    + ("true labels" if label_dp else "teacher's labels")
+                                    + " reads private information and is not covered by any epsilon")}

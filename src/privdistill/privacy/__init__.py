@@ -11,7 +11,7 @@
     pate         PATE 2017/2018 data-dependent RDP bounds
     calibration  max_queries, max_steps, calibrate_noise
     ledger       PrivacyLedger (append-only ledger.jsonl; budget enforcement; crash-safe resume)
-    report       Pathway, privacy_report, render_text, run_report, dgd/dpdfd/srr_pathways
+    report       Pathway, privacy_report, render_text, run_report (each method's pathways live in its methods/ module)
 
 Neighbouring relation: replace-one throughout (label-DP only for SRR's label-sensitive setting).
 Derivations: docs/privacy.md. Names are exported lazily so that importing the accountants (e.g. for
@@ -50,8 +50,7 @@ _EXPORTS = {
     "PrivacyLedger": "ledger", "LedgerAnswer": "ledger",
     # report
     "Pathway": "report", "privacy_report": "report", "render_text": "report", "run_report": "report",
-    "write_privacy_json": "report", "dgd_pathways": "report", "dpdfd_pathways": "report",
-    "srr_pathways": "report", "pate_pathways": "report",
+    "write_privacy_json": "report",
 }
 
 __all__ = sorted(_EXPORTS)

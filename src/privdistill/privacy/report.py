@@ -1,8 +1,10 @@
 """Privacy reports: epsilon under both accountings, mechanism by mechanism, and for each released
 artifact the pathways from the private data that the epsilon covers and those it does not.
 
-A method describes its artifacts with :class:`Pathway` lists (helpers below for DGD, DPDFD, SRR and
-PATE) and writes them to ``RUN_DIR/privacy.json`` with :func:`write_privacy_json`;
+A method describes its artifacts with :class:`Pathway` lists and writes them to ``RUN_DIR/privacy.json`` with
+:func:`write_privacy_json`; each method's pathways live with the method (methods/dgd.py: dgd_pathways,
+methods/dpdfd_plan.py: dpdfd_pathways, methods/srr_plan.py: srr_pathways, methods/pate.py: pate_pathways,
+methods/dpsgd.py: dpsgd_pathways);
 ``privdistill privacy report RUN_DIR`` combines them with ``RUN_DIR/ledger.jsonl``.
 """
 
@@ -17,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from privdistill.atomic import atomic_write_bytes
 from privdistill.errors import RunError
-from privdistill.privacy._checks import check_choice, check_delta
+from privdistill.privacy._checks import check_delta
 from privdistill.privacy.accounting import both, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events
 from privdistill.privacy.ledger import LEDGER_NAME, read_ledger_events
@@ -48,160 +50,6 @@ class Pathway:
 
 
 PRIVATE = "private training data"
-
-
-# ------------------------------------------------------------------------------------ method helpers
-def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
-                 fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
-                 latent_codes: bool = True, query_selection: str = "random",
-                 release: str = "argmax", embedding: str | None = None,
-                 spread: bool = False) -> dict[str, list[Pathway]]:
-    """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
-    codes (Eq. 1's energies), not only the samples themselves. ``query_selection``: how the queried samples are
-    chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
-    ``inputs``: "generator" (the method) or "held-out-private" (Fig. 7 variant: a held-out slice of the private
-    set replaces the generator).
-    ``fitted_to``: what the generator was fitted to (the baseline, or a DP source end to end).
-    ``release``: "argmax" (the noisy label, the paper) or "histogram" (the whole noisy vote histogram, priced
-    alike by the data-independent analysis).
-    ``embedding``: the space medoid queries and spread labels use ("source": the backbone features of what the
-    generator was fitted to, the same pathway; "scatter": data-independent). ``spread``: the answers are spread over
-    the pool (post-processing of the answers, the pool and that space).
-    ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
-    the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
-    check_choice("aggregation", aggregation, ("laplace", "gaussian"))
-    check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
-    check_choice("release", release, ("argmax", "histogram"))
-    agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
-    released = f"{agg} labels" if release == "argmax" else (
-        f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
-    space = {"source": f"{fitted_to}'s features", "scatter": "a fixed ScatterNet feature space", None: ""}[embedding]
-    spread_note = f", spread over the pool along a k-NN graph in {space}" if spread else ""
-    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of the queried samples{spread_note}",
-                       "labels of the student's supervised set", True,
-                       "the vote channel: what epsilon prices")]
-    if inputs == "generator":
-        why = ("post-processing of the DP source, whose DP-SGD training is in the ledger" if source_is_dp else
-               "what the generator is fitted to and the generator are trained on D without noise")
-        student += [
-            Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
-                    "the student's inputs (queried and unlabelled)", source_is_dp, why),
-            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried"
-                    + ("" if query_selection == "random" else
-                       f"; {query_selection} selection in {space}" if embedding == "scatter" and
-                       query_selection == "medoids" else f"; {query_selection} selection reads {fitted_to}")
-                    + (f"; the labels spread in {fitted_to}'s features" if spread and embedding == "source" else ""),
-                    "the student's query set", source_is_dp, why if source_is_dp else ""),
-        ]
-        if latent_codes:
-            student.insert(2, Pathway(
-                PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + Laplace(2c/eps1) -> "
-                "decoded triples", "the student's unsupervised regulariser", source_is_dp, why if source_is_dp else
-                "the latent noise perturbs codes of synthetic samples; it does not protect private records"))
-        generator = [Pathway(PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator",
-                             "generator weights", source_is_dp, why if source_is_dp else
-                             "not covered: the generator is fitted to models trained without noise")]
-        out = {"student": student, "generator": generator}
-    elif inputs == "held-out-private":
-        student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
-                            "training data", "the student's inputs", False,
-                            "covered only if that slice is genuinely public")]
-        out = {"student": student}
-    else:
-        student += [Pathway("public unlabelled data", "inputs and VAE training data", "the student's inputs", True,
-                            "public by assumption: nothing to protect")]
-        out = {"student": student}
-    return out
-
-
-def dpdfd_pathways(*, algorithm: int = 1) -> dict[str, list[Pathway]]:
-    """DPDFD Alg. 1 (one teacher), 2 (n disjoint teachers) or 3 (direct training on private data)."""
-    check_choice("algorithm", algorithm, (1, 2, 3))
-    if algorithm in (1, 2):
-        teachers = "the teacher" if algorithm == 1 else "n disjoint teachers"
-        channel = Pathway(PRIVATE, f"{teachers} -> per-sample output gradients normalised to norm C + "
-                          "N(0, sigma^2 C^2 I) (A_C,sigma)", "student and generator updates", True,
-                          "every access to the teacher goes through the noisy gradients; both models are "
-                          "post-processing of them")
-        return {"student": [channel,
-                            Pathway("noise z and the student", "generator trained against the student",
-                                    "the student's synthetic inputs", True, "no private data on this path")],
-                "generator": [channel]}
-    return {"student": [
-        Pathway(PRIVATE, "per-sample output gradients normalised + Gaussian noise, Poisson-sampled",
-                "output-space targets of the update", True, "the channel the paper analyses"),
-        Pathway(PRIVATE, "back-propagation through the model's Jacobian at the private inputs",
-                "student weights", False, "Alg. 3 is not DP as written: this path carries un-noised private data"),
-    ]}
-
-
-def srr_pathways(*, setting: str = "data-free", fitted_to: str = "non-private teacher") -> dict[str, list[Pathway]]:
-    """SRR (data-free: synthetic inputs) or its label-DP setting (real inputs, labels protected). ``fitted_to``:
-    what the pre-trained generator was fitted to."""
-    check_choice("setting", setting, ("data-free", "label-dp"))
-    if setting == "label-dp":
-        return {"student": [
-            Pathway(PRIVATE + " (labels)", "selective randomized response, each label released once",
-                    "the student's labels", True, "epsilon-label-DP: correct under 'change one label'"),
-            Pathway(PRIVATE + " (inputs)", "used directly as training inputs", "student weights", False,
-                    "label-DP does not protect the inputs"),
-        ]}
-    return {
-        "student": [
-            Pathway(PRIVATE, "non-private teacher -> selective randomized response labels", "the student's labels",
-                    True, "strict: composed over every label drawn from the teacher"),
-            Pathway(PRIVATE, f"{fitted_to} -> generator (BN-statistics, trained against it, fine-tuned against "
-                    "the teacher) -> synthetic inputs", "the student's inputs", False,
-                    "the generator is trained against models read without noise"),
-        ],
-        "generator": [Pathway(PRIVATE, f"{fitted_to} used as fixed discriminator", "generator weights",
-                              False, "not covered: the generator is trained against models read without noise")],
-    }
-
-
-def srr_end_to_end_pathways() -> dict[str, list[Pathway]]:
-    """Data-free SRR end to end (methods/end_to_end.py): the teacher is a DP-SGD model and the statistics its
-    generator matches are released by a Gaussian sum, both in the run's ledger; everything else is post-processing."""
-    why = "post-processing of the DP teacher and the DP statistics, both in the ledger"
-    return {
-        "student": [
-            Pathway(PRIVATE, "DP-SGD teacher -> its labels of the synthetic inputs (no further noise needed)",
-                    "the student's labels", True, why),
-            Pathway(PRIVATE, "DP-SGD teacher + DP feature statistics -> generator (BN-statistics loss) -> synthetic "
-                    "inputs", "the student's inputs", True, why),
-        ],
-        "generator": [Pathway(PRIVATE, "DP-SGD teacher + DP feature statistics used as fixed discriminator",
-                              "generator weights", True, why)],
-    }
-
-
-def srr_notes(*, setting: str, mechanism: str, labels: int, epsilon: float) -> dict[str, str]:
-    """SRR's summary notes: what its ε covers, and that comparing its labels with the protected ones is not
-    covered (`epsilon`: per label)."""
-    label_dp = setting == "label-dp"
-    if label_dp:
-        privacy = (f"label-DP: each of {labels} private records' label released once by {mechanism} at "
-                   f"epsilon {epsilon:g}; the private inputs are used as they are (not protected)")
-    else:
-        privacy = (f"{labels} labels by {mechanism} at epsilon {epsilon:g} each from one non-private teacher; "
-                   "the teacher and the generator (trained against it) are not covered by any epsilon")
-    return {"privacy": privacy,
-            "epsilon_note": ("epsilon_paper: pure epsilon-label-DP per label (delta = 0), no composition over labels, "
-                             "as the paper states; epsilon_strict: (epsilon, delta) for the private training set "
-                             + ("under 'change one record's label' (each label released once)" if label_dp else
-                                f"composed over all {labels} labels drawn from one teacher (replace-one)")
-                             + "; neither covers the teacher -> generator -> synthetic-input pathway" * (not label_dp)),
-            "label_accuracy_note": ("evaluation only: comparing released labels with the "
-                                    + ("true labels" if label_dp else "teacher's labels")
-                                    + " reads private information and is not covered by any epsilon")}
-
-
-def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
-    """PATE baselines: public unlabelled inputs labelled by the private ensemble."""
-    return {"student": [
-        Pathway(PRIVATE, f"disjoint teachers -> {aggregation} labels", "the student's labels", True),
-        Pathway("public unlabelled data", "inputs", "the student's inputs", True, "public by assumption"),
-    ]}
 
 
 def _finite_strict(summary: Mapping[str, Any]) -> bool:
