@@ -6,7 +6,8 @@ run of the default recipe caches (run that first: the generator is the expensive
 pool (--pool) stands for it. The synthetic samples have no true label: the reference is the non-private
 baseline's label (the class the generator's source sees; evaluation only, nothing here is released). For each
 feature space (`scatter`: normalised ScatterNet -> PCA, data-independent; `baseline`: the baseline's backbone
-features through a fixed random projection -> PCA, the model the default recipe's query rule already reads), each
+features through a fixed random projection -> PCA, the model the default recipe's query rule already reads;
+`logits`: its class probabilities), each
 k and each query rule (random; medoids: k-means medoids in that space), the GNMax σ that k queries cost at the
 strict ε is calibrated, the queries are answered by the real teachers' votes plus Gaussian noise (plain torch
 noise: an evaluation), the answers are spread by LabelSpreading, and reported: the answers' agreement with the
@@ -45,6 +46,10 @@ from privdistill.privacy.events import GaussianQueries
 
 
 def embed(space: str, pool: torch.Tensor, test: torch.Tensor, baseline, env, dims: int) -> tuple[np.ndarray, ...]:
+    if space == "logits":  # the baseline's class probabilities: its own labels, nearly
+        read = lambda x: read_features(baseline, x, env, project_to=8, rng=torch.Generator())[0].softmax(1)
+        a, b = read(pool), read(test)
+        return _standardise(a.double().numpy(), b.double().numpy())
     if space == "scatter":
         net = ScatterNet(pool.shape[1], 2, tuple(pool.shape[2:]))
         a, b = fixed_features(net, pool, env).flatten(1), fixed_features(net, test, env).flatten(1)
@@ -52,7 +57,10 @@ def embed(space: str, pool: torch.Tensor, test: torch.Tensor, baseline, env, dim
         a = read_features(baseline, pool, env, project_to=READER_PROJECTION, rng=torch.Generator().manual_seed(0))[1]
         b = read_features(baseline, test, env, project_to=READER_PROJECTION, rng=torch.Generator().manual_seed(0))[1]
     pca = PCA(dims, random_state=0, svd_solver="randomized").fit(a.double().numpy())
-    za, zb = pca.transform(a.double().numpy()), pca.transform(b.double().numpy())
+    return _standardise(pca.transform(a.double().numpy()), pca.transform(b.double().numpy()))
+
+
+def _standardise(za: np.ndarray, zb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     m, s = za.mean(0), za.std(0) + 1e-8
     return (za - m) / s, (zb - m) / s
 
@@ -82,11 +90,15 @@ def main() -> None:
     ap.add_argument("--spaces", nargs="+", default=["scatter", "baseline"])
     ap.add_argument("--rules", nargs="+", default=["random", "medoids"])
     ap.add_argument("--pca", type=int, default=64)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="section.key=value for the stages (e.g. generator.adversarial_weight=0)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
     t0 = time.time()
-    req = RunRequest(dataset=args.dataset, overrides={"budget.epsilon": args.epsilon, "run.plan_check": "warn"},
+    overrides = {"budget.epsilon": args.epsilon, "run.plan_check": "warn",
+                 **dict(o.split("=", 1) for o in args.overrides)}
+    req = RunRequest(dataset=args.dataset, overrides=overrides,
                      run_dir=f"runs/proxy-few-label-dgd-{args.dataset}")
     prep = prepare_run("dgd", req, {"budget": Budget, **DGDMethod.sections})
     sec, env = prep.sections, prep.env
@@ -138,7 +150,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"method": "dgd", "dataset": args.dataset, "epsilon": args.epsilon,
                                     "delta": args.delta, "pool": len(pool), "pool_full": len(full_pool),
-                                    "pca": args.pca, "spaces": spaces, "rows": rows,
+                                    "pca": args.pca, "overrides": args.overrides, "spaces": spaces, "rows": rows,
                                     "seconds": round(time.time() - t0)}, indent=1) + "\n")
 
 
