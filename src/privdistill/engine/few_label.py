@@ -19,7 +19,8 @@ At a strict ε of 1 a vote channel buys tens of labels. A student that learns fr
 Where it works: on real pools (PATE's public slice: MNIST 96.64 % at strict ε 1). On DGD's synthetic pools it does
 not, measured: adversarial samples cluster in no space tried and the teachers read synthetic samples unlike the model
 they were made for (docs/research-log.md, "DGD: its synthetic pool does not carry the few labels"), so DGD's
-recipes leave it off.
+default leaves it off; its end-to-end recipe queries medoids in the DP source's features, whose own labels teach the
+rest.
 
 All of it is post-processing of the released answers and of the pool: the ledger prices the queries exactly as
 it would for randomly chosen ones (tests/test_few_label.py checks that nothing new is recorded).
