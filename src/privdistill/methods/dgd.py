@@ -367,7 +367,8 @@ class DGDMethod(Method):
         cfg, dp = ctx.section("dgd"), e2e.is_end_to_end(ctx)
         pathways = self.pathways(ctx, plan)
         latent = LATENT_KEY in plan.details["events"]  # spent ε1: a student with Eq. 1's energies, latent noise on
-        covers = ("the whole student: DP source + teacher votes (strict)" if dp else
+        statistics = " + DP feature statistics" if e2e.STATISTICS_KEY in plan.details["events"] else ""
+        covers = (f"the whole student: DP source{statistics} + teacher votes (strict)" if dp else
                   "the teacher-vote channel only (strict)" + ("; paper adds ε1 for the latent noise" if latent else ""))
         return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
                       fields={"epsilon_covers": covers, "queries": plan.details["queries"],

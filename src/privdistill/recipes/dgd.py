@@ -62,7 +62,7 @@ END_TO_END = Recipe(
                                         "batch_size": 512, "lr": 0.5, "epochs": 3}},
                 "fashion-mnist": {"dp_source": {"model": "scatter-multiscale-prior-linear", "lr": 1.0,
                                                 "epochs": 5}}},
-    measured={},
+    measured={("mnist", 1): "95.12 %, strict 0.982, the whole model (the DP source alone: 98.13 % at 0.6 of ε)"},
 )
 
 RECIPES = {"default": DEFAULT, "paper": PAPER, "end-to-end": END_TO_END}
