@@ -279,7 +279,10 @@ class DPDFDMethod(Method):
             pathways=self.pathways(ctx, plan), secure_noise=cfg.secure_noise, noise_option="dpdfd.secure_noise",
             statement=statement, extra={"algorithm": cfg.algorithm, "generator_init": generator_init},
             fields={"planned_steps": steps.steps, "steps_allowed": steps_allowed(steps.event, budget),
-                    "variant": auto_variant(cfg, budget.accounting), "algorithm": cfg.algorithm,
+                    # a recipe's file name says what it is; the paper recipe's cells, recorded before recipes,
+                    # keep their derived labels (never the paper-literal cell's name for a warm-started generator)
+                    "variant": (auto_variant(cfg, budget.accounting) if ctx.section("run").recipe == "paper"
+                                else cfg.variant), "algorithm": cfg.algorithm,
                     "sigma": round(steps.sigma, 6), "clip_norm": steps.clip_norm, "batch_size": cfg.batch_size,
                     "granularity": cfg.granularity, "operation": cfg.operation, "generator_init": generator_init,
                     "privacy": statement, "total_seconds": round(time.perf_counter() - ctx.started, 1)})
