@@ -32,6 +32,15 @@ Readings of what the paper leaves open (each configurable):
   changed teacher moves it by (+1, -1); the argmax is post-processing of it), so every ε is unchanged; PATE's
   data-dependent bounds, which price the argmax only, do not apply. The squared error is unbiased for the noise
   (it averages out over the queries); cross-entropy to a target with negative entries would be unbounded.
+- The few-label student (ours; engine/few_label.py): `dgd.query_selection=medoids` queries the medoids of k-means
+  clusters of `dgd.spread_pool` pool samples, `dgd.labels=spread` spreads the answers over those samples along their
+  k-NN graph and the student learns all of them, in the space `dgd.embedding` names (the source model's features,
+  on the pathway the generator already takes, or ScatterNet). The default recipe uses it at ε <= 2, where it measured
+  a few points better; it cannot do more on synthetic pools, which the teachers read unlike their source
+  (docs/research-log.md, "DGD: its synthetic pool does not carry the few labels").
+- End to end (`-r end-to-end`), the generator fitted to the DP source can match DP statistics of its features
+  (`dp_source.statistics_share`, methods/end_to_end.py), as SRR's does: without them its samples teach only the
+  source.
 - Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
   generator's data (teachers are trained on the rest); compare with PATE.
 """
