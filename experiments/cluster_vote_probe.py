@@ -9,7 +9,8 @@ each teacher's agreement per sample, the plurality's per sample, and per cluster
 per-cluster majorities, plus how concentrated those votes are (the top class's share of the teachers).
 
     flock /tmp/privdistill-cpu.lock .venv/bin/python experiments/cluster_vote_probe.py mnist \
-        --set generator.adversarial_weight=0 --set dgd.num_synthetic=60000 --out docs/diagnostics/cluster-votes-mnist.json
+        --set generator.adversarial_weight=0 --set dgd.num_synthetic=60000 \
+        --out docs/diagnostics/cluster-votes-mnist-prototypes.json
 """
 
 from __future__ import annotations

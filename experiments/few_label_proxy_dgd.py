@@ -47,7 +47,8 @@ from privdistill.privacy.events import GaussianQueries
 
 def embed(space: str, pool: torch.Tensor, test: torch.Tensor, baseline, env, dims: int) -> tuple[np.ndarray, ...]:
     if space == "logits":  # the baseline's class probabilities: its own labels, nearly
-        read = lambda x: read_features(baseline, x, env, project_to=8, rng=torch.Generator())[0].softmax(1)
+        def read(x: torch.Tensor) -> torch.Tensor:
+            return read_features(baseline, x, env, project_to=8, rng=torch.Generator())[0].softmax(1)
         a, b = read(pool), read(test)
         return _standardise(a.double().numpy(), b.double().numpy())
     if space == "scatter":
@@ -140,8 +141,10 @@ def main() -> None:
                 dist = spread_labels(z, idx, answers, k_classes)
                 row = {"space": space, "k": k, "rule": rule, "sigma": round(sigma, 2),
                        "cluster_purity": round(purity, 4),
-                       "plurality_agrees_reference": round(float((votes.argmax(1) == reference[idx]).float().mean()), 4),
-                       "answers_agree_reference": round(float((answers == reference[idx]).float().mean()), 4),
+                       "plurality_agrees_reference": round(float((votes.argmax(1) == reference[idx]).float().mean()),
+                                                           4),
+                       "answers_agree_reference": round(float((answers == reference[idx]).float().mean()),
+                                                        4),
                        "spread_agree_reference": round(float((dist.argmax(1) == reference).float().mean()), 4),
                        "linear_test": round(linear_head(z, dist, zt, test.labels.long()), 4),
                        "seconds": round(time.time() - t, 1)}

@@ -56,7 +56,7 @@ NOTE = re.compile(r"sized to the data: (\w+)\.(\w+) (\S+) -> (\S+):")
 
 
 def _stratified(labels: np.ndarray, sizes: tuple[int, ...], seed: int) -> dict[int, np.ndarray]:
-    """Nested stratified subsets: each class keeps its share (largest remainders), the smaller ones inside the larger."""
+    """Nested stratified subsets: each class keeps its share (largest remainders), the smaller inside the larger."""
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
     order = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
@@ -190,7 +190,8 @@ def run(args: argparse.Namespace) -> None:
                         proc, _ = cli([*base_command(study, dataset, size, epsilon, args.set + pins + follow),
                                        "--dry-run", "--set", "run.plan_check=warn"])
                         fully = {"pins": follow, "notes": follow_notes,
-                                 "starts": proc.returncode == 0, "error": None if proc.returncode == 0 else refusal(proc)}
+                                 "starts": proc.returncode == 0,
+                                 "error": None if proc.returncode == 0 else refusal(proc)}
                     for arm in arms:
                         print(f"[{time.strftime('%H:%M:%S')}] {study} {dataset} {size} eps {epsilon:g} {arm} "
                               f"pins {pins if arm == 'unrefitted' else '-'}", flush=True)
@@ -217,7 +218,8 @@ def table() -> None:
     for r in rows:
         cells.setdefault((r["study"], r["dataset"], r["size"], r["epsilon"], tuple(r.get("extra_set", []))),
                          {})[r["arm"]] = r
-    print("| study (rule) | data | N | ε | refitted: accuracy (strict ε, wall) | unrefitted: accuracy (strict ε, wall) |"
+    print("| study (rule) | data | N | ε | refitted: accuracy (strict ε, wall) "
+          "| unrefitted: accuracy (strict ε, wall) |"
           " Δ points | what was refitted |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     order = list(STUDIES)

@@ -14,7 +14,8 @@ from privdistill.engine.manifold import (
 )
 from privdistill.errors import BudgetExceededError, ConfigError
 from privdistill.methods.common import RunRequest
-from privdistill.methods.dgd import DGD, DGDConfig, plan_queries, run_dgd
+from privdistill.methods.dgd import DGD, run_dgd
+from privdistill.methods.dgd_plan import DGDConfig, plan_queries
 from privdistill.methods.runner import Budget
 from privdistill.models import create_model
 from privdistill.privacy.events import SubsampledGaussian

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from privdistill.cli.privacy import app
 from privdistill.errors import PrivacyError, RunError
-from privdistill.methods.dgd import dgd_pathways
+from privdistill.methods.dgd_plan import dgd_pathways
 from privdistill.methods.dpdfd_plan import dpdfd_pathways
 from privdistill.methods.srr_plan import srr_pathways
 from privdistill.privacy.events import DPDFDSteps, LatentLaplace, LNMaxQueries, SRRLabels

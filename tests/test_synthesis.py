@@ -154,7 +154,7 @@ def test_generator_quality_command_reads_any_generator_stage(tiny_npz, tmp_path,
 def test_privacy_reports_name_what_the_generator_was_fitted_to_as_uncovered():
     """The model a generator is fitted to read the private data without noise: DGD's and SRR's reports put it on the
     uncovered pathways, never on a covered one."""
-    from privdistill.methods.dgd import dgd_pathways
+    from privdistill.methods.dgd_plan import dgd_pathways
     from privdistill.methods.srr_plan import srr_pathways
 
     fitted_to = "non-private baseline classifier"

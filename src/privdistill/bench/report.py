@@ -413,7 +413,8 @@ def headline_table(results: list[dict]) -> str:
                     text = recipe.measured.get((dataset, epsilon), recipe.measured.get((dataset, int(epsilon))))
                     rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}", "acc": text,
                                  "strict": "", "paper": "", "covers": recipe.guarantee,
-                                 "how": "recorded by a longer command (research log); not re-run with this one", "cmd": command})
+                                 "how": "recorded by a longer command (research log); not re-run with this one",
+                                 "cmd": command})
     return table(rows, [("method", lambda r: r["m"]), ("recipe", lambda r: r["r"]), ("dataset", lambda r: r["d"]),
                         ("ε", lambda r: r["e"]), ("accuracy %", lambda r: r["acc"]),
                         ("strict ε", lambda r: r["strict"]), ("paper ε", lambda r: r["paper"]),

@@ -34,7 +34,7 @@ from privdistill.privacy.events import (
 from privdistill.privacy.report import privacy_report, render_text, run_report
 
 # each method's pathways live with the method (they import torch: imported when `estimate` runs)
-dgd = lazy_module("privdistill.methods.dgd")
+dgd = lazy_module("privdistill.methods.dgd_plan")
 dpdfd_plan = lazy_module("privdistill.methods.dpdfd_plan")
 pate = lazy_module("privdistill.methods.pate")
 srr_plan = lazy_module("privdistill.methods.srr_plan")

@@ -47,9 +47,6 @@ Readings of what the paper leaves open (each configurable):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -62,157 +59,27 @@ from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
 from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
 from privdistill.engine.holdout import holdout_size, holdout_split
-from privdistill.engine.query_selection import QUERY_SELECTIONS, split_pool
+from privdistill.engine.query_selection import split_pool
 from privdistill.engine.synthesis import query_label_agreement, synthesis_agreement
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
 from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
+from privdistill.methods.dgd_plan import (
+    LATENT_KEY,
+    QUERIES_KEY,
+    DGDConfig,
+    dgd_pathways,
+    plan_queries,
+    vote_event,
+)
 from privdistill.methods.dgd_student import StudentConfig, train_student
-from privdistill.methods.runner import Budget, Context, Method, Plan, Report, RunResult, Trained
+from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
-from privdistill.privacy import calibration, mechanisms
-from privdistill.privacy._checks import check_choice
-from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
+from privdistill.privacy import mechanisms
+from privdistill.privacy.events import LaplaceOnSyntheticCodes
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
-from privdistill.privacy.report import PRIVATE, Pathway
-
-
-@dataclass
-class DGDConfig:
-    """Config section `dgd`: the privacy mechanisms and the data split (the target ε: section `budget`)."""
-
-    queries: int = 0  # |D̂s|; 0: the most the budget's target ε allows under its accounting
-    aggregation: str = "laplace"  # laplace (DGD) | gaussian (DGD+)
-    laplace_scale: float = 40.0  # b = 2/ε0
-    gaussian_sigma: float = 40.0
-    latent_noise: bool = True
-    epsilon1: float = 0.01
-    latent_clip: float = 1.0
-    inputs: str = "generator"  # generator | private-holdout (Fig. 7)
-    holdout: float = 1 / 6  # the held-out "public" slice for inputs=private-holdout: records, or a fraction below 1
-    num_synthetic: int = 0  # 0: as many as the private training set (paper)
-    noise_seed: Optional[int] = None  # seed of the privacy noise (default: run seed); secure noise ignores it
-    secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
-    variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
-    source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
-    # which samples of the pool are queried: random (paper) | diverse (a k-center cover per class: reads the model
-    # the generator was fitted to; engine/query_selection.py, ours)
-    query_selection: str = "random"  # ... | medoids (one per k-means cluster of the spread pool; engine/few_label.py)
-    release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
-    # the few-label student (engine/few_label.py, ours): answers (paper: the student learns from the queries) |
-    # spread (the answers spread over `spread_pool` samples of the pool along their k-NN graph, and the student
-    # learns from all of them)
-    labels: str = "answers"
-    # the space medoids and spreading use: source (the backbone features of the model the generator was fitted to,
-    # read on the generator's own pathway) | scatter (data-independent ScatterNet coefficients)
-    embedding: str = "source"
-    spread_pool: int = 20_000  # samples of the pool the medoids are chosen from and the labels spread over
-
-    def validate(self) -> None:
-        if self.queries < 0:
-            raise ConfigError("dgd.queries must be >= 0")
-        if self.aggregation not in ("laplace", "gaussian"):
-            raise ConfigError("dgd.aggregation must be laplace or gaussian")
-        if self.inputs not in ("generator", "private-holdout"):
-            raise ConfigError("dgd.inputs must be generator or private-holdout")
-        if min(self.laplace_scale, self.gaussian_sigma, self.epsilon1, self.latent_clip, self.holdout) <= 0:
-            raise ConfigError("dgd noise scales, epsilon1, latent_clip and holdout must be > 0")
-        if self.holdout >= 1:
-            self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
-        if self.release not in ("argmax", "histogram"):
-            raise ConfigError(f"dgd.release must be argmax or histogram, got {self.release!r}")
-        if self.query_selection not in QUERY_SELECTIONS + ("medoids",):
-            raise ConfigError(f"dgd.query_selection must be one of {', '.join(QUERY_SELECTIONS + ('medoids',))}")
-        if self.labels not in ("answers", "spread"):
-            raise ConfigError(f"dgd.labels must be answers or spread, got {self.labels!r}")
-        if self.embedding not in ("source", "scatter"):
-            raise ConfigError(f"dgd.embedding must be source or scatter, got {self.embedding!r}")
-        if self.labels == "spread" and self.source_labels:
-            raise ConfigError("dgd.labels=spread and dgd.source_labels=true both label the unqueried samples: choose "
-                              "one (end to end, the DP source's own labels are free)")
-        if self.spread_pool < 2:
-            raise ConfigError("dgd.spread_pool must be at least 2")
-        if self.reads_source and self.inputs != "generator":
-            raise ConfigError("dgd.query_selection=diverse and dgd.embedding=source read the generator's source "
-                              "model; dgd.inputs=private-holdout has none (use random, or embedding=scatter)")
-
-    @property
-    def few_label(self) -> bool:
-        """Whether the pool is embedded (engine/few_label.py): to choose medoids or to spread the answers."""
-        return self.query_selection == "medoids" or self.labels == "spread"
-
-    @property
-    def reads_source(self) -> bool:
-        """Whether choosing or labelling the samples reads the model the generator was fitted to."""
-        return self.query_selection == "diverse" or (self.few_label and self.embedding == "source")
-
-
-# the ledger keys of the two mechanism uses a run spends budget on
-QUERIES_KEY, LATENT_KEY = "dgd/queries", "dgd/latent-codes"
-
-
-def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
-                 fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
-                 latent_codes: bool = True, query_selection: str = "random",
-                 release: str = "argmax", embedding: str | None = None,
-                 spread: bool = False) -> dict[str, list[Pathway]]:
-    """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
-    codes (Eq. 1's energies), not only the samples themselves. ``query_selection``: how the queried samples are
-    chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
-    ``inputs``: "generator" (the method) or "held-out-private" (Fig. 7 variant: a held-out slice of the private
-    set replaces the generator).
-    ``fitted_to``: what the generator was fitted to (the baseline, or a DP source end to end).
-    ``release``: "argmax" (the noisy label, the paper) or "histogram" (the whole noisy vote histogram, priced
-    alike by the data-independent analysis).
-    ``embedding``: the space medoid queries and spread labels use ("source": the backbone features of what the
-    generator was fitted to, the same pathway; "scatter": data-independent). ``spread``: the answers are spread over
-    the pool (post-processing of the answers, the pool and that space).
-    ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
-    the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
-    check_choice("aggregation", aggregation, ("laplace", "gaussian"))
-    check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
-    check_choice("release", release, ("argmax", "histogram"))
-    agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
-    released = f"{agg} labels" if release == "argmax" else (
-        f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
-    space = {"source": f"{fitted_to}'s features", "scatter": "a fixed ScatterNet feature space", None: ""}[embedding]
-    spread_note = f", spread over the pool along a k-NN graph in {space}" if spread else ""
-    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of the queried samples{spread_note}",
-                       "labels of the student's supervised set", True,
-                       "the vote channel: what epsilon prices")]
-    if inputs == "generator":
-        why = ("post-processing of the DP source, whose DP-SGD training is in the ledger" if source_is_dp else
-               "what the generator is fitted to and the generator are trained on D without noise")
-        student += [
-            Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
-                    "the student's inputs (queried and unlabelled)", source_is_dp, why),
-            Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried"
-                    + ("" if query_selection == "random" else
-                       f"; {query_selection} selection in {space}" if embedding == "scatter" and
-                       query_selection == "medoids" else f"; {query_selection} selection reads {fitted_to}")
-                    + (f"; the labels spread in {fitted_to}'s features" if spread and embedding == "source" else ""),
-                    "the student's query set", source_is_dp, why if source_is_dp else ""),
-        ]
-        if latent_codes:
-            student.insert(2, Pathway(
-                PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + Laplace(2c/eps1) -> "
-                "decoded triples", "the student's unsupervised regulariser", source_is_dp, why if source_is_dp else
-                "the latent noise perturbs codes of synthetic samples; it does not protect private records"))
-        generator = [Pathway(PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator",
-                             "generator weights", source_is_dp, why if source_is_dp else
-                             "not covered: the generator is fitted to models trained without noise")]
-        out = {"student": student, "generator": generator}
-    elif inputs == "held-out-private":
-        student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
-                            "training data", "the student's inputs", False,
-                            "covered only if that slice is genuinely public")]
-        out = {"student": student}
-    else:
-        student += [Pathway("public unlabelled data", "inputs and VAE training data", "the student's inputs", True,
-                            "public by assumption: nothing to protect")]
-        out = {"student": student}
-    return out
+from privdistill.privacy.report import Pathway
 
 
 # ------------------------------------------------------------------------------------------ the method
@@ -302,20 +169,7 @@ class DGDMethod(Method):
 
         # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes; the paper
         # draws the queries at random, a selection rule reads only what the generator was fitted to
-        spread_pool, embedding = None, None
-        if cfg.few_label:  # the queries (and the spread labels) come from a random part of the pool, embedded
-            spread_pool = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))[:cfg.spread_pool]
-            if queries > len(spread_pool):
-                raise ConfigError(f"{queries} queries do not fit in dgd.spread_pool={cfg.spread_pool}: raise it")
-            embedding = embed_pool(pool[spread_pool], env, reader=source if cfg.embedding == "source" else None)
-        if cfg.query_selection == "medoids":
-            local = medoid_queries(embedding, queries, seed=env.seed)
-            rest = torch.ones(len(pool), dtype=torch.bool)
-            rest[spread_pool[local]] = False
-            queried, unqueried = spread_pool[local], rest.nonzero().squeeze(1)
-        else:
-            queried, unqueried = split_pool(pool, queries, cfg.query_selection, reader=source, env=env,
-                                            rng=env.generator(streams.DGD_SPLIT), num_classes=data.num_classes)
+        queried, unqueried, spread = _choose_queries(pool, queries, cfg, source, env, data.num_classes)
         query_images, rest_images = pool[queried], pool[unqueried]
         noise_seed, fresh = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}
 
@@ -340,15 +194,8 @@ class DGDMethod(Method):
         student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                                num_classes=data.num_classes, image_size=data.image_size[0])
         if cfg.labels == "spread":  # the answers spread over the embedded part of the pool: the student learns it all
-            position = {int(j): i for i, j in enumerate(spread_pool)}
-            local = torch.tensor([position[int(j)] for j in queried])
-            share = spread_labels(embedding, local, labels, data.num_classes)
-            query_images, labels = pool[spread_pool], share.argmax(1)
-            diagnostics["spread_labels"] = {"pool": len(spread_pool), "embedding": cfg.embedding,
-                                            "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
-            if baseline is not None:  # evaluation only, as the query agreement above
-                diagnostics["spread_labels"]["agreement_with_baseline"] = query_label_agreement(
-                    baseline, query_images, labels, None, env)
+            query_images, labels, share = _spread(pool, spread, queried, labels, data.num_classes, diagnostics,
+                                                  baseline, env, cfg.embedding)
         query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
         if share is not None:  # samples the DP source labelled (dgd.source_labels) keep their label as a one-hot
@@ -392,26 +239,42 @@ def run_dgd(request: RunRequest, *, cache: bool = True) -> RunResult:
     return DGDMethod().run(request, cache=cache)
 
 
-def vote_event(cfg: DGDConfig, count: int) -> LaplaceQueries | GaussianQueries:
-    return (LaplaceQueries(scale=cfg.laplace_scale, count=count) if cfg.aggregation == "laplace"
-            else GaussianQueries(sigma=cfg.gaussian_sigma, count=count))
+def _choose_queries(pool: torch.Tensor, queries: int, cfg: DGDConfig, source: nn.Module | None, env: Env,
+                    num_classes: int) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+    """(queried, unqueried) indices of the pool, and for the few-label student (spread-pool indices, their
+    embedding): medoids come from a random part of the pool embedded in cfg.embedding's space; the other rules
+    choose over the whole pool (engine/query_selection.py)."""
+    spread = None
+    if cfg.few_label:
+        part = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))[:cfg.spread_pool]
+        if queries > len(part):
+            raise ConfigError(f"{queries} queries do not fit in dgd.spread_pool={cfg.spread_pool}: raise it")
+        spread = part, embed_pool(pool[part], env, reader=source if cfg.embedding == "source" else None)
+    if cfg.query_selection != "medoids":
+        return *split_pool(pool, queries, cfg.query_selection, reader=source, env=env,
+                           rng=env.generator(streams.DGD_SPLIT), num_classes=num_classes), spread
+    part, embedding = spread
+    local = medoid_queries(embedding, queries, seed=env.seed)
+    rest = torch.ones(len(pool), dtype=torch.bool)
+    rest[part[local]] = False
+    return part[local], rest.nonzero().squeeze(1), spread
 
 
-def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, reads_codes: bool = True) -> int:
-    """|D̂s|: as given, or the most queries whose ε under the budget's accounting fits its target (the paper
-    accounting adds ε1 of the latent noise, where the student reads the codes, to the vote channel; the strict one
-    prices the vote channel)."""
-    if cfg.queries > 0:
-        return cfg.queries
-    if budget.epsilon is None:
-        raise ConfigError("give either dgd.queries (|D̂s|) or a target budget.epsilon (--epsilon)")
-    fixed = list(fixed or []) + ([LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1)]
-                                 if cfg.latent_noise and reads_codes and budget.accounting == "paper" else [])
-    n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
-                                accounting=budget.accounting, fixed=fixed)
-    if n < 1:
-        raise ConfigError(calibration.no_query_fits(vote_event(cfg, 1), budget, cfg.aggregation, fixed=fixed))
-    return n
+def _spread(pool: torch.Tensor, spread: tuple, queried: torch.Tensor, labels: torch.Tensor, num_classes: int,
+            diagnostics: dict, baseline: nn.Module | None, env: Env,
+            embedding_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The answers spread over the embedded part of the pool (engine/few_label.py): its images, their labels and
+    label distributions (the student's targets); what they were is added to `diagnostics`."""
+    part, embedding = spread
+    position = {int(j): i for i, j in enumerate(part)}
+    dist = spread_labels(embedding, torch.tensor([position[int(j)] for j in queried]), labels, num_classes)
+    images, hard = pool[part], dist.argmax(1)
+    diagnostics["spread_labels"] = {"pool": len(part), "embedding": embedding_name,
+                                    "classes": torch.bincount(hard, minlength=num_classes).tolist()}
+    if baseline is not None:  # evaluation only, as the query agreement
+        diagnostics["spread_labels"]["agreement_with_baseline"] = query_label_agreement(baseline, images, hard,
+                                                                                      None, env)
+    return images, hard, dist
 
 
 def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env,
