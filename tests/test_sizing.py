@@ -16,7 +16,7 @@ from privdistill.methods.dpdfd import DPDFDMethod
 from privdistill.methods.dpsgd import DPSGDMethod
 from privdistill.methods.pate import PATEMethod
 from privdistill.methods.runner import Budget
-from privdistill.methods.sizing import MIN_PARTITION, MIN_STEPS, UNANIMOUS_ACCURACY, fit_to_data
+from privdistill.methods.sizing import MIN_DPSGD_STEPS, MIN_PARTITION, MIN_STEPS, UNANIMOUS_ACCURACY, fit_to_data
 from privdistill.methods.srr import SRRMethod, StageSchedule
 from privdistill.privacy.vote_noise import unanimous_label_accuracy
 
@@ -91,7 +91,7 @@ def test_srr_draws_at_most_one_label_per_record():
 def test_dp_sgd_gets_enough_steps_for_its_noise_to_be_calibrated_on():
     sections, notes = fitted("dpsgd", 1500)
     dpsgd = sections["dpsgd"]
-    assert isinstance(dpsgd.epochs, int) and dpsgd.epochs * 1500 / dpsgd.batch_size >= MIN_STEPS
+    assert isinstance(dpsgd.epochs, int) and MIN_DPSGD_STEPS <= dpsgd.epochs * 1500 / dpsgd.batch_size < MIN_STEPS
     sections, _ = fitted("dpsgd", 1500, overrides=["dpsgd.epochs=3"])
     assert sections["dpsgd"].epochs == 3
 
