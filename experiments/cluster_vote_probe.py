@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -24,12 +25,10 @@ import torch
 from sklearn.cluster import KMeans
 
 from privdistill.data.dataset import to_float
-from privdistill.engine.cache import StageCache
 from privdistill.engine.query_selection import read_features
-from privdistill.engine.stages import Stages, file_digest
-from privdistill.methods.common import RunRequest, prepare_run
-from privdistill.methods.dgd import DGDMethod
-from privdistill.methods.runner import Budget
+
+sys.path.insert(0, str(Path(__file__).parent))
+from few_label_proxy_dgd import dgd_stages  # noqa: E402  (experiments/ is not a package)
 
 
 def main() -> None:
@@ -43,16 +42,9 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.time()
     overrides = {"budget.epsilon": 1.0, "run.plan_check": "warn", **dict(o.split("=", 1) for o in args.overrides)}
-    prep = prepare_run("dgd", RunRequest(dataset=args.dataset, overrides=overrides,
-                                         run_dir=f"runs/probe-cluster-votes-{args.dataset}"),
-                       {"budget": Budget, **DGDMethod.sections})
-    sec, env = prep.sections, prep.env
-    stages = Stages(StageCache(enabled=True), env, prep.data, prep.run)
-    baseline, bstage = stages.baseline(sec["baseline"])
-    generator, gstage = stages.generator(baseline, file_digest(bstage.path / "model.safetensors"), sec["generator"])
-    full, _ = stages.synthetic(generator, gstage, sec["dgd"].num_synthetic or len(prep.data.train))
-    teachers, _ = stages.teachers(sec["teachers"])
-    pool = full[torch.randperm(len(full), generator=torch.Generator().manual_seed(0))[:args.pool]]
+    prep, baseline, teachers, _, pool = dgd_stages(args.dataset, overrides, f"runs/probe-cluster-votes-{args.dataset}",
+                                                   args.pool)
+    env = prep.env
     probs = read_features(baseline, pool, env, project_to=8, rng=torch.Generator())[0].softmax(1)
     reference = probs.argmax(1)
     km = KMeans(n_clusters=args.k, n_init=1, random_state=0).fit(probs.double().numpy())

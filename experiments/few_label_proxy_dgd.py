@@ -45,6 +45,21 @@ from privdistill.privacy import calibration
 from privdistill.privacy.events import GaussianQueries
 
 
+def dgd_stages(dataset: str, overrides: dict, run_dir: str, pool_size: int):
+    """The stages a `privdistill dgd -d DATASET` run with `overrides` caches (built here if absent): the prepared run,
+    the baseline, the teachers, the whole synthetic pool, and a fixed random `pool_size` of it."""
+    prep = prepare_run("dgd", RunRequest(dataset=dataset, overrides=overrides, run_dir=run_dir),
+                       {"budget": Budget, **DGDMethod.sections})
+    sec = prep.sections
+    stages = Stages(StageCache(enabled=True), prep.env, prep.data, prep.run)
+    baseline, bstage = stages.baseline(sec["baseline"])
+    generator, gstage = stages.generator(baseline, file_digest(bstage.path / "model.safetensors"), sec["generator"])
+    full, _ = stages.synthetic(generator, gstage, sec["dgd"].num_synthetic or len(prep.data.train))
+    teachers, _ = stages.teachers(sec["teachers"])
+    pool = full[torch.randperm(len(full), generator=torch.Generator().manual_seed(0))[:pool_size]]
+    return prep, baseline, teachers, full, pool
+
+
 def embed(space: str, pool: torch.Tensor, test: torch.Tensor, baseline, env, dims: int) -> tuple[np.ndarray, ...]:
     if space == "logits":  # the baseline's class probabilities: its own labels, nearly
         def read(x: torch.Tensor) -> torch.Tensor:
@@ -99,18 +114,10 @@ def main() -> None:
     t0 = time.time()
     overrides = {"budget.epsilon": args.epsilon, "run.plan_check": "warn",
                  **dict(o.split("=", 1) for o in args.overrides)}
-    req = RunRequest(dataset=args.dataset, overrides=overrides,
-                     run_dir=f"runs/proxy-few-label-dgd-{args.dataset}")
-    prep = prepare_run("dgd", req, {"budget": Budget, **DGDMethod.sections})
-    sec, env = prep.sections, prep.env
-    stages = Stages(StageCache(enabled=True), env, prep.data, prep.run)
-    baseline, bstage = stages.baseline(sec["baseline"])
-    generator, gstage = stages.generator(baseline, file_digest(bstage.path / "model.safetensors"), sec["generator"])
-    full_pool, _ = stages.synthetic(generator, gstage, sec["dgd"].num_synthetic or len(prep.data.train))
-    teachers, _ = stages.teachers(sec["teachers"])
-    pool = full_pool[torch.randperm(len(full_pool), generator=torch.Generator().manual_seed(0))[:args.pool]]
-    with torch.no_grad():
-        reference = read_features(baseline, pool, env, project_to=8, rng=torch.Generator().manual_seed(0))[0].argmax(1)
+    prep, baseline, teachers, full_pool, pool = dgd_stages(args.dataset, overrides,
+                                                           f"runs/proxy-few-label-dgd-{args.dataset}", args.pool)
+    env = prep.env
+    reference = read_features(baseline, pool, env, project_to=8, rng=torch.Generator().manual_seed(0))[0].argmax(1)
     test = prep.data.test
     k_classes = prep.data.num_classes
     print(f"stages ready ({time.time() - t0:.0f} s): pool {len(full_pool)} -> {len(pool)}; reference classes "
