@@ -99,10 +99,7 @@ class DGDMethod(Method):
             if ctx.section("generator").loss != "srr":
                 raise ConfigError("dp_source.statistics_share is the target of a BN-statistics generator loss "
                                   "(generator.loss=srr, as the default recipe's); this generator would not read them")
-            if not source.model.startswith("scatter-"):
-                raise ConfigError("dp_source.statistics_share needs a ScatterNet DP source (a dp_source.model named "
-                                  "scatter-*): the DP statistics its generator matches are of the scattering "
-                                  "coefficients")
+            e2e.check_scatter_source(ctx, "dp_source.statistics_share needs a ScatterNet DP source")
 
     def summary_name(self, ctx: Context) -> str:
         return "dgd" if ctx.section("dgd").aggregation == "laplace" else "dgd+"

@@ -14,6 +14,9 @@ from privdistill.privacy._checks import check_choice
 from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.report import PRIVATE, Pathway
 
+# the pool-wide rules (engine/query_selection.py) and the few-label student's medoids (engine/few_label.py)
+DGD_QUERY_SELECTIONS = QUERY_SELECTIONS + ("medoids",)
+
 
 @dataclass
 class DGDConfig:
@@ -59,8 +62,8 @@ class DGDConfig:
             self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
         if self.release not in ("argmax", "histogram"):
             raise ConfigError(f"dgd.release must be argmax or histogram, got {self.release!r}")
-        if self.query_selection not in QUERY_SELECTIONS + ("medoids",):
-            raise ConfigError(f"dgd.query_selection must be one of {', '.join(QUERY_SELECTIONS + ('medoids',))}")
+        if self.query_selection not in DGD_QUERY_SELECTIONS:
+            raise ConfigError(f"dgd.query_selection must be one of {', '.join(DGD_QUERY_SELECTIONS)}")
         if self.labels not in ("answers", "spread"):
             raise ConfigError(f"dgd.labels must be answers or spread, got {self.labels!r}")
         if self.embedding not in ("source", "scatter"):

@@ -288,9 +288,14 @@ def check_srr(ctx) -> None:
     if cfg.student_data != "stage" or cfg.final_epochs:
         raise ConfigError("SRR end to end trains each stage on its own samples (srr.student_data=stage, no "
                           "srr.final_epochs): earlier stages' labels are not kept in a ledger to train on again")
+    check_scatter_source(ctx, "SRR end to end needs a ScatterNet DP teacher")
+
+
+def check_scatter_source(ctx, need: str) -> None:
+    """DP feature statistics are of the scattering coefficients: refused, saying `need`, for another source model."""
     if not ctx.section("dp_source").model.startswith("scatter-"):
-        raise ConfigError("SRR end to end needs a ScatterNet DP teacher (a dp_source.model named scatter-*): the DP "
-                          "statistics its generator matches are of the scattering coefficients")
+        raise ConfigError(f"{need} (a dp_source.model named scatter-*): the DP statistics its generator matches are "
+                          "of the scattering coefficients")
 
 
 def srr_teacher_share(ctx) -> float:
