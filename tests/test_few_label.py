@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from privdistill.engine.context import Env
-from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
+from privdistill.engine.few_label import (
+    cluster_pool,
+    cluster_votes,
+    embed_pool,
+    medoid_queries,
+    name_clusters,
+    spread_labels,
+)
 from privdistill.methods.common import RunRequest
 from privdistill.methods.dgd import run_dgd
 from privdistill.methods.pate import run_pate
@@ -57,6 +64,45 @@ def test_a_wrong_label_stays_in_its_cluster():
     assert wrong.sum() == 30 and len(set(labels[wrong])) == 1, "only the mislabelled cluster is wrong"
 
 
+def test_the_naming_gives_every_class_a_cluster_where_argmax_would_not():
+    # the teachers misread cluster 1 (a "1") as a "7", which cluster 2 owns: the argmax would leave class 1 unnamed
+    hist = torch.tensor([[90., 5, 5], [10, 40, 50], [0, 10, 90]])
+    assert hist.argmax(1).tolist() == [0, 2, 2]
+    assert name_clusters(hist).tolist() == [0, 1, 2]
+    # more clusters than classes: every class once, the rest their argmax; fewer: argmax
+    more = torch.tensor([[90., 5, 5], [80, 15, 5], [10, 40, 50], [0, 10, 90]])
+    assert name_clusters(more).tolist() == [0, 0, 1, 2]
+    assert name_clusters(torch.tensor([[1., 9, 0], [8, 2, 0]])).tolist() == [1, 0]
+
+
+class _Readers:
+    """Stand-in teachers: teacher t labels an image by its first pixel's value, except teacher 0, which says 0."""
+
+    num_teachers = 3
+
+    def predictions(self, x):
+        label = ((x[:, 0, 0, 0] + 1) * 127.5).round().long()  # back from [-1, 1] to the stored uint8 value
+        return torch.stack([torch.zeros_like(label), label, label])  # [teachers, n]
+
+
+def test_cluster_votes_count_each_teachers_majority_once_per_cluster():
+    images = torch.zeros(60, 1, 4, 4, dtype=torch.uint8)
+    images[:30, 0, 0, 0] = 2  # cluster 0: mostly 2s, a few 1s
+    images[:5, 0, 0, 0] = 1
+    images[30:, 0, 0, 0] = 1  # cluster 1: 1s
+    clusters = torch.tensor([0] * 30 + [1] * 30)
+    votes = cluster_votes(_Readers(), images, clusters, 2, 3, Env.cpu(), members=30, seed=0)
+    assert votes.tolist() == [[1, 0, 2], [1, 2, 0]], "one vote a teacher a cluster: its majority"
+    assert (votes.sum(1) == 3).all()
+
+
+def test_clusters_of_well_separated_blobs_are_the_blobs():
+    points, labels, _ = _clusters()
+    found = cluster_pool(points, 6, seed=0).numpy()
+    for c in range(6):  # each found cluster is one blob
+        assert len(set(labels[found == c])) == 1
+
+
 def test_the_embedding_reads_images_of_any_size():
     images = torch.randint(0, 256, (50, 1, 12, 12), dtype=torch.uint8)
     z = embed_pool(images, Env.cpu(), dims=8)
@@ -98,3 +144,18 @@ def test_dgd_with_medoids_and_spread_labels_spends_what_random_queries_spend(tin
     assert events[0] == events[1], "the embedding, the medoids and the spreading record nothing"
     named = " ".join(str(p) for p in few["not_covered"])
     assert "spread over the pool" in str(few) and ("reads" in named) == (embedding == "source")
+
+
+def test_dgd_cluster_votes_spend_one_query_a_cluster_at_the_target_epsilon(tiny_npz, tmp_path):
+    base = DGD_TINY + ["budget.epsilon=4", "dgd.aggregation=gaussian", "dgd.release=histogram",
+                       "student.unsupervised=false", "dgd.spread_pool=150", "dgd.query_selection=clusters",
+                       "dgd.cluster_members=20"]
+    run = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=base, run_dir=str(tmp_path / "c")))
+    summary = run.summary
+    classes = summary["clusters"]["classes"]
+    assert summary["query_selection"] == "clusters" and summary["queries"] == len(classes)
+    assert sum(classes) == 150 and all(c > 0 for c in classes), "every class names a cluster; every sample labelled"
+    assert 3.9 < summary["epsilon_strict"] <= 4.0, "the noise is calibrated to spend the target"
+    (event,) = [e for e in PrivacyLedger(tmp_path / "c").events()]
+    assert event.count == len(classes)
+    assert "class probabilities" in " ".join(str(p) for p in summary["not_covered"])

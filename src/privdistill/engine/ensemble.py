@@ -162,7 +162,7 @@ class TeacherEnsemble(nn.Module):
 
     @torch.no_grad()
     def predictions(self, x: torch.Tensor, *, chunk: int = 50) -> torch.Tensor:
-        """[n, B] predicted label of every teacher."""
+        """[n, B] predicted label of every teacher (n teachers, B inputs)."""
         return self.logits(x, chunk=chunk).argmax(-1)
 
     @torch.no_grad()

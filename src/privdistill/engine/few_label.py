@@ -16,11 +16,22 @@ At a strict ε of 1 a vote channel buys tens of labels. A student that learns fr
                   the answers diffuse along the graph, each sample gets a distribution over the classes
     student       trained on the whole pool with the spread labels (the method's own student loop)
 
-Where it works: on real pools (PATE's public slice: MNIST 96.64 % at strict ε 1). On DGD's synthetic pools it does
-not, measured: adversarial samples cluster in no space tried and the teachers read synthetic samples unlike the model
-they were made for (docs/research-log.md, "DGD: its synthetic pool does not carry the few labels"), so DGD's
-default leaves it off; its end-to-end recipe queries medoids in the DP source's features, whose own labels teach the
-rest.
+Or, where single samples are misread but whole clusters are not (DGD's synthetic pools), cluster votes:
+
+    clusters      k-means with k = the number of classes in the class probabilities of the model the pool was made
+                  for (a reader, as above)
+    cluster vote  one query per cluster: each teacher votes its majority label over the cluster's members, so one
+                  changed teacher moves a cluster's histogram by (+1, -1), as in an ordinary query
+    naming        the noisy histograms name the clusters by an assignment that gives every class a cluster
+                  (scipy's linear_sum_assignment); every member is labelled by its cluster's name
+
+Where each works: spreading on real pools (PATE's public slice: MNIST 96.64 % at strict ε 1). On DGD's synthetic
+pools it does not, measured: adversarial samples do not cluster by class in ScatterNet or backbone features, and the
+teachers misread single synthetic samples (docs/research-log.md, "DGD: its synthetic pool does not carry the few
+labels").
+In their source's class probabilities they do cluster (k = 10: 99.6 % pure on MNIST), and the teachers' majorities
+over whole clusters name them: DGD's default uses cluster votes at a small ε. Its end-to-end recipe queries medoids in
+the DP source's features, whose own labels teach the rest.
 
 All of it is post-processing of the released answers and of the pool: the ledger prices the queries exactly as
 it would for randomly chosen ones (tests/test_few_label.py checks that nothing new is recorded).
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 from sklearn.semi_supervised import LabelSpreading
@@ -105,3 +117,50 @@ def spread_labels(embedding: np.ndarray, queried: torch.Tensor, answers: torch.T
     out = out / out.sum(1, keepdim=True)
     out[queried[keep]] = torch.nn.functional.one_hot(answers[keep], num_classes).double()  # answers stand as given
     return out.float()
+
+
+def reader_probabilities(reader: torch.nn.Module, images: torch.Tensor, env: Env) -> np.ndarray:
+    """[n, K] float64: the reader's class probabilities of the pool (the space cluster votes cluster in)."""
+    logits = read_features(reader, images, env, project_to=8, rng=torch.Generator().manual_seed(env.seed))[0]
+    return logits.softmax(1).double().numpy()
+
+
+def cluster_pool(embedding: np.ndarray, count: int, *, seed: int = 0) -> torch.Tensor:
+    """[n] the k-means cluster (k = `count`) of every pool sample."""
+    if not 0 < count <= len(embedding):
+        raise ValueError(f"cannot make {count} clusters of a pool of {len(embedding)}")
+    return torch.as_tensor(KMeans(n_clusters=count, n_init=3, random_state=seed).fit(embedding).labels_).long()
+
+
+def cluster_votes(teachers, images: torch.Tensor, clusters: torch.Tensor, count: int, num_classes: int, env: Env, *,
+                  members: int, seed: int = 0) -> torch.Tensor:
+    """counts[count, K]: for each cluster, how many teachers name each class as their majority label over (up to)
+    `members` of the cluster's images drawn at random. One vote a teacher a cluster: the sensitivity of an ordinary
+    query. `teachers` has `predictions(x) -> [teachers, n]` (engine/ensemble.py)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.zeros(count, num_classes, dtype=torch.long)
+    for c in range(count):
+        inside = (clusters == c).nonzero().squeeze(1)
+        take = inside[torch.randperm(len(inside), generator=gen)[:members]]
+        preds = torch.cat([teachers.predictions(env.place_batch(to_float(x))).cpu()
+                           for x in torch.split(images[take], 250)], dim=1)  # [teachers, members]
+        majority = torch.mode(preds, dim=1).values  # each teacher's label for the cluster
+        out[c] = torch.bincount(majority, minlength=num_classes)
+    return out
+
+
+def name_clusters(histograms: torch.Tensor) -> torch.Tensor:
+    """[k] a class for every cluster from its (noisy) vote histogram [k, K]: the assignment that maximises the summed
+    votes of the names given, every class named at least once where k >= K (k < K: each cluster's argmax)."""
+    hist = torch.as_tensor(histograms).double().numpy()
+    k, classes = hist.shape
+    if k < classes:
+        return torch.as_tensor(hist.argmax(1)).long()
+    # columns: one per class that must be used, then k free columns where a cluster takes its best class; the
+    # must-use columns carry a bonus larger than any gain, so the assignment fills them first
+    best = hist.max(1, keepdims=True)
+    bonus = np.abs(hist).sum() + 1.0
+    rows, cols = linear_sum_assignment(-np.concatenate([hist + bonus, np.repeat(best, k, axis=1)], axis=1))
+    names = hist.argmax(1)
+    names[rows[cols < classes]] = cols[cols < classes]
+    return torch.as_tensor(names).long()

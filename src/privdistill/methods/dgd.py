@@ -35,9 +35,10 @@ Readings of what the paper leaves open (each configurable):
 - The few-label student (ours; engine/few_label.py): `dgd.query_selection=medoids` queries the medoids of k-means
   clusters of `dgd.spread_pool` pool samples, `dgd.labels=spread` spreads the answers over those samples along their
   k-NN graph and the student learns all of them, in the space `dgd.embedding` names (the source model's features,
-  on the pathway the generator already takes, or ScatterNet). The default recipe uses it at ε <= 2, where it measured
-  a few points better; it cannot do more on synthetic pools, which the teachers read unlike their source
-  (docs/research-log.md, "DGD: its synthetic pool does not carry the few labels").
+  on the pathway the generator already takes, or ScatterNet): a few points on synthetic pools, whose single samples
+  the teachers misread. `dgd.query_selection=clusters` (the default at ε <= 2) asks one query per k-means cluster of
+  the pool in the source's class probabilities, each teacher voting its majority over the cluster's members; the
+  noisy histograms name the clusters (every class at least once) and each member learns its cluster's name.
 - End to end (`-r end-to-end`), the generator fitted to the DP source can match DP statistics of its features
   (`dp_source.statistics_share`, methods/end_to_end.py), as SRR's does: without them its samples teach only the
   source.
@@ -56,8 +57,16 @@ from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.engine import evaluate, streams
 from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
-from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining, plan_teachers
-from privdistill.engine.few_label import embed_pool, medoid_queries, spread_labels
+from privdistill.engine.ensemble import TeacherTraining, plan_teachers
+from privdistill.engine.few_label import (
+    cluster_pool,
+    cluster_votes,
+    embed_pool,
+    medoid_queries,
+    name_clusters,
+    reader_probabilities,
+    spread_labels,
+)
 from privdistill.engine.holdout import holdout_size, holdout_split
 from privdistill.engine.query_selection import split_pool
 from privdistill.engine.synthesis import query_label_agreement, synthesis_agreement
@@ -70,14 +79,13 @@ from privdistill.methods.dgd_plan import (
     QUERIES_KEY,
     DGDConfig,
     dgd_pathways,
-    plan_queries,
-    vote_event,
+    plan_vote_event,
 )
 from privdistill.methods.dgd_student import StudentConfig, train_student
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import mechanisms
-from privdistill.privacy.events import LaplaceOnSyntheticCodes
+from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
 from privdistill.privacy.report import Pathway
 
@@ -111,22 +119,28 @@ class DGDMethod(Method):
         # end to end: the DP source's share (and the DP feature statistics' for its generator), then the votes'
         source = e2e.dgd_source_events(ctx) if e2e.is_end_to_end(ctx) else {}
         reads_codes = ctx.section("student").reads_latent_codes  # ε1 is spent only where the codes are read
-        queries = plan_queries(cfg, ctx.budget, fixed=list(source.values()), reads_codes=reads_codes)
+        vote = plan_vote_event(cfg, ctx.budget, ctx.data.num_classes, fixed=list(source.values()),
+                               reads_codes=reads_codes)
+        queries = vote.count
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
                      else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
             raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
-        events = {QUERIES_KEY: vote_event(cfg, queries), **source}
+        events = {QUERIES_KEY: vote, **source}
         if cfg.latent_noise and reads_codes:
             events[LATENT_KEY] = LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,
                                                          clip=cfg.latent_clip)
         private = ctx.data.train if cfg.inputs == "generator" else holdout_split(ctx.data, cfg.holdout, ctx.env)[0]
         notes = [plan_teachers(private, ctx.section("teachers"), distribution=cfg.aggregation, option="dgd noise",
-                               scale=cfg.laplace_scale if cfg.aggregation == "laplace" else cfg.gaussian_sigma)]
+                               scale=vote.scale if cfg.aggregation == "laplace" else vote.sigma)]
+        if cfg.query_selection == "clusters":
+            notes.append(f"cluster votes: {queries} clusters of {cfg.spread_pool:,} pool samples, each teacher voting "
+                         f"its majority over {cfg.cluster_members} members; noise "
+                         f"{vote.scale if cfg.aggregation == 'laplace' else vote.sigma:.4g} spends the target ε")
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
         return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
                     details={"queries": queries, "events": events, "spread_labels": cfg.labels == "spread",
-                             "source_labels": cfg.source_labels})
+                             "cluster_labels": cfg.query_selection == "clusters", "source_labels": cfg.source_labels})
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
         cfg: DGDConfig = ctx.section("dgd")
@@ -168,16 +182,25 @@ class DGDMethod(Method):
         # draws the queries at random, a selection rule reads only what the generator was fitted to
         queried, unqueried, spread = _choose_queries(pool, queries, cfg, source, env, data.num_classes)
         query_images, rest_images = pool[queried], pool[unqueried]
-        noise_seed, fresh = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}
+        noise_seed, fresh, event = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}, \
+            plan.details["events"][QUERIES_KEY]
 
         def answer_queries() -> LedgerAnswer:
-            answer, fresh["votes"] = _aggregate(teachers, query_images, cfg, env, noise_seed)
+            votes = (cluster_votes(teachers, query_images, spread[1], queries, data.num_classes, env,
+                                   members=cfg.cluster_members, seed=env.seed) if cfg.query_selection == "clusters"
+                     else torch.cat(list(teachers.iter_votes(query_images, env))))
+            answer, fresh["votes"] = _aggregate(votes, cfg, event, noise_seed), votes
             return answer
 
-        released = torch.as_tensor(ledger.spend(QUERIES_KEY, plan.details["events"][QUERIES_KEY], answer_queries))
+        released = torch.as_tensor(ledger.spend(QUERIES_KEY, event, answer_queries))
         # the noisy vote share (histogram release) or the noisy label; the share's argmax is GNMax's/LNMax's label
         share = released.float() / teachers.num_teachers if cfg.release == "histogram" else None
         labels = share.argmax(1) if share is not None else released.long()
+        if cfg.query_selection == "clusters":  # the histograms name the clusters; each member learns its name
+            labels, share = name_clusters(released)[spread[1]], None
+            diagnostics["clusters"] = {"count": queries, "pool": len(query_images),
+                                       "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
+            fresh.pop("votes")  # per cluster, not per sample
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
             diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
                 baseline, query_images, labels, fresh.get("votes"), env),
@@ -246,7 +269,13 @@ def _choose_queries(pool: torch.Tensor, queries: int, cfg: DGDConfig, source: nn
         part = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))[:cfg.spread_pool]
         if queries > len(part):
             raise ConfigError(f"{queries} queries do not fit in dgd.spread_pool={cfg.spread_pool}: raise it")
-        spread = part, embed_pool(pool[part], env, reader=source if cfg.embedding == "source" else None)
+        reader = source if cfg.embedding == "source" else None
+        if cfg.query_selection == "clusters":  # every sample of the part is labelled by its cluster's name
+            space = reader_probabilities(reader, pool[part], env) if reader is not None else embed_pool(pool[part], env)
+            rest = torch.ones(len(pool), dtype=torch.bool)
+            rest[part] = False
+            return part, rest.nonzero().squeeze(1), (part, cluster_pool(space, queries, seed=env.seed))
+        spread = part, embed_pool(pool[part], env, reader=reader)
     if cfg.query_selection != "medoids":
         return *split_pool(pool, queries, cfg.query_selection, reader=source, env=env,
                            rng=env.generator(streams.DGD_SPLIT), num_classes=num_classes), spread
@@ -274,19 +303,18 @@ def _spread(pool: torch.Tensor, spread: tuple, queried: torch.Tensor, labels: to
     return images, hard, dist
 
 
-def _aggregate(teachers: TeacherEnsemble, images: torch.Tensor, cfg: DGDConfig, env: Env,
-               seed: int) -> tuple[LedgerAnswer, torch.Tensor]:
-    """The release for the ledger and the teachers' vote counts. The ledger keeps the votes (for PATE's optional
-    data-dependent bound) only beside an argmax release: that bound does not price a released histogram."""
-    votes = torch.cat(list(teachers.iter_votes(images, env)))
+def _aggregate(votes: torch.Tensor, cfg: DGDConfig, event: LaplaceQueries | GaussianQueries,
+               seed: int) -> LedgerAnswer:
+    """The release of the teachers' vote counts for the ledger, at the planned event's noise. The ledger keeps the
+    votes (for PATE's optional data-dependent bound) only beside an argmax release: that bound does not price a
+    released histogram."""
     gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
-    distribution, scale = (("laplace", cfg.laplace_scale) if cfg.aggregation == "laplace"
-                           else ("gaussian", cfg.gaussian_sigma))
+    distribution, scale = (("laplace", event.scale) if cfg.aggregation == "laplace" else ("gaussian", event.sigma))
     noisy = mechanisms.noisy_histogram(votes, distribution=distribution, scale=scale, generator=gen)
     # Eq. 3 (LNMax) or GNMax: the argmax of the noisy histogram; or, with dgd.release=histogram, the histogram
     if cfg.release == "histogram":
-        return LedgerAnswer(answers=noisy.float()), votes
-    return LedgerAnswer(answers=noisy.argmax(1), votes=votes), votes
+        return LedgerAnswer(answers=noisy.float())
+    return LedgerAnswer(answers=noisy.argmax(1), votes=votes)
 
 
 def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env, ledger: PrivacyLedger,

@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from typing import Optional
 
 from privdistill.engine.query_selection import QUERY_SELECTIONS
-from privdistill.errors import ConfigError
+from privdistill.errors import ConfigError, PrivacyError
 from privdistill.methods.runner import Budget
 from privdistill.privacy import calibration
 from privdistill.privacy._checks import check_choice
 from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.report import PRIVATE, Pathway
 
-# the pool-wide rules (engine/query_selection.py) and the few-label student's medoids (engine/few_label.py)
-DGD_QUERY_SELECTIONS = QUERY_SELECTIONS + ("medoids",)
+# the pool-wide rules (engine/query_selection.py) and the few-label student's medoids and cluster votes
+# (engine/few_label.py)
+DGD_QUERY_SELECTIONS = QUERY_SELECTIONS + ("medoids", "clusters")
 
 
 @dataclass
@@ -38,7 +39,10 @@ class DGDConfig:
     source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
     # which samples of the pool are queried: random (paper) | diverse (a k-center cover per class: reads the model
     # the generator was fitted to; engine/query_selection.py, ours)
-    query_selection: str = "random"  # ... | medoids (one per k-means cluster of the spread pool; engine/few_label.py)
+    # ... | medoids (one per k-means cluster of the spread pool; engine/few_label.py) | clusters (one query per
+    # k-means cluster of the spread pool in the source's class probabilities, each teacher voting its majority over
+    # the cluster's members; the noisy histograms name the clusters and every member learns its cluster's name)
+    query_selection: str = "random"
     release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
     # the few-label student (engine/few_label.py, ours): answers (paper: the student learns from the queries) |
     # spread (the answers spread over `spread_pool` samples of the pool along their k-NN graph, and the student
@@ -47,7 +51,9 @@ class DGDConfig:
     # the space medoids and spreading use: source (the backbone features of the model the generator was fitted to,
     # read on the generator's own pathway) | scatter (data-independent ScatterNet coefficients)
     embedding: str = "source"
-    spread_pool: int = 20_000  # samples of the pool the medoids are chosen from and the labels spread over
+    spread_pool: int = 20_000  # samples of the pool the medoids (clusters) are chosen from and the labels spread over
+    clusters: int = 0  # query_selection=clusters: how many (0: one a class); the noise is calibrated to the target ε
+    cluster_members: int = 100  # members of a cluster each teacher reads for its vote
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -73,14 +79,23 @@ class DGDConfig:
                               "one (end to end, the DP source's own labels are free)")
         if self.spread_pool < 2:
             raise ConfigError("dgd.spread_pool must be at least 2")
+        if self.clusters < 0 or self.cluster_members < 1:
+            raise ConfigError("dgd.clusters must be >= 0 (0: one a class) and dgd.cluster_members >= 1")
+        if self.query_selection == "clusters" and (self.labels != "answers" or self.source_labels or self.queries):
+            raise ConfigError("dgd.query_selection=clusters labels every clustered sample by its cluster's name: it "
+                              "takes neither dgd.labels=spread, dgd.source_labels nor dgd.queries (dgd.clusters sets "
+                              "how many)")
+        if self.query_selection == "clusters" and self.release != "histogram":
+            raise ConfigError("dgd.query_selection=clusters names the clusters from their noisy vote histograms: set "
+                              "dgd.release=histogram")
         if self.reads_source and self.inputs != "generator":
             raise ConfigError("dgd.query_selection=diverse and dgd.embedding=source read the generator's source "
                               "model; dgd.inputs=private-holdout has none (use random, or embedding=scatter)")
 
     @property
     def few_label(self) -> bool:
-        """Whether the pool is embedded (engine/few_label.py): to choose medoids or to spread the answers."""
-        return self.query_selection == "medoids" or self.labels == "spread"
+        """Whether the pool is embedded (engine/few_label.py): to choose medoids, spread answers or cluster it."""
+        return self.query_selection in ("medoids", "clusters") or self.labels == "spread"
 
     @property
     def reads_source(self) -> bool:
@@ -118,7 +133,13 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
         f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
     space = {"source": f"{fitted_to}'s features", "scatter": "a fixed ScatterNet feature space", None: ""}[embedding]
     spread_note = f", spread over the pool along a k-NN graph in {space}" if spread else ""
-    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of the queried samples{spread_note}",
+    if query_selection == "clusters":  # engine/few_label.py's cluster votes
+        space = (f"{fitted_to}'s class probabilities" if embedding == "source" else space)
+        queried = (f"the pool's k-means clusters in {space} (each teacher votes its majority over a cluster's "
+                   "members), which name every member by an assignment")
+    else:
+        queried = "the queried samples"
+    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of {queried}{spread_note}",
                        "labels of the student's supervised set", True,
                        "the vote channel: what epsilon prices")]
     if inputs == "generator":
@@ -129,9 +150,11 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                     "the student's inputs (queried and unlabelled)", source_is_dp, why),
             Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried"
                     + ("" if query_selection == "random" else
-                       f"; {query_selection} selection in {space}" if embedding == "scatter" and
-                       query_selection == "medoids" else f"; {query_selection} selection reads {fitted_to}")
-                    + (f"; the labels spread in {fitted_to}'s features" if spread and embedding == "source" else ""),
+                       f"; {query_selection} selection in {space}" if embedding == "scatter" and query_selection
+                       in ("medoids", "clusters") else f"; {query_selection} selection reads {fitted_to}")
+                    + (f"; the labels spread in {fitted_to}'s features" if spread and embedding == "source" else "")
+                    + ("; its class probabilities group the samples each cluster's answer labels"
+                       if query_selection == "clusters" and embedding == "source" else ""),
                     "the student's query set", source_is_dp, why if source_is_dp else ""),
         ]
         if latent_codes:
@@ -158,6 +181,24 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
 def vote_event(cfg: DGDConfig, count: int) -> LaplaceQueries | GaussianQueries:
     return (LaplaceQueries(scale=cfg.laplace_scale, count=count) if cfg.aggregation == "laplace"
             else GaussianQueries(sigma=cfg.gaussian_sigma, count=count))
+
+
+def plan_vote_event(cfg: DGDConfig, budget: Budget, num_classes: int, fixed: list | None = None,
+                    reads_codes: bool = True) -> LaplaceQueries | GaussianQueries:
+    """The vote channel's event: |D̂s| queries at the configured noise (plan_queries), or with cluster votes one query
+    a cluster at the least noise whose ε fits the target."""
+    if cfg.query_selection != "clusters":
+        return vote_event(cfg, plan_queries(cfg, budget, fixed, reads_codes))
+    event = vote_event(cfg, cfg.clusters or num_classes)
+    if budget.epsilon is None:
+        return event
+    fixed = list(fixed or []) + ([LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1)]
+                                 if cfg.latent_noise and reads_codes and budget.accounting == "paper" else [])
+    try:
+        return event.with_noise(calibration.calibrate_noise(event, target_epsilon=budget.epsilon, delta=budget.delta,
+                                                            accounting=budget.accounting, fixed=fixed))
+    except PrivacyError as err:
+        raise ConfigError(f"{event.count} cluster queries do not fit ε = {budget.epsilon:g}: {err}") from err
 
 
 def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, reads_codes: bool = True) -> int:

@@ -52,6 +52,10 @@ WEAK_PER_CLASS = 10  # informative labels a class below which a plan is weak
 # "spread_labels") needs fewer: on MNIST's public slice 10 medoid labels taught 64 %, 27 taught 90 %, 48 taught 93 %
 # (docs/research-log.md, "Few labels")
 SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS = 1, 3
+# cluster votes (DGD's dgd.query_selection=clusters; Plan.details "cluster_labels"): each answer names a whole cluster
+# and the naming gives every class one, so about one informative answer a class is what they need (MNIST ε 1: 10
+# clusters, every one named right in the proxy, docs/research-log.md)
+CLUSTER_REFUSE_PER_CLASS, CLUSTER_WEAK_PER_CLASS = 0.5, 0.9
 #: other plans of the same method to try where the budget cannot teach with this one
 OTHER_PLANS = {
     "srr": ["the end-to-end recipe (-r end-to-end: a DP-SGD teacher, one ε for the whole model)",
@@ -87,10 +91,12 @@ def _signal(p: float, k: int) -> float:
     return max(0.0, (p - 1.0 / k) / (1.0 - 1.0 / k))
 
 
-def _labels_verdict(informative: float, k: int, what: str, *, spread: bool = False) -> Verdict:
-    refuse, weak = (SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS) if spread else (REFUSE_PER_CLASS, WEAK_PER_CLASS)
-    rule = (f"refused below {refuse * k} informative labels ({refuse} a class), weak below {weak * k} ({weak} a "
-            "class)" + (", spread over the pool from cluster medoids" if spread else ""))
+def _labels_verdict(informative: float, k: int, what: str, *, spread: bool = False, clusters: bool = False) -> Verdict:
+    refuse, weak = ((CLUSTER_REFUSE_PER_CLASS, CLUSTER_WEAK_PER_CLASS) if clusters else
+                    (SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS) if spread else (REFUSE_PER_CLASS, WEAK_PER_CLASS))
+    rule = (f"refused below {refuse * k:g} informative labels ({refuse:g} a class), weak below {weak * k:g} "
+            f"({weak:g} a class)" + (", spread over the pool from cluster medoids" if spread else "")
+            + (", each naming a whole cluster of the pool" if clusters else ""))
     level = "refuse" if informative < refuse * k else "weak" if informative < weak * k else "ok"
     return Verdict(level, f"{what}: about {informative:,.0f} informative labels for {k} classes", rule)
 
@@ -101,7 +107,7 @@ def _ratio_verdict(ratio: float, what: str) -> Verdict:
     return Verdict(level, f"{what}: noise-to-signal ratio {ratio:.3g} over the run", rule)
 
 
-def _vote_verdict(event: Any, k: int, ctx: "Context", *, spread: bool = False) -> Verdict:
+def _vote_verdict(event: Any, k: int, ctx: "Context", *, spread: bool = False, clusters: bool = False) -> Verdict:
     teachers = ctx.section("teachers").num_teachers
     if isinstance(event, LaplaceQueries):
         p, _ = unanimous_label_accuracy(teachers, k, distribution="laplace", scale=event.scale)
@@ -115,7 +121,7 @@ def _vote_verdict(event: Any, k: int, ctx: "Context", *, spread: bool = False) -
         p, _ = unanimous_label_accuracy(teachers, k, distribution="gaussian", scale=event.sigma)
         queries, what = event.count, f"{event.count} GNMax answers (σ {event.sigma:g}, {teachers} teachers)"
     return _labels_verdict(queries * _signal(p, k), k, f"{what}, each right at most {p:.0%} of the time",
-                           spread=spread)
+                           spread=spread, clusters=clusters)
 
 
 def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
@@ -127,7 +133,8 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
                        "the DP source (post-processing, free)", "the DP source's DP-SGD plan is judged by its own run")
     for event in events:
         if isinstance(event, (LaplaceQueries, GaussianQueries, ConfidentGaussianQueries)):
-            return _vote_verdict(event, k, ctx, spread=bool(plan.details.get("spread_labels")))
+            return _vote_verdict(event, k, ctx, spread=bool(plan.details.get("spread_labels")),
+                                 clusters=bool(plan.details.get("cluster_labels")))
         if isinstance(event, (RandomizedResponse, RandomizedResponseWithPrior)):  # every stage's labels together
             stages = [e for e in events if isinstance(e, (RandomizedResponse, RandomizedResponseWithPrior))]
             count = sum(e.count for e in stages)
