@@ -32,16 +32,13 @@ Readings of what the paper leaves open (each configurable):
   changed teacher moves it by (+1, -1); the argmax is post-processing of it), so every ε is unchanged; PATE's
   data-dependent bounds, which price the argmax only, do not apply. The squared error is unbiased for the noise
   (it averages out over the queries); cross-entropy to a target with negative entries would be unbounded.
-- The few-label student (ours; engine/few_label.py): `dgd.query_selection=medoids` queries the medoids of k-means
-  clusters of `dgd.spread_pool` pool samples, `dgd.labels=spread` spreads the answers over those samples along their
-  k-NN graph and the student learns all of them, in the space `dgd.embedding` names (the source model's features,
-  on the pathway the generator already takes, or ScatterNet): a few points on synthetic pools, whose single samples
-  the teachers misread. `dgd.query_selection=clusters` (the default at ε <= 2) asks one query per k-means cluster of
-  the pool in the source's class probabilities, each teacher voting its majority over the cluster's members; the
-  noisy histograms name the clusters (every class at least once) and each member learns its cluster's name.
-- End to end (`-r end-to-end`), the generator fitted to the DP source can match DP statistics of its features
-  (`dp_source.statistics_share`, methods/end_to_end.py), as SRR's does: without them its samples teach only the
-  source.
+- Few labels (ours; engine/few_label.py), in the space `dgd.embedding` names (the source model's features or class
+  probabilities, on the generator's pathway, or ScatterNet): `dgd.query_selection=medoids` with `dgd.labels=spread`
+  spreads medoids' answers over `dgd.spread_pool` samples (a few points: the teachers misread single synthetic
+  samples); `dgd.query_selection=clusters` (the default at ε <= 2) asks one query per k-means cluster, each teacher
+  voting its majority over the cluster's members, and every member learns its cluster's name.
+- End to end (`-r end-to-end`), the generator can match DP statistics of the DP source's features
+  (`dp_source.statistics_share`, methods/end_to_end.py), as SRR's does: else its samples teach only the source.
 - Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
   generator's data (teachers are trained on the rest); compare with PATE.
 """
@@ -186,9 +183,7 @@ class DGDMethod(Method):
             plan.details["events"][QUERIES_KEY]
 
         def answer_queries() -> LedgerAnswer:
-            votes = (cluster_votes(teachers, query_images, spread[1], queries, data.num_classes, env,
-                                   members=cfg.cluster_members, seed=env.seed) if cfg.query_selection == "clusters"
-                     else torch.cat(list(teachers.iter_votes(query_images, env))))
+            votes = _votes(teachers, query_images, cfg, spread, queries, data.num_classes, env)
             answer, fresh["votes"] = _aggregate(votes, cfg, event, noise_seed), votes
             return answer
 
@@ -200,7 +195,7 @@ class DGDMethod(Method):
             labels, share = name_clusters(released)[spread[1]], None
             diagnostics["clusters"] = {"count": queries, "pool": len(query_images),
                                        "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
-            fresh.pop("votes")  # per cluster, not per sample
+            fresh.clear()  # the votes were per cluster, not per sample
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
             diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
                 baseline, query_images, labels, fresh.get("votes"), env),
@@ -289,8 +284,7 @@ def _choose_queries(pool: torch.Tensor, queries: int, cfg: DGDConfig, source: nn
 def _spread(pool: torch.Tensor, spread: tuple, queried: torch.Tensor, labels: torch.Tensor, num_classes: int,
             diagnostics: dict, baseline: nn.Module | None, env: Env,
             embedding_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The answers spread over the embedded part of the pool (engine/few_label.py): its images, their labels and
-    label distributions (the student's targets); what they were is added to `diagnostics`."""
+    """The answers spread over the embedded pool part (engine/few_label.py): images, labels, distributions."""
     part, embedding = spread
     position = {int(j): i for i, j in enumerate(part)}
     dist = spread_labels(embedding, torch.tensor([position[int(j)] for j in queried]), labels, num_classes)
@@ -303,11 +297,18 @@ def _spread(pool: torch.Tensor, spread: tuple, queried: torch.Tensor, labels: to
     return images, hard, dist
 
 
+def _votes(teachers, images: torch.Tensor, cfg: DGDConfig, spread: tuple | None, queries: int, num_classes: int,
+           env: Env) -> torch.Tensor:
+    """The teachers' vote counts: per queried sample, or with cluster votes per cluster of `spread`'s grouping."""
+    return (cluster_votes(teachers, images, spread[1], queries, num_classes, env, members=cfg.cluster_members,
+                          seed=env.seed) if cfg.query_selection == "clusters"
+            else torch.cat(list(teachers.iter_votes(images, env))))
+
+
 def _aggregate(votes: torch.Tensor, cfg: DGDConfig, event: LaplaceQueries | GaussianQueries,
                seed: int) -> LedgerAnswer:
-    """The release of the teachers' vote counts for the ledger, at the planned event's noise. The ledger keeps the
-    votes (for PATE's optional data-dependent bound) only beside an argmax release: that bound does not price a
-    released histogram."""
+    """The vote counts' release at the planned noise. The ledger keeps the votes (for PATE's data-dependent bound)
+    only beside an argmax release: that bound does not price a released histogram."""
     gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
     distribution, scale = (("laplace", event.scale) if cfg.aggregation == "laplace" else ("gaussian", event.sigma))
     noisy = mechanisms.noisy_histogram(votes, distribution=distribution, scale=scale, generator=gen)
