@@ -159,3 +159,13 @@ def test_dgd_cluster_votes_spend_one_query_a_cluster_at_the_target_epsilon(tiny_
     (event,) = [e for e in PrivacyLedger(tmp_path / "c").events()]
     assert event.count == len(classes)
     assert "class probabilities" in " ".join(str(p) for p in summary["not_covered"])
+
+
+def test_dgd_cluster_shares_teach_each_member_its_clusters_vote_share(tiny_npz, tmp_path):
+    base = DGD_TINY + ["budget.epsilon=4", "dgd.aggregation=gaussian", "dgd.release=histogram",
+                       "student.unsupervised=false", "dgd.spread_pool=150", "dgd.query_selection=clusters",
+                       "dgd.cluster_members=20", "dgd.clusters=15", "dgd.cluster_targets=shares"]
+    summary = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=base, run_dir=str(tmp_path / "s"))).summary
+    assert summary["queries"] == 15 and summary["clusters"]["targets"] == "shares"
+    assert sum(summary["clusters"]["classes"]) == 150
+    assert "share_sq_error" in summary["student_training"]["history"][-1], "fitted to the shares by squared error"

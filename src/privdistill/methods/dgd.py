@@ -192,8 +192,9 @@ class DGDMethod(Method):
         share = released.float() / teachers.num_teachers if cfg.release == "histogram" else None
         labels = share.argmax(1) if share is not None else released.long()
         if cfg.query_selection == "clusters":  # the histograms name the clusters; each member learns its name
-            labels, share = name_clusters(released)[spread[1]], None
-            diagnostics["clusters"] = {"count": queries, "pool": len(query_images),
+            labels, share = ((share.argmax(1)[spread[1]], share[spread[1]]) if cfg.cluster_targets == "shares"
+                             else (name_clusters(released)[spread[1]], None))  # or its cluster's vote share
+            diagnostics["clusters"] = {"count": queries, "pool": len(query_images), "targets": cfg.cluster_targets,
                                        "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
             fresh.clear()  # the votes were per cluster, not per sample
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
@@ -236,12 +237,11 @@ class DGDMethod(Method):
 
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
         cfg, dp = ctx.section("dgd"), e2e.is_end_to_end(ctx)
-        pathways = self.pathways(ctx, plan)
         latent = LATENT_KEY in plan.details["events"]  # spent ε1: a student with Eq. 1's energies, latent noise on
         statistics = " + DP feature statistics" if e2e.STATISTICS_KEY in plan.details["events"] else ""
         covers = (f"the whole student: DP source{statistics} + teacher votes (strict)" if dp else
                   "the teacher-vote channel only (strict)" + ("; paper adds ε1 for the latent noise" if latent else ""))
-        return Report(pathways=pathways, secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
+        return Report(pathways=self.pathways(ctx, plan), secure_noise=cfg.secure_noise, noise_option="dgd.secure_noise",
                       fields={"epsilon_covers": covers, "queries": plan.details["queries"],
                               "aggregation": cfg.aggregation, "inputs": cfg.inputs, "latent_noise": latent,
                               "query_selection": cfg.query_selection, "release": cfg.release,

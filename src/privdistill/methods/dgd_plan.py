@@ -54,6 +54,9 @@ class DGDConfig:
     spread_pool: int = 20_000  # samples of the pool the medoids (clusters) are chosen from and the labels spread over
     clusters: int = 0  # query_selection=clusters: how many (0: one a class); the noise is calibrated to the target ε
     cluster_members: int = 100  # members of a cluster each teacher reads for its vote
+    # what each clustered sample learns: names (its cluster's name, by the assignment) | shares (its cluster's noisy
+    # vote share, fitted by squared error as with dgd.release=histogram: for many small clusters at a larger ε)
+    cluster_targets: str = "names"
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -85,6 +88,8 @@ class DGDConfig:
             raise ConfigError("dgd.query_selection=clusters labels every clustered sample by its cluster's name: it "
                               "takes neither dgd.labels=spread, dgd.source_labels nor dgd.queries (dgd.clusters sets "
                               "how many)")
+        if self.cluster_targets not in ("names", "shares"):
+            raise ConfigError(f"dgd.cluster_targets must be names or shares, got {self.cluster_targets!r}")
         if self.query_selection == "clusters" and self.release != "histogram":
             raise ConfigError("dgd.query_selection=clusters names the clusters from their noisy vote histograms: set "
                               "dgd.release=histogram")
@@ -136,7 +141,7 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
     if query_selection == "clusters":  # engine/few_label.py's cluster votes
         space = (f"{fitted_to}'s class probabilities" if embedding == "source" else space)
         queried = (f"the pool's k-means clusters in {space} (each teacher votes its majority over a cluster's "
-                   "members), which name every member by an assignment")
+                   "members); every member learns its cluster's answer")
     else:
         queried = "the queried samples"
     student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of {queried}{spread_note}",
