@@ -37,8 +37,8 @@ TEACHER_EVAL_LAPLACE_SCALE = 40.0
 # 2: teachers and generator keyed on every field (before, options added later counted only when set), synthetic
 # sets on their verification, balance and ranking sources, features on their copies, whatever their values.
 # 3: the generator's configuration without the synthesis engine's source and verification options, a synthetic set
-# keyed on its generator, size and seed alone, the teachers' without ridge heads and input noise (issue 63: the
-# options left the package).
+# keyed on its generator, size and seed alone, the teachers' without ridge heads and input noise (those options
+# left the package for experiments/).
 VERSIONS = {"baseline": "1", "teachers": "3", "generator": "3", "synthetic": "3", "vae": "1", "features": "2",
             "scatter-prior": "1"}
 
