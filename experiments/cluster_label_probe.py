@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
 
 from privdistill.data.dataset import to_float
@@ -33,19 +32,7 @@ from privdistill.privacy.events import GaussianQueries
 sys.path.insert(0, str(Path(__file__).parent))
 from few_label_proxy_dgd import dgd_stages  # noqa: E402  (experiments/ is not a package)
 
-
-def name_clusters(hist: np.ndarray) -> np.ndarray:
-    """[k] class per cluster maximising the summed (noisy) votes, every class named at least once when k >= K."""
-    k, classes = hist.shape
-    if k < classes:
-        return hist.argmax(1)
-    bonus = hist.max() * 10 + 1e6  # the K mandatory columns are filled first
-    cost = -np.concatenate([hist + bonus, np.repeat(hist.max(1, keepdims=True), k, axis=1)], axis=1)
-    rows, cols = linear_sum_assignment(cost)
-    out = np.empty(k, dtype=np.int64)
-    for r, c in zip(rows, cols):
-        out[r] = c if c < classes else hist[r].argmax()
-    return out
+from privdistill.engine.few_label import name_clusters  # noqa: E402
 
 
 def main() -> None:
@@ -86,21 +73,29 @@ def main() -> None:
         size = np.bincount(km.labels_, minlength=k)
         purity = sum((reference[km.labels_ == c] == truth[c]).sum() for c in range(k)) / len(reference)
         row = {"k": k, "sigma": round(sigma, 2), "purity": round(float(purity), 4)}
+        if k <= 20:  # per cluster: its baseline class, size and the teachers' majority votes
+            row["clusters"] = [{"baseline": int(truth[c]), "size": int(size[c]), "votes": hard[c].astype(int).tolist()}
+                               for c in range(k)]
         for name, hist in (("hard", hard), ("soft", soft)):
             for noisy in (False, True):
                 right_c, right_p = [], []
                 for d in range(args.draws if noisy else 1):
                     g = torch.Generator().manual_seed(100 + d)
                     h = hist + (sigma * torch.randn(hist.shape, generator=g).numpy() if noisy else 0)
-                    for rule, named in (("argmax", h.argmax(1)), ("assign", name_clusters(h))):
+                    h = torch.as_tensor(h)
+                    # lift: each class's votes against its mean over the clusters (the teachers' bias taken out)
+                    lift = torch.log(h.clamp(min=1) / h.clamp(min=1).mean(0, keepdim=True))
+                    for rule, named in (("argmax", h.argmax(1)), ("assign", name_clusters(h)),
+                                        ("assign-lift", name_clusters(lift - lift.min()))):
+                        named = np.asarray(named)
                         right_c.append((rule, float((named == truth).mean())))
                         right_p.append((rule, float(size[named == truth].sum() / size.sum())))
-                for rule in ("argmax", "assign"):
+                for rule in ("argmax", "assign", "assign-lift"):
                     key = f"{name}-{'noisy' if noisy else 'clean'}-{rule}"
                     row[key] = {"clusters_right": round(np.mean([v for r, v in right_c if r == rule]), 4),
                                 "pool_right": round(np.mean([v for r, v in right_p if r == rule]), 4)}
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({key: v for key, v in row.items() if key != "clusters"}), flush=True)
     out = {"dataset": args.dataset, "overrides": args.overrides, "epsilon": args.epsilon, "members": args.members,
            "rows": rows, "seconds": round(time.time() - t0)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

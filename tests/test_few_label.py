@@ -75,6 +75,22 @@ def test_the_naming_gives_every_class_a_cluster_where_argmax_would_not():
     assert name_clusters(torch.tensor([[1., 9, 0], [8, 2, 0]])).tolist() == [1, 0]
 
 
+# Fashion-MNIST's 10 clusters of DGD's pool (docs/diagnostics/cluster-labels-fashion-mnist.json): the baseline's class
+# of each and the 250 teachers' majority votes; they call synthetic sneakers (7) and boots (9) "bag" (8)
+FASHION_CLUSTERS = [(5, [35, 19, 26, 1, 46, 63, 31, 0, 29, 0]), (9, [10, 6, 1, 0, 36, 3, 6, 0, 178, 10]),
+                    (8, [22, 0, 3, 0, 1, 35, 8, 0, 181, 0]), (2, [17, 13, 30, 1, 117, 0, 24, 0, 47, 1]),
+                    (3, [29, 5, 9, 106, 51, 0, 18, 0, 32, 0]), (1, [4, 43, 41, 0, 139, 0, 14, 0, 9, 0]),
+                    (4, [0, 9, 5, 0, 227, 0, 6, 0, 3, 0]), (0, [160, 14, 12, 5, 22, 2, 28, 0, 7, 0]),
+                    (7, [5, 0, 0, 5, 0, 16, 0, 2, 222, 0]), (6, [58, 8, 18, 0, 79, 3, 37, 0, 46, 1])]
+
+
+def test_lift_naming_takes_out_the_teachers_bias():
+    truth = torch.tensor([c for c, _ in FASHION_CLUSTERS])
+    votes = torch.tensor([v for _, v in FASHION_CLUSTERS], dtype=torch.float64)
+    assert (name_clusters(votes) == truth).sum() == 8, "the most votes: two clusters misnamed"
+    assert torch.equal(name_clusters(votes, lift=True), truth), "votes against their mean: every cluster named"
+
+
 class _Readers:
     """Stand-in teachers: teacher t labels an image by its first pixel's value, except teacher 0, which says 0."""
 

@@ -191,9 +191,9 @@ class DGDMethod(Method):
         # the noisy vote share (histogram release) or the noisy label; the share's argmax is GNMax's/LNMax's label
         share = released.float() / teachers.num_teachers if cfg.release == "histogram" else None
         labels = share.argmax(1) if share is not None else released.long()
-        if cfg.query_selection == "clusters":  # the histograms name the clusters; each member learns its name
+        if cfg.query_selection == "clusters":  # the histograms name the clusters; members learn the name (or share)
             labels, share = ((share.argmax(1)[spread[1]], share[spread[1]]) if cfg.cluster_targets == "shares"
-                             else (name_clusters(released)[spread[1]], None))  # or its cluster's vote share
+                             else (name_clusters(released, lift=cfg.cluster_naming == "lift")[spread[1]], None))
             diagnostics["clusters"] = {"count": queries, "pool": len(query_images), "targets": cfg.cluster_targets,
                                        "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
             fresh.clear()  # the votes were per cluster, not per sample

@@ -57,6 +57,7 @@ class DGDConfig:
     # what each clustered sample learns: names (its cluster's name, by the assignment) | shares (its cluster's noisy
     # vote share, fitted by squared error as with dgd.release=histogram: for many small clusters at a larger ε)
     cluster_targets: str = "names"
+    cluster_naming: str = "votes"  # votes (the most votes) | lift (votes against their mean over the clusters)
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -88,6 +89,8 @@ class DGDConfig:
             raise ConfigError("dgd.query_selection=clusters labels every clustered sample by its cluster's name: it "
                               "takes neither dgd.labels=spread, dgd.source_labels nor dgd.queries (dgd.clusters sets "
                               "how many)")
+        if self.cluster_naming not in ("votes", "lift"):
+            raise ConfigError(f"dgd.cluster_naming must be votes or lift, got {self.cluster_naming!r}")
         if self.cluster_targets not in ("names", "shares"):
             raise ConfigError(f"dgd.cluster_targets must be names or shares, got {self.cluster_targets!r}")
         if self.query_selection == "clusters" and self.release != "histogram":
