@@ -138,14 +138,16 @@ def cluster_votes(teachers, images: torch.Tensor, clusters: torch.Tensor, count:
     `members` of the cluster's images drawn at random. One vote a teacher a cluster: the sensitivity of an ordinary
     query. `teachers` has `predictions(x) -> [teachers, n]` (engine/ensemble.py)."""
     gen = torch.Generator().manual_seed(seed)
-    out = torch.zeros(count, num_classes, dtype=torch.long)
+    takes = []
     for c in range(count):
         inside = (clusters == c).nonzero().squeeze(1)
-        take = inside[torch.randperm(len(inside), generator=gen)[:members]]
-        preds = torch.cat([teachers.predictions(env.place_batch(to_float(x))).cpu()
-                           for x in torch.split(images[take], 250)], dim=1)  # [teachers, members]
-        majority = torch.mode(preds, dim=1).values  # each teacher's label for the cluster
-        out[c] = torch.bincount(majority, minlength=num_classes)
+        takes.append(inside[torch.randperm(len(inside), generator=gen)[:members]])
+    # every chosen member read by every teacher in large batches, then grouped by cluster
+    preds = torch.cat([teachers.predictions(env.place_batch(to_float(x))).cpu()
+                       for x in torch.split(images[torch.cat(takes)], 500)], dim=1)  # [teachers, members of all]
+    out = torch.zeros(count, num_classes, dtype=torch.long)
+    for c, rows in enumerate(torch.split(preds, [len(t) for t in takes], dim=1)):
+        out[c] = torch.bincount(torch.mode(rows, dim=1).values, minlength=num_classes)  # each teacher's majority
     return out
 
 
