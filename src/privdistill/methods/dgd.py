@@ -184,8 +184,8 @@ class DGDMethod(Method):
 
         def answer_queries() -> LedgerAnswer:
             votes = _votes(teachers, query_images, cfg, spread, queries, data.num_classes, env)
-            answer, fresh["votes"] = _aggregate(votes, cfg, event, noise_seed), votes
-            return answer
+            fresh["votes"] = votes if cfg.query_selection != "clusters" else None  # cluster votes are not per sample
+            return _aggregate(votes, cfg, event, noise_seed)
 
         released = torch.as_tensor(ledger.spend(QUERIES_KEY, event, answer_queries))
         # the noisy vote share (histogram release) or the noisy label; the share's argmax is GNMax's/LNMax's label
@@ -196,7 +196,6 @@ class DGDMethod(Method):
                              else (name_clusters(released, lift=cfg.cluster_naming == "lift")[spread[1]], None))
             diagnostics["clusters"] = {"count": queries, "pool": len(query_images), "targets": cfg.cluster_targets,
                                        "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
-            fresh.clear()  # the votes were per cluster, not per sample
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
             diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
                 baseline, query_images, labels, fresh.get("votes"), env),
