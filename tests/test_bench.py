@@ -382,3 +382,30 @@ def test_accuracy_vs_epsilon_names_instead_of_plots_runs_whose_strict_epsilon_sa
     xs = [x for line in top.get_lines() for x in line.get_xdata()]
     assert max(xs) <= plots.PLOTTED_MAX_EPSILON and sorted(xs) == [1, 3]
     assert any("dpdfd (strict)" in t.get_text() for t in top.texts)
+
+
+def test_headline_shows_a_recorded_run_and_every_default_hole():
+    from privdistill.bench.report import headline_table
+
+    run = {"method": "pate", "recipe": "default", "dataset": "mnist", "target_epsilon": 1.0, "test_accuracy": 0.9,
+           "epsilon_strict": 0.99, "epsilon_paper": 1.2, "_file": "results/quick/pate-mnist-eps1-default.json"}
+    text = headline_table([run])
+    rows = [line for line in text.splitlines() if line.startswith("| pate | default |")]
+    assert any("| mnist | 1 | 90.00 |" in r and "pate-mnist-eps1-default.json" in r for r in rows)
+    # nothing recorded for a cell the recipe never measured: shown as a hole, not skipped
+    assert not any("| mnist | 1 |" in r and "not run yet" in r for r in rows)
+    assert all(r.count("|") == 11 for r in rows)
+    # DGD's strict 9.34 cell stands for ε 10 (no hole at 10 beside it)
+    dgd = [line for line in text.splitlines() if line.startswith("| dgd | default | mnist |")]
+    assert any("| 9.34 |" in r for r in dgd) and not any("| 10 |" in r for r in dgd)
+
+
+def test_headline_shows_a_default_cell_nobody_ran_as_a_hole(monkeypatch):
+    from privdistill.bench import report
+    from privdistill.recipes import Recipe
+
+    monkeypatch.setattr(report, "recipes", lambda method: {"default": Recipe(summary="s", measured={("mnist", 1): "1 %"})})
+    text = report.headline_table([])
+    holes = [line for line in text.splitlines() if "not run yet" in line]
+    assert any("| mnist | 10 |" in h for h in holes) and any("| fashion-mnist | 1 |" in h for h in holes)
+    assert not any("| mnist | 1 |" in h for h in holes)  # measured: its recorded text, no hole
