@@ -71,7 +71,8 @@ def main() -> None:
         hist["members"][c] = majority_histogram(teachers, some, env, classes)
         hist["mean"][c] = majority_histogram(teachers, to_float(members).mean(0, keepdim=True), env, classes)
         sub = KMeans(n_clusters=20, n_init=1, random_state=0).fit(probs[inside]).labels_
-        means = torch.stack([to_float(members[torch.as_tensor(sub == s)]).mean(0) for s in range(20) if (sub == s).any()])
+        means = torch.stack([to_float(members[torch.as_tensor(sub == s)]).mean(0)
+                             for s in range(20) if (sub == s).any()])
         hist["sub-means"][c] = majority_histogram(teachers, means, env, classes)
         hist["blurred"][c] = majority_histogram(teachers, TF.gaussian_blur(to_float(some), [5, 5], [args.blur]), env,
                                                 classes)

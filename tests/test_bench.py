@@ -404,7 +404,8 @@ def test_headline_shows_a_default_cell_nobody_ran_as_a_hole(monkeypatch):
     from privdistill.bench import report
     from privdistill.recipes import Recipe
 
-    monkeypatch.setattr(report, "recipes", lambda method: {"default": Recipe(summary="s", measured={("mnist", 1): "1 %"})})
+    only = Recipe(summary="s", measured={("mnist", 1): "1 %"})
+    monkeypatch.setattr(report, "recipes", lambda method: {"default": only})
     text = report.headline_table([])
     holes = [line for line in text.splitlines() if "not run yet" in line]
     assert any("| mnist | 10 |" in h for h in holes) and any("| fashion-mnist | 1 |" in h for h in holes)
