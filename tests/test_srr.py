@@ -180,6 +180,12 @@ def test_label_dp_setting_is_eps_label_dp_and_learns(tiny_npz, tmp_path, cache):
                            "budget.epsilon=2", "srr.num_samples=0", "srr.stages=1",
                            "srr.student_model=small-cnn")).summary
     assert rr["variant"] == "label-dp-rr" and rr["epsilon_strict"] == pytest.approx(2.0, abs=1e-4)
+    # the label-dp recipe's own run is named by the recipe alone (srr-D-epsE-label-dp.json, not -label-dp-label-dp)
+    named = run_srr(request(tiny_npz, tmp_path / "named", "run.recipe=label-dp", *PER_LABEL, "budget.epsilon=2",
+                              "srr.num_samples=0", "srr.stages=1", "srr.student_model=small-cnn", record=True,
+                              results_dir=tmp_path / "results")).summary
+    assert named["variant"] is None and named["recipe"] == "label-dp"
+    assert [p.name for p in (tmp_path / "results").rglob("*.json")] == ["srr-npz-tiny-eps2-label-dp.json"]
 
 
 def test_budget_refuses_before_training(tiny_npz, tmp_path, cache):

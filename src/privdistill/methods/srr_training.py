@@ -66,6 +66,7 @@ class SRRTraining:
     def __init__(self, ctx: Context, plan: Plan, ledger: PrivacyLedger):
         self.cfg: SRRConfig = ctx.section("srr")
         self.env, self.data, self.run, self.ledger = ctx.env, ctx.data, ctx.run, ledger
+        self.recipe = ctx.section("run").recipe
         self.epsilon, self.threshold = plan.details["epsilon_per_label"], plan.details["threshold"]
         self.schedule: StageSchedule = plan.details["schedule"]
         self.events = plan.details["events"]  # stage i's label event
@@ -280,6 +281,14 @@ class SRRTraining:
         accuracy = {entry["step"]: entry.get("test_accuracy") for entry in self.loop.history}
         return [{**stats, "test_accuracy": accuracy.get(stats["stage"])} for stats in self.loop.extra["labels"]]
 
+    def _variant(self) -> str | None:
+        """The result name's suffix: the one given, else the setting and mechanism when they are not what the
+        recipe's name already says (`-r label-dp` records as srr-D-epsE-label-dp.json, not ...-label-dp-label-dp)."""
+        cfg = self.cfg
+        if cfg.variant is not None:
+            return cfg.variant
+        return None if cfg.default_variant == self.recipe else cfg.default_variant
+
     def summary_fields(self, loop_seconds: float) -> dict[str, Any]:
         """The run's SRR fields of summary.json (label statistics are evaluation only: see label_accuracy_note)."""
         cfg, log = self.cfg, self.loop.extra["labels"]
@@ -289,7 +298,7 @@ class SRRTraining:
             return sum(s[key] * s["count"] for s in log) / count
 
         return dict(epsilon_per_label=self.epsilon,
-                    variant=cfg.variant if cfg.variant is not None else cfg.default_variant,
+                    variant=self._variant(),
                     setting=cfg.setting, mechanism=NO_MECHANISM if self.end_to_end else cfg.mechanism,
                     stages=cfg.stages, **({"dp_source": self.dp_source} if self.dp_source else {}),
                     num_labels=sum(self.schedule.sizes), threshold=self.threshold,
