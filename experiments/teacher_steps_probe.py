@@ -5,7 +5,7 @@ the real test set, their agreement with the baseline on the synthetic pool, per 
 call the pool's shoes (Fashion-MNIST classes 5, 7, 9) "bag" (8). Evaluation only: nothing is released.
 
     flock /tmp/privdistill-cpu.lock .venv/bin/python experiments/teacher_steps_probe.py fashion-mnist \
-        --steps 270 3000 --out docs/diagnostics/teacher-steps-fashion-mnist.json
+        [--partitions 50] --steps 270 3000 --out docs/diagnostics/teacher-steps-fashion-mnist.json
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dataset")
     ap.add_argument("--teachers", type=int, default=10)
+    ap.add_argument("--partitions", type=int, default=0, help="split the data this many ways (0: the recipe's 250)")
     ap.add_argument("--steps", type=int, nargs="+", default=[270, 3000])
     ap.add_argument("--pool", type=int, default=5_000)
     ap.add_argument("--out", type=Path, required=True)
@@ -45,6 +46,7 @@ def main() -> None:
                                             f"runs/probe-teacher-steps-{args.dataset}", args.pool)
     env, data, classes = prep.env, prep.data, prep.data.num_classes
     cfg = prep.sections["teachers"]
+    cfg = replace(cfg, num_teachers=args.partitions) if args.partitions else cfg
     parts = make_partitions(data.train, cfg)[:args.teachers]
     reference = torch.as_tensor(reader_probabilities(baseline, pool, env).argmax(1))
     test_x, test_y = data.test.images[:2000], data.test.labels[:2000]
@@ -66,7 +68,7 @@ def main() -> None:
             row["shoes_called_bag"] = round(float((on_pool[:, shoes] == 8).float().mean()), 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out = {"dataset": args.dataset, "teachers": args.teachers, "teacher_config": {
+    out = {"dataset": args.dataset, "teachers": args.teachers, "partitions": cfg.num_teachers, "teacher_config": {
         "model": cfg.model, "augment": cfg.augment, "batch_size": cfg.batch_size, "lr": cfg.lr,
         "partition_size": int(np.mean([len(p) for p in parts]))}, "rows": rows, "seconds": round(time.time() - t0)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
