@@ -88,6 +88,10 @@ def test_the_filter_asks_more_queries_for_the_same_guarantee(tiny_npz, tmp_path)
     assert s["queries"] > plain["queries"] and s["answered"] > plain["answered"], "refused checks cost less"
     event = PrivacyLedger(tmp_path / "b").events()[0]
     assert (event.count, event.answered, event.filter_budget) == (s["queries"], s["answered"], plain["queries"])
+    # under another recipe than the paper's, the result is named by its recipe alone (no derived label)
+    default = [o.replace("run.recipe=paper", "run.recipe=default") for o in overrides] + ["pate.filter=true"]
+    other = run_pate(RunRequest(dataset=f"npz:{tiny_npz}", overrides=default, run_dir=str(tmp_path / "c"))).summary
+    assert other["variant"] is None and other["recipe"] == "default"
     cfg = PATEConfig(aggregation="gnmax", filter=True)  # every GNMax query is answered: the filter is dropped
     cfg.validate()
     assert cfg.filter is False

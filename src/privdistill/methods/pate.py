@@ -232,7 +232,10 @@ class PATEMethod(Method):
             "label_accuracy": None if label_accuracy is None else round(label_accuracy, 4),
             **({"spread_label_accuracy": spread_accuracy} if spread_accuracy is not None else {}),
             "query_selection": cfg.query_selection, "student_labels": st.labels, "event": event.to_dict(),
-            "variant": cfg.variant or _variant(cfg), "stages": {"teachers": teachers_stage.ref()},
+            # a recipe's file name says what it is; the paper recipe's cells, recorded before recipes, keep their
+            # derived labels (confident-gnmax-filter)
+            "variant": cfg.variant or (_variant(cfg) if ctx.section("run").recipe == "paper" else None),
+            "stages": {"teachers": teachers_stage.ref()},
             "teachers_stage_info": {k: v for k, v in info.items()
                                     if k in ("ensemble_accuracy", "mean_teacher_accuracy", "wall_seconds",
                                              "build_seconds")},
