@@ -134,7 +134,7 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
     ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
     the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
     check_choice("aggregation", aggregation, ("laplace", "gaussian"))
-    check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
+    check_choice("inputs", inputs, ("generator", "held-out-private"))
     check_choice("release", release, ("argmax", "histogram"))
     agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
     released = f"{agg} labels" if release == "argmax" else (
@@ -174,14 +174,10 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                              "generator weights", source_is_dp, why if source_is_dp else
                              "not covered: the generator is fitted to models trained without noise")]
         out = {"student": student, "generator": generator}
-    elif inputs == "held-out-private":
+    else:
         student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
                             "training data", "the student's inputs", False,
                             "covered only if that slice is genuinely public")]
-        out = {"student": student}
-    else:
-        student += [Pathway("public unlabelled data", "inputs and VAE training data", "the student's inputs", True,
-                            "public by assumption: nothing to protect")]
         out = {"student": student}
     return out
 
