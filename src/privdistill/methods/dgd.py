@@ -20,8 +20,7 @@ Readings of what the paper leaves open (each configurable):
   ~65 %, predictions near uniform on the unlabelled triples).
 - Eq. 1 adds the energies unweighted and Eq. 6 sums squared feature differences over the backbone width
   (6272 for the paper CNN), which would make the regulariser hundreds of times larger than the CE term. We
-  average over feature dimensions (a per-feature mean squared distance); Eq. 6's sum is recovered with
-  `student.tangent_weight = student.normal_weight = d`. The weights (default 1) are exposed for ablations.
+  average over feature dimensions (a per-feature mean squared distance), each term weighted 1.
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
 - The student (Eq. 1) is in methods/dgd_student.py.
 - The paper draws D̂s at random from the pool (the default); `dgd.query_selection` chooses it instead, reading only
@@ -177,8 +176,7 @@ class DGDMethod(Method):
         # draws the queries at random, a selection rule reads only what the generator was fitted to
         queried, unqueried, grouping = _choose_queries(pool, queries, cfg, source, env, data.num_classes)
         query_images, rest_images = pool[queried], pool[unqueried]
-        noise_seed, fresh, event = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}, \
-            plan.details["events"][QUERIES_KEY]
+        noise_seed, fresh, event = env.seed, {}, plan.details["events"][QUERIES_KEY]
 
         def answer_queries() -> LedgerAnswer:
             votes = _votes(teachers, query_images, cfg, grouping, queries, data.num_classes, env)

@@ -33,7 +33,6 @@ class DGDConfig:
     inputs: str = "generator"  # generator | private-holdout (Fig. 7)
     holdout: float = 1 / 6  # the held-out "public" slice for inputs=private-holdout: records, or a fraction below 1
     num_synthetic: int = 0  # 0: as many as the private training set (paper)
-    noise_seed: Optional[int] = None  # seed of the privacy noise (default: run seed); secure noise ignores it
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
     source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)

@@ -73,7 +73,6 @@ class DPDFDConfig:
     student_optimizer: str = "adam"  # adam | sgd
     student_lr: float = 1e-3
     student_lr_schedule: str = "constant"  # constant | linear | cosine
-    student_momentum: float = 0.9
     generator_init: str = "scratch"  # scratch (covered) | teacher (warm start from dpdfd_generator: NOT covered)
     generator_output_norm: bool = False  # DAFL's final BatchNorm(affine=False) on the generator (see above)
     generator_lr: float = 1e-3
