@@ -31,6 +31,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from few_label_proxy_dgd import dgd_stages  # noqa: E402  (experiments/ is not a package)
 
 
+def name_clusters_lift(histograms: torch.Tensor) -> torch.Tensor:
+    """name_clusters on each class's votes against its mean over the clusters (the teachers' bias taken out)."""
+    hist = torch.as_tensor(histograms).double().clamp(min=1)
+    hist = torch.log(hist / hist.mean(0, keepdim=True))
+    return name_clusters(hist - hist.min())
+
+
 def majority_histogram(teachers, images: torch.Tensor, env, classes: int) -> np.ndarray:
     """[K] how many teachers name each class as their majority over `images` (float in [0, 1] or uint8)."""
     x = images if images.is_floating_point() else to_float(images)
@@ -83,10 +90,11 @@ def main() -> None:
         row = {"votes_for_baseline_class": [int(h[c, truth[c]]) for c in range(classes)],
                "histograms": h.astype(int).tolist()}
         for lift in (False, True):
-            clean = float((name_clusters(torch.as_tensor(h), lift=lift).numpy() == truth).mean())
-            noisy = [float((name_clusters(torch.as_tensor(h) + sigma * torch.randn(h.shape, generator=torch.Generator()
-                                                                                     .manual_seed(100 + d)).double(),
-                                          lift=lift).numpy() == truth).mean()) for d in range(args.draws)]
+            name = name_clusters_lift if lift else name_clusters
+            clean = float((name(torch.as_tensor(h)).numpy() == truth).mean())
+            noisy = [float((name(torch.as_tensor(h) + sigma * torch.randn(h.shape, generator=torch.Generator()
+                                                                          .manual_seed(100 + d)).double()).numpy()
+                            == truth).mean()) for d in range(args.draws)]
             row[f"clusters_right{'_lift' if lift else ''}"] = {"clean": clean, "noisy_mean": round(np.mean(noisy), 3)}
         out["rules"][r] = row
         print(r, {k: v for k, v in row.items() if k != "histograms"}, flush=True)

@@ -14,8 +14,10 @@ from privdistill.engine.few_label import (
     name_clusters,
     spread_labels,
 )
+from privdistill.errors import ConfigError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.dgd import run_dgd
+from privdistill.methods.dgd_plan import DGDConfig
 from privdistill.methods.pate import run_pate
 from privdistill.privacy.ledger import PrivacyLedger
 from tests.test_dgd import TINY as DGD_TINY
@@ -75,22 +77,6 @@ def test_the_naming_gives_every_class_a_cluster_where_argmax_would_not():
     assert name_clusters(torch.tensor([[1., 9, 0], [8, 2, 0]])).tolist() == [1, 0]
 
 
-# Fashion-MNIST's 10 clusters of DGD's pool (docs/diagnostics/cluster-labels-fashion-mnist.json): the baseline's class
-# of each and the 250 teachers' majority votes; they call synthetic sneakers (7) and boots (9) "bag" (8)
-FASHION_CLUSTERS = [(5, [35, 19, 26, 1, 46, 63, 31, 0, 29, 0]), (9, [10, 6, 1, 0, 36, 3, 6, 0, 178, 10]),
-                    (8, [22, 0, 3, 0, 1, 35, 8, 0, 181, 0]), (2, [17, 13, 30, 1, 117, 0, 24, 0, 47, 1]),
-                    (3, [29, 5, 9, 106, 51, 0, 18, 0, 32, 0]), (1, [4, 43, 41, 0, 139, 0, 14, 0, 9, 0]),
-                    (4, [0, 9, 5, 0, 227, 0, 6, 0, 3, 0]), (0, [160, 14, 12, 5, 22, 2, 28, 0, 7, 0]),
-                    (7, [5, 0, 0, 5, 0, 16, 0, 2, 222, 0]), (6, [58, 8, 18, 0, 79, 3, 37, 0, 46, 1])]
-
-
-def test_lift_naming_takes_out_the_teachers_bias():
-    truth = torch.tensor([c for c, _ in FASHION_CLUSTERS])
-    votes = torch.tensor([v for _, v in FASHION_CLUSTERS], dtype=torch.float64)
-    assert (name_clusters(votes) == truth).sum() == 8, "the most votes: two clusters misnamed"
-    assert torch.equal(name_clusters(votes, lift=True), truth), "votes against their mean: every cluster named"
-
-
 class _Readers:
     """Stand-in teachers: teacher t labels an image by its first pixel's value, except teacher 0, which says 0."""
 
@@ -143,23 +129,19 @@ def test_pate_with_medoids_and_spread_labels_spends_what_random_queries_spend(ti
     assert any("ScatterNet" in str(p) for p in few["not_covered"]), "the report names the feature space"
 
 
-@pytest.mark.parametrize("embedding", ["source", "scatter"])
-def test_dgd_with_medoids_and_spread_labels_spends_what_random_queries_spend(tiny_npz, tmp_path, embedding):
+def test_dgd_with_medoid_queries_spends_what_random_queries_spend(tiny_npz, tmp_path):
     base = DGD_TINY + ["dgd.queries=12", "dgd.aggregation=gaussian", "student.unsupervised=false",
                        "dgd.spread_pool=150"]
     runs = {}
-    for name, extra in {"random": [], "few": ["dgd.query_selection=medoids", "dgd.labels=spread",
-                                              f"dgd.embedding={embedding}"]}.items():
+    for name, extra in {"random": [], "few": ["dgd.query_selection=medoids"]}.items():
         runs[name] = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=base + extra,
                                         run_dir=str(tmp_path / name))).summary
     random, few = runs["random"], runs["few"]
-    assert few["query_selection"] == "medoids" and few["labels"] == "spread" and few["embedding"] == embedding
-    assert few["spread_labels"]["pool"] == 150 and sum(few["spread_labels"]["classes"]) == 150
+    assert few["query_selection"] == "medoids" and few["queries"] == 12
     assert few["epsilon_strict"] == random["epsilon_strict"] and few["epsilon_paper"] == random["epsilon_paper"]
     events = [PrivacyLedger(tmp_path / name).events() for name in ("random", "few")]
-    assert events[0] == events[1], "the embedding, the medoids and the spreading record nothing"
-    named = " ".join(str(p) for p in few["not_covered"])
-    assert "spread over the pool" in str(few) and ("reads" in named) == (embedding == "source")
+    assert events[0] == events[1], "the embedding and the medoids record nothing"
+    assert "medoids selection reads" in " ".join(str(p) for p in few["not_covered"])
 
 
 def test_dgd_cluster_votes_spend_one_query_a_cluster_at_the_target_epsilon(tiny_npz, tmp_path):
@@ -177,11 +159,7 @@ def test_dgd_cluster_votes_spend_one_query_a_cluster_at_the_target_epsilon(tiny_
     assert "class probabilities" in " ".join(str(p) for p in summary["not_covered"])
 
 
-def test_dgd_cluster_shares_teach_each_member_its_clusters_vote_share(tiny_npz, tmp_path):
-    base = DGD_TINY + ["budget.epsilon=4", "dgd.aggregation=gaussian", "dgd.release=histogram",
-                       "student.unsupervised=false", "dgd.spread_pool=150", "dgd.query_selection=clusters",
-                       "dgd.cluster_members=20", "dgd.clusters=15", "dgd.cluster_targets=shares"]
-    summary = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=base, run_dir=str(tmp_path / "s"))).summary
-    assert summary["queries"] == 15 and summary["clusters"]["targets"] == "shares"
-    assert sum(summary["clusters"]["classes"]) == 150
-    assert "share_sq_error" in summary["student_training"]["history"][-1], "fitted to the shares by squared error"
+def test_medoids_and_clusters_need_the_generators_source():
+    for rule in ("medoids", "clusters"):
+        with pytest.raises(ConfigError, match="private-holdout has none"):
+            DGDConfig(query_selection=rule, release="histogram", inputs="private-holdout").validate()

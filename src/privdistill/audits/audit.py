@@ -14,7 +14,6 @@ and adds to the run's summary.json: `mia_auc`, `mia_tpr_at_1pct_fpr` (the headli
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -145,8 +144,3 @@ def _roc_figure(mia: dict, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def load_audit(run_dir: str | Path) -> dict[str, Any] | None:
-    p = Path(run_dir) / "audit" / "mia.json"
-    return json.loads(p.read_text()) if p.is_file() else None

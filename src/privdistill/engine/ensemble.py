@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -463,7 +462,3 @@ def ensemble_accuracy(ensemble: TeacherEnsemble, data: ImageDataset, env: Env, *
 def _laplace(shape, scale: float, gen: torch.Generator) -> torch.Tensor:
     u = torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5
     return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).float()
-
-
-def steps_for_epochs(epochs: float, partition_size: int, batch_size: int) -> int:
-    return max(1, math.ceil(epochs * partition_size / batch_size))

@@ -151,18 +151,10 @@ def cluster_votes(teachers, images: torch.Tensor, clusters: torch.Tensor, count:
     return out
 
 
-def name_clusters(histograms: torch.Tensor, *, lift: bool = False) -> torch.Tensor:
+def name_clusters(histograms: torch.Tensor) -> torch.Tensor:
     """[k] a class for every cluster from its (noisy) vote histogram [k, K]: the assignment that maximises the summed
-    votes of the names given, every class named at least once where k >= K (k < K: each cluster's argmax).
-    `lift`: score a class by the log of its votes against its mean over the clusters instead, which takes out the
-    teachers' bias towards some classes (on Fashion-MNIST they call most synthetic shoes "bag") but reads small,
-    noisy counts (clamped at 1) too: for a small noise."""
-    hist = torch.as_tensor(histograms).double()
-    if lift:
-        hist = hist.clamp(min=1)
-        hist = torch.log(hist / hist.mean(0, keepdim=True))
-        hist = hist - hist.min()
-    hist = hist.numpy()
+    votes of the names given, every class named at least once where k >= K (k < K: each cluster's argmax)."""
+    hist = torch.as_tensor(histograms).double().numpy()
     k, classes = hist.shape
     if k < classes:
         return torch.as_tensor(hist.argmax(1)).long()

@@ -11,9 +11,9 @@ Loaded on first use (PEP 562), so importing one module of this package does not 
 from importlib import import_module
 
 _EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "DPSGD": "dpsgd", "PATE": "pate",
-            "RunResult": "runner", "Released": "runner",
+            "RunResult": "runner",
             "RunRequest": "common", "Budget": "runner"}
-__all__ = ["DGD", "DPDFD", "DPSGD", "PATE", "SRR", "Budget", "Released", "RunRequest", "RunResult"]
+__all__ = ["DGD", "DPDFD", "DPSGD", "PATE", "SRR", "Budget", "RunRequest", "RunResult"]
 
 
 def __getattr__(name: str):

@@ -20,8 +20,7 @@ Readings of what the paper leaves open (each configurable):
   ~65 %, predictions near uniform on the unlabelled triples).
 - Eq. 1 adds the energies unweighted and Eq. 6 sums squared feature differences over the backbone width
   (6272 for the paper CNN), which would make the regulariser hundreds of times larger than the CE term. We
-  average over feature dimensions (a per-feature mean squared distance); Eq. 6's sum is recovered with
-  `student.tangent_weight = student.normal_weight = d`. The weights (default 1) are exposed for ablations.
+  average over feature dimensions (a per-feature mean squared distance), each term weighted 1.
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
 - The student (Eq. 1) is in methods/dgd_student.py.
 - The paper draws D̂s at random from the pool (the default); `dgd.query_selection` chooses it instead, reading only
@@ -32,11 +31,10 @@ Readings of what the paper leaves open (each configurable):
   changed teacher moves it by (+1, -1); the argmax is post-processing of it), so every ε is unchanged; PATE's
   data-dependent bounds, which price the argmax only, do not apply. The squared error is unbiased for the noise
   (it averages out over the queries); cross-entropy to a target with negative entries would be unbounded.
-- Few labels (ours; engine/few_label.py), in the space `dgd.embedding` names (the source model's features or class
-  probabilities, on the generator's pathway, or ScatterNet): `dgd.query_selection=medoids` with `dgd.labels=spread`
-  spreads medoids' answers over `dgd.spread_pool` samples (a few points: the teachers misread single synthetic
-  samples); `dgd.query_selection=clusters` (the default at ε <= 2) asks one query per k-means cluster, each teacher
-  voting its majority over the cluster's members, and every member learns its cluster's name.
+- Few labels (ours; engine/few_label.py), in the source model's backbone features or class probabilities (on the
+  generator's pathway): `dgd.query_selection=medoids` queries the medoids of `dgd.spread_pool` samples;
+  `dgd.query_selection=clusters` (the default at ε <= 2) asks one query per k-means cluster, each teacher voting its
+  majority over the cluster's members, and every member learns its cluster's name.
 - End to end (`-r end-to-end`), the generator can match DP statistics of the DP source's features
   (`dp_source.statistics_share`, methods/end_to_end.py), as SRR's does: else its samples teach only the source.
 - Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
@@ -62,7 +60,6 @@ from privdistill.engine.few_label import (
     medoid_queries,
     name_clusters,
     reader_probabilities,
-    spread_labels,
 )
 from privdistill.engine.holdout import holdout_size, holdout_split
 from privdistill.engine.query_selection import split_pool
@@ -136,8 +133,8 @@ class DGDMethod(Method):
                          f"{vote.scale if cfg.aggregation == 'laplace' else vote.sigma:.4g} spends the target ε")
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
         return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
-                    details={"queries": queries, "events": events, "spread_labels": cfg.labels == "spread",
-                             "cluster_labels": cfg.query_selection == "clusters", "source_labels": cfg.source_labels})
+                    details={"queries": queries, "events": events, "cluster_labels": cfg.query_selection == "clusters",
+                             "source_labels": cfg.source_labels})
 
     def train(self, ctx: Context, plan: Plan, ledger: PrivacyLedger) -> Trained:
         cfg: DGDConfig = ctx.section("dgd")
@@ -177,13 +174,12 @@ class DGDMethod(Method):
 
         # --- split: queries labelled by the noisy aggregation (Eq. 3), the rest as noisy latent codes; the paper
         # draws the queries at random, a selection rule reads only what the generator was fitted to
-        queried, unqueried, spread = _choose_queries(pool, queries, cfg, source, env, data.num_classes)
+        queried, unqueried, grouping = _choose_queries(pool, queries, cfg, source, env, data.num_classes)
         query_images, rest_images = pool[queried], pool[unqueried]
-        noise_seed, fresh, event = (env.seed if cfg.noise_seed is None else cfg.noise_seed), {}, \
-            plan.details["events"][QUERIES_KEY]
+        noise_seed, fresh, event = env.seed, {}, plan.details["events"][QUERIES_KEY]
 
         def answer_queries() -> LedgerAnswer:
-            votes = _votes(teachers, query_images, cfg, spread, queries, data.num_classes, env)
+            votes = _votes(teachers, query_images, cfg, grouping, queries, data.num_classes, env)
             fresh["votes"] = votes if cfg.query_selection != "clusters" else None  # cluster votes are not per sample
             return _aggregate(votes, cfg, event, noise_seed)
 
@@ -191,10 +187,9 @@ class DGDMethod(Method):
         # the noisy vote share (histogram release) or the noisy label; the share's argmax is GNMax's/LNMax's label
         share = released.float() / teachers.num_teachers if cfg.release == "histogram" else None
         labels = share.argmax(1) if share is not None else released.long()
-        if cfg.query_selection == "clusters":  # the histograms name the clusters; members learn the name (or share)
-            labels, share = ((share.argmax(1)[spread[1]], share[spread[1]]) if cfg.cluster_targets == "shares"
-                             else (name_clusters(released, lift=cfg.cluster_naming == "lift")[spread[1]], None))
-            diagnostics["clusters"] = {"count": queries, "pool": len(query_images), "targets": cfg.cluster_targets,
+        if cfg.query_selection == "clusters":  # the histograms name the clusters; members learn the name
+            labels, share = name_clusters(released)[grouping[1]], None
+            diagnostics["clusters"] = {"count": queries, "pool": len(query_images),
                                        "classes": torch.bincount(labels, minlength=data.num_classes).tolist()}
         if baseline is not None:  # evaluation only: reads the non-private baseline, never released
             diagnostics.update({"query_agreement_with_baseline": query_label_agreement(
@@ -208,9 +203,6 @@ class DGDMethod(Method):
         torch.manual_seed(env.generator(streams.DGD_INIT).initial_seed())
         student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                                num_classes=data.num_classes, image_size=data.image_size[0])
-        if cfg.labels == "spread":  # the answers spread over the embedded part of the pool: the student learns it all
-            query_images, labels, share = _spread(pool, spread, queried, labels, data.num_classes, diagnostics,
-                                                  baseline, env, cfg.embedding)
         query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
         if share is not None:  # samples the DP source labelled (dgd.source_labels) keep their label as a one-hot
@@ -227,8 +219,7 @@ class DGDMethod(Method):
                                 inputs="generator" if cfg.inputs == "generator" else "held-out-private",
                                 fitted_to=source,
                                 latent_codes=ctx.section("student").reads_latent_codes,
-                                query_selection=cfg.query_selection, release=cfg.release,
-                                embedding=cfg.embedding if cfg.few_label else None, spread=cfg.labels == "spread")
+                                query_selection=cfg.query_selection, release=cfg.release)
         e2e.add_source_label_pathway(pathways, cfg.source_labels)
         if dp and ctx.section("dp_source").statistics(0.0):
             e2e.add_statistics_pathway(pathways)
@@ -244,7 +235,6 @@ class DGDMethod(Method):
                       fields={"epsilon_covers": covers, "queries": plan.details["queries"],
                               "aggregation": cfg.aggregation, "inputs": cfg.inputs, "latent_noise": latent,
                               "query_selection": cfg.query_selection, "release": cfg.release,
-                              "labels": cfg.labels, "embedding": cfg.embedding if cfg.few_label else None,
                               "variant": cfg.variant})
 
 
@@ -255,51 +245,31 @@ def run_dgd(request: RunRequest, *, cache: bool = True) -> RunResult:
 
 def _choose_queries(pool: torch.Tensor, queries: int, cfg: DGDConfig, source: nn.Module | None, env: Env,
                     num_classes: int) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
-    """(queried, unqueried) indices of the pool, and for the few-label student (spread-pool indices, their
-    embedding): medoids come from a random part of the pool embedded in cfg.embedding's space; the other rules
-    choose over the whole pool (engine/query_selection.py)."""
-    spread = None
-    if cfg.few_label:
-        part = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))[:cfg.spread_pool]
-        if queries > len(part):
-            raise ConfigError(f"{queries} queries do not fit in dgd.spread_pool={cfg.spread_pool}: raise it")
-        reader = source if cfg.embedding == "source" else None
-        if cfg.query_selection == "clusters":  # every sample of the part is labelled by its cluster's name
-            space = reader_probabilities(reader, pool[part], env) if reader is not None else embed_pool(pool[part], env)
-            rest = torch.ones(len(pool), dtype=torch.bool)
-            rest[part] = False
-            return part, rest.nonzero().squeeze(1), (part, cluster_pool(space, queries, seed=env.seed))
-        spread = part, embed_pool(pool[part], env, reader=reader)
-    if cfg.query_selection != "medoids":
+    """(queried, unqueried) indices of the pool, and with cluster votes (the part's indices, their clusters):
+    medoids and clusters come from a random part of the pool, in the backbone features (medoids) or class
+    probabilities (clusters) of the model the generator was fitted to; the other rules choose over the whole pool
+    (engine/query_selection.py)."""
+    if cfg.query_selection not in ("medoids", "clusters"):
         return *split_pool(pool, queries, cfg.query_selection, reader=source, env=env,
-                           rng=env.generator(streams.DGD_SPLIT), num_classes=num_classes), spread
-    part, embedding = spread
-    local = medoid_queries(embedding, queries, seed=env.seed)
+                           rng=env.generator(streams.DGD_SPLIT), num_classes=num_classes), None
+    part = torch.randperm(len(pool), generator=env.generator(streams.DGD_SPLIT))[:cfg.spread_pool]
+    if queries > len(part):
+        raise ConfigError(f"{queries} queries do not fit in dgd.spread_pool={cfg.spread_pool}: raise it")
+    if cfg.query_selection == "clusters":  # every sample of the part is labelled by its cluster's name
+        rest = torch.ones(len(pool), dtype=torch.bool)
+        rest[part] = False
+        clusters = cluster_pool(reader_probabilities(source, pool[part], env), queries, seed=env.seed)
+        return part, rest.nonzero().squeeze(1), (part, clusters)
+    local = medoid_queries(embed_pool(pool[part], env, reader=source), queries, seed=env.seed)
     rest = torch.ones(len(pool), dtype=torch.bool)
     rest[part[local]] = False
-    return part[local], rest.nonzero().squeeze(1), spread
+    return part[local], rest.nonzero().squeeze(1), None
 
 
-def _spread(pool: torch.Tensor, spread: tuple, queried: torch.Tensor, labels: torch.Tensor, num_classes: int,
-            diagnostics: dict, baseline: nn.Module | None, env: Env,
-            embedding_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The answers spread over the embedded pool part (engine/few_label.py): images, labels, distributions."""
-    part, embedding = spread
-    position = {int(j): i for i, j in enumerate(part)}
-    dist = spread_labels(embedding, torch.tensor([position[int(j)] for j in queried]), labels, num_classes)
-    images, hard = pool[part], dist.argmax(1)
-    diagnostics["spread_labels"] = {"pool": len(part), "embedding": embedding_name,
-                                    "classes": torch.bincount(hard, minlength=num_classes).tolist()}
-    if baseline is not None:  # evaluation only, as the query agreement
-        diagnostics["spread_labels"]["agreement_with_baseline"] = query_label_agreement(baseline, images, hard,
-                                                                                      None, env)
-    return images, hard, dist
-
-
-def _votes(teachers, images: torch.Tensor, cfg: DGDConfig, spread: tuple | None, queries: int, num_classes: int,
+def _votes(teachers, images: torch.Tensor, cfg: DGDConfig, grouping: tuple | None, queries: int, num_classes: int,
            env: Env) -> torch.Tensor:
-    """The teachers' vote counts: per queried sample, or with cluster votes per cluster of `spread`'s grouping."""
-    return (cluster_votes(teachers, images, spread[1], queries, num_classes, env, members=cfg.cluster_members,
+    """The teachers' vote counts: per queried sample, or with cluster votes per cluster of `grouping`."""
+    return (cluster_votes(teachers, images, grouping[1], queries, num_classes, env, members=cfg.cluster_members,
                           seed=env.seed) if cfg.query_selection == "clusters"
             else torch.cat(list(teachers.iter_votes(images, env))))
 

@@ -33,31 +33,19 @@ class DGDConfig:
     inputs: str = "generator"  # generator | private-holdout (Fig. 7)
     holdout: float = 1 / 6  # the held-out "public" slice for inputs=private-holdout: records, or a fraction below 1
     num_synthetic: int = 0  # 0: as many as the private training set (paper)
-    noise_seed: Optional[int] = None  # seed of the privacy noise (default: run seed); secure noise ignores it
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
     source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
     # which samples of the pool are queried: random (paper) | diverse (a k-center cover per class: reads the model
     # the generator was fitted to; engine/query_selection.py, ours)
-    # ... | medoids (one per k-means cluster of the spread pool; engine/few_label.py) | clusters (one query per
-    # k-means cluster of the spread pool in the source's class probabilities, each teacher voting its majority over
-    # the cluster's members; the noisy histograms name the clusters and every member learns its cluster's name)
+    # ... | medoids (one per k-means cluster of the spread pool in the source's backbone features; engine/few_label.py)
+    # | clusters (one query per k-means cluster of the spread pool in the source's class probabilities, one cluster a
+    # class, each teacher voting its majority over the cluster's members; the noisy histograms name the clusters and
+    # every member learns its cluster's name; the noise is calibrated to the target ε)
     query_selection: str = "random"
     release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
-    # the few-label student (engine/few_label.py, ours): answers (paper: the student learns from the queries) |
-    # spread (the answers spread over `spread_pool` samples of the pool along their k-NN graph, and the student
-    # learns from all of them)
-    labels: str = "answers"
-    # the space medoids and spreading use: source (the backbone features of the model the generator was fitted to,
-    # read on the generator's own pathway) | scatter (data-independent ScatterNet coefficients)
-    embedding: str = "source"
-    spread_pool: int = 20_000  # samples of the pool the medoids (clusters) are chosen from and the labels spread over
-    clusters: int = 0  # query_selection=clusters: how many (0: one a class); the noise is calibrated to the target ε
+    spread_pool: int = 20_000  # samples of the pool the medoids (clusters) are chosen from
     cluster_members: int = 100  # members of a cluster each teacher reads for its vote
-    # what each clustered sample learns: names (its cluster's name, by the assignment) | shares (its cluster's noisy
-    # vote share, fitted by squared error as with dgd.release=histogram: for many small clusters at a larger ε)
-    cluster_targets: str = "names"
-    cluster_naming: str = "votes"  # votes (the most votes) | lift (votes against their mean over the clusters)
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -74,41 +62,19 @@ class DGDConfig:
             raise ConfigError(f"dgd.release must be argmax or histogram, got {self.release!r}")
         if self.query_selection not in DGD_QUERY_SELECTIONS:
             raise ConfigError(f"dgd.query_selection must be one of {', '.join(DGD_QUERY_SELECTIONS)}")
-        if self.labels not in ("answers", "spread"):
-            raise ConfigError(f"dgd.labels must be answers or spread, got {self.labels!r}")
-        if self.embedding not in ("source", "scatter"):
-            raise ConfigError(f"dgd.embedding must be source or scatter, got {self.embedding!r}")
-        if self.labels == "spread" and self.source_labels:
-            raise ConfigError("dgd.labels=spread and dgd.source_labels=true both label the unqueried samples: choose "
-                              "one (end to end, the DP source's own labels are free)")
         if self.spread_pool < 2:
             raise ConfigError("dgd.spread_pool must be at least 2")
-        if self.clusters < 0 or self.cluster_members < 1:
-            raise ConfigError("dgd.clusters must be >= 0 (0: one a class) and dgd.cluster_members >= 1")
-        if self.query_selection == "clusters" and (self.labels != "answers" or self.source_labels or self.queries):
+        if self.cluster_members < 1:
+            raise ConfigError("dgd.cluster_members must be >= 1")
+        if self.query_selection == "clusters" and (self.source_labels or self.queries):
             raise ConfigError("dgd.query_selection=clusters labels every clustered sample by its cluster's name: it "
-                              "takes neither dgd.labels=spread, dgd.source_labels nor dgd.queries (dgd.clusters sets "
-                              "how many)")
-        if self.cluster_naming not in ("votes", "lift"):
-            raise ConfigError(f"dgd.cluster_naming must be votes or lift, got {self.cluster_naming!r}")
-        if self.cluster_targets not in ("names", "shares"):
-            raise ConfigError(f"dgd.cluster_targets must be names or shares, got {self.cluster_targets!r}")
+                              "takes neither dgd.source_labels nor dgd.queries (one cluster a class)")
         if self.query_selection == "clusters" and self.release != "histogram":
             raise ConfigError("dgd.query_selection=clusters names the clusters from their noisy vote histograms: set "
                               "dgd.release=histogram")
-        if self.reads_source and self.inputs != "generator":
-            raise ConfigError("dgd.query_selection=diverse and dgd.embedding=source read the generator's source "
-                              "model; dgd.inputs=private-holdout has none (use random, or embedding=scatter)")
-
-    @property
-    def few_label(self) -> bool:
-        """Whether the pool is embedded (engine/few_label.py): to choose medoids, spread answers or cluster it."""
-        return self.query_selection in ("medoids", "clusters") or self.labels == "spread"
-
-    @property
-    def reads_source(self) -> bool:
-        """Whether choosing or labelling the samples reads the model the generator was fitted to."""
-        return self.query_selection == "diverse" or (self.few_label and self.embedding == "source")
+        if self.query_selection != "random" and self.inputs != "generator":
+            raise ConfigError(f"dgd.query_selection={self.query_selection} reads the model the generator was fitted "
+                              "to; dgd.inputs=private-holdout has none (use dgd.query_selection=random)")
 
 
 # the ledger keys of the two mechanism uses a run spends budget on
@@ -118,36 +84,30 @@ QUERIES_KEY, LATENT_KEY = "dgd/queries", "dgd/latent-codes"
 def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                  fitted_to: str = "non-private baseline classifier", source_is_dp: bool = False,
                  latent_codes: bool = True, query_selection: str = "random",
-                 release: str = "argmax", embedding: str | None = None,
-                 spread: bool = False) -> dict[str, list[Pathway]]:
+                 release: str = "argmax") -> dict[str, list[Pathway]]:
     """DGD (and DGD+ with ``aggregation="gaussian"``). ``latent_codes``: the student reads the VAE's noisy
     codes (Eq. 1's energies), not only the samples themselves. ``query_selection``: how the queried samples are
-    chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named).
+    chosen (random, or a rule that reads what the generator was fitted to: the same pathway, named; medoids in its
+    backbone features, clusters in its class probabilities).
     ``inputs``: "generator" (the method) or "held-out-private" (Fig. 7 variant: a held-out slice of the private
     set replaces the generator).
     ``fitted_to``: what the generator was fitted to (the baseline, or a DP source end to end).
     ``release``: "argmax" (the noisy label, the paper) or "histogram" (the whole noisy vote histogram, priced
     alike by the data-independent analysis).
-    ``embedding``: the space medoid queries and spread labels use ("source": the backbone features of what the
-    generator was fitted to, the same pathway; "scatter": data-independent). ``spread``: the answers are spread over
-    the pool (post-processing of the answers, the pool and that space).
     ``source_is_dp``: end-to-end mode, the generator fitted to a DP-SGD model whose ε is in the run's ledger:
     the generator and everything made from it are post-processing of a DP model, so these pathways are covered."""
     check_choice("aggregation", aggregation, ("laplace", "gaussian"))
-    check_choice("inputs", inputs, ("generator", "held-out-private", "public"))
+    check_choice("inputs", inputs, ("generator", "held-out-private"))
     check_choice("release", release, ("argmax", "histogram"))
     agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
     released = f"{agg} labels" if release == "argmax" else (
         f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
-    space = {"source": f"{fitted_to}'s features", "scatter": "a fixed ScatterNet feature space", None: ""}[embedding]
-    spread_note = f", spread over the pool along a k-NN graph in {space}" if spread else ""
     if query_selection == "clusters":  # engine/few_label.py's cluster votes
-        space = (f"{fitted_to}'s class probabilities" if embedding == "source" else space)
-        queried = (f"the pool's k-means clusters in {space} (each teacher votes its majority over a cluster's "
-                   "members); every member learns its cluster's answer")
+        queried = (f"the pool's k-means clusters in {fitted_to}'s class probabilities (each teacher votes its majority "
+                   "over a cluster's members); every member learns its cluster's answer")
     else:
         queried = "the queried samples"
-    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of {queried}{spread_note}",
+    student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of {queried}",
                        "labels of the student's supervised set", True,
                        "the vote channel: what epsilon prices")]
     if inputs == "generator":
@@ -157,12 +117,9 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
             Pathway(PRIVATE, f"{fitted_to} -> data-free generator -> synthetic inputs",
                     "the student's inputs (queried and unlabelled)", source_is_dp, why),
             Pathway(PRIVATE, f"{fitted_to} -> generator -> which samples are queried"
-                    + ("" if query_selection == "random" else
-                       f"; {query_selection} selection in {space}" if embedding == "scatter" and query_selection
-                       in ("medoids", "clusters") else f"; {query_selection} selection reads {fitted_to}")
-                    + (f"; the labels spread in {fitted_to}'s features" if spread and embedding == "source" else "")
+                    + ("" if query_selection == "random" else f"; {query_selection} selection reads {fitted_to}")
                     + ("; its class probabilities group the samples each cluster's answer labels"
-                       if query_selection == "clusters" and embedding == "source" else ""),
+                       if query_selection == "clusters" else ""),
                     "the student's query set", source_is_dp, why if source_is_dp else ""),
         ]
         if latent_codes:
@@ -174,14 +131,10 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                              "generator weights", source_is_dp, why if source_is_dp else
                              "not covered: the generator is fitted to models trained without noise")]
         out = {"student": student, "generator": generator}
-    elif inputs == "held-out-private":
+    else:
         student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
                             "training data", "the student's inputs", False,
                             "covered only if that slice is genuinely public")]
-        out = {"student": student}
-    else:
-        student += [Pathway("public unlabelled data", "inputs and VAE training data", "the student's inputs", True,
-                            "public by assumption: nothing to protect")]
         out = {"student": student}
     return out
 
@@ -197,7 +150,7 @@ def plan_vote_event(cfg: DGDConfig, budget: Budget, num_classes: int, fixed: lis
     a cluster at the least noise whose ε fits the target."""
     if cfg.query_selection != "clusters":
         return vote_event(cfg, plan_queries(cfg, budget, fixed, reads_codes))
-    event = vote_event(cfg, cfg.clusters or num_classes)
+    event = vote_event(cfg, num_classes)
     if budget.epsilon is None:
         return event
     fixed = list(fixed or []) + ([LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1)]

@@ -28,9 +28,6 @@ from privdistill.errors import ConfigError
 class StudentConfig(StudentTraining):
     """Config section `student`: semi-supervised student learning (DGD: 500 iterations, lr 1e-3 -> 0)."""
 
-    supervised_weight: float = 1.0
-    tangent_weight: float = 1.0
-    normal_weight: float = 1.0
     entropy_weight: float = 1.0
     unsupervised: bool = True  # False: the "supervised part only" ablation
     tangent: bool = True
@@ -75,10 +72,10 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
         with env.autocast():
             logits = student(env.place_batch(x)).float()
         if vote_share is None:
-            loss = cfg.supervised_weight * F.cross_entropy(logits, y.to(env.device))
+            loss = F.cross_entropy(logits, y.to(env.device))
             parts = {"ce": float(loss.detach())}
         else:
-            loss = cfg.supervised_weight * (logits.softmax(1) - vote_share[idx].to(env.device)).square().sum(1).mean()
+            loss = (logits.softmax(1) - vote_share[idx].to(env.device)).square().sum(1).mean()
             parts = {"share_sq_error": float(loss.detach())}
         if use_codes:
             gen = env.generator(streams.DGD_PERTURB, step)
@@ -94,11 +91,11 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
             with env.autocast():
                 if x_par is not None:
                     tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).mean()
-                    loss = loss + cfg.tangent_weight * tangent
+                    loss = loss + tangent
                     parts["tangent"] = float(tangent.detach())
                 if x_perp is not None:
                     normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
-                    loss = loss + cfg.normal_weight * normal
+                    loss = loss + normal
                     parts["normal"] = float(normal.detach())
                 # entropy MINIMISATION (TNAR/VAT; the text: "more determinate predictions"). Eq. 6 prints
                 # +Σ φ log φ, i.e. minus the entropy, which minimised would push predictions to uniform.

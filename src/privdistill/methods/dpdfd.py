@@ -100,8 +100,7 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
     torch.manual_seed(env.generator(streams.DPDFD_STUDENT_INIT, -1).initial_seed())
     student = env.place(create_model(cfg.student_model, kind="classifier", in_channels=channels,
                                      num_classes=num_classes, image_size=image_size)).train()
-    opt_s = make_optimizer(student.parameters(), cfg.student_optimizer, lr=cfg.student_lr,
-                           momentum=cfg.student_momentum)
+    opt_s = make_optimizer(student.parameters(), cfg.student_optimizer, lr=cfg.student_lr)  # SGD: momentum 0.9
     generator = opt_g = None
     if not direct:
         if init_generator is None:

@@ -73,7 +73,6 @@ class DPDFDConfig:
     student_optimizer: str = "adam"  # adam | sgd
     student_lr: float = 1e-3
     student_lr_schedule: str = "constant"  # constant | linear | cosine
-    student_momentum: float = 0.9
     generator_init: str = "scratch"  # scratch (covered) | teacher (warm start from dpdfd_generator: NOT covered)
     generator_output_norm: bool = False  # DAFL's final BatchNorm(affine=False) on the generator (see above)
     generator_lr: float = 1e-3
@@ -150,7 +149,6 @@ class StepPlan:
     steps: int
     sigma: float
     clip_norm: float
-    budget_steps: int | None  # what the target allows under the budget's accounting (None: no target)
     notes: list[str] = field(default_factory=list)
 
 
@@ -194,8 +192,7 @@ def plan_steps(cfg: DPDFDConfig, budget: Budget, *, num_teachers: int = 1, num_c
         steps = allowed  # check_budget: without dpdfd.steps there is a target
     if allowed == 0:
         notes.append(f"no step fits epsilon {eps:g} under {acc} accounting: no training possible")
-    return StepPlan(event=template.with_count(steps), steps=steps, sigma=sigma, clip_norm=clip, budget_steps=allowed,
-                    notes=notes)
+    return StepPlan(event=template.with_count(steps), steps=steps, sigma=sigma, clip_norm=clip, notes=notes)
 
 
 def steps_allowed(event: NormalisedGaussian, budget: Budget) -> dict[str, int]:

@@ -78,7 +78,6 @@ class DPSGDConfig:
     # with `augment`, features computed once) before clipping: augmentation multiplicity (De et al. 2022)
     augment_copies: int = 1
     grad_sample_mode: str = "hooks"
-    noise_seed: int | None = None  # seed of the sampling and noise generators (default: the run seed)
     secure_mode: Optional[bool] = None  # secure noise and OS-entropy batches; None: run.noise decides (common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name
 
@@ -279,7 +278,6 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
     history)."""
     env, budget = ctx.env, ctx.budget
     per_epoch, total = plan.details["per_epoch"], plan.details["total"]
-    seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
     # the schedule's base rates, read before a checkpoint's (already decayed) rates are loaded
     base_lrs = [g["lr"] for g in p.optimizer.param_groups]
 
@@ -302,8 +300,8 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
         if cfg.secure_mode:  # batches nobody can re-derive (the noise does not use noise_gen at all)
             p.sample_gen.manual_seed(secrets.randbits(63))
         else:
-            p.sample_gen.manual_seed(env.generator(streams.DPSGD_SAMPLE, seed, epoch).initial_seed())
-            p.noise_gen.manual_seed(env.generator(streams.DPSGD_NOISE, seed, epoch).initial_seed())
+            p.sample_gen.manual_seed(env.generator(streams.DPSGD_SAMPLE, env.seed, epoch).initial_seed())
+            p.noise_gen.manual_seed(env.generator(streams.DPSGD_NOISE, env.seed, epoch).initial_seed())
         running, seen = 0.0, 0
         for i, (x, y) in enumerate(p.loader):
             step = epoch * per_epoch + i

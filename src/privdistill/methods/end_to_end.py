@@ -285,9 +285,9 @@ def check_srr(ctx) -> None:
     if cfg.loss not in ("ce", "soft"):
         raise ConfigError("SRR end to end trains on the DP teacher's labels with cross-entropy (srr.loss=ce) or on "
                           "its softmax (soft): no mechanism runs, so there is no release likelihood to fit")
-    if cfg.student_data != "stage" or cfg.final_epochs:
-        raise ConfigError("SRR end to end trains each stage on its own samples (srr.student_data=stage, no "
-                          "srr.final_epochs): earlier stages' labels are not kept in a ledger to train on again")
+    if cfg.student_data != "stage":
+        raise ConfigError("SRR end to end trains each stage on its own samples (srr.student_data=stage): earlier "
+                          "stages' labels are not kept in a ledger to train on again")
     check_scatter_source(ctx, "SRR end to end needs a ScatterNet DP teacher")
 
 

@@ -83,7 +83,6 @@ class PATEConfig:
     filter: bool = False
     query_selection: str = "random"  # random (the papers) | medoids (one per k-means cluster, engine/few_label.py)
     holdout: float = 1 / 6  # the held-out public slice: records, or a fraction below 1 (engine.holdout; as dgd.holdout)
-    noise_seed: Optional[int] = None
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name (default: the aggregator)
 
@@ -299,8 +298,7 @@ def _answer(ledger: PrivacyLedger, teachers: TeacherEnsemble, images: torch.Tens
         event = event_from_dict(rec["event"])
         labels = torch.as_tensor(ledger.spend(QUERY_KEY, event, lambda: None)).long()
         return labels, labels >= 0, event
-    seed = env.seed if cfg.noise_seed is None else cfg.noise_seed
-    gen = mechanisms.noise_source(seed, secure=cfg.secure_noise)
+    gen = mechanisms.noise_source(env.seed, secure=cfg.secure_noise)
     if cfg.filter:
         labels, answered, votes = _ask_filtered(teachers, images, cfg, env, budget, gen)
     else:

@@ -35,7 +35,6 @@ class PATEStudentConfig(StudentTraining):
     # random one. At 1e-2 it changes it ~70x more (tests/test_pate.py)
     vat_xi: float = 1e-2
     entropy_weight: float = 1.0  # VAT + EntMin (Miyato et al. 2018, Sec. 4)
-    semi_supervised: bool = True  # false: the supervised-only ablation
     labels: str = "answers"  # answers: CE on the answered queries | spread: on the whole slice, answers spread
 
     def validate(self) -> None:
@@ -59,16 +58,15 @@ def train_student(student: nn.Module, labelled: ImageDataset, unlabelled: torch.
         with env.autocast():
             loss = F.cross_entropy(student(env.place_batch(x)).float(), y.to(env.device))
         parts = {"ce": float(loss.detach())}
-        if cfg.semi_supervised:
-            idx = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(streams.PATE_UNLABELLED, step))
-            xu = env.place_batch(to_float(unlabelled[idx]))
-            with env.autocast():
-                logits_u = student(xu).float()
-            vat = vat_loss(student, xu, logits_u, eps=cfg.vat_eps, xi=cfg.vat_xi,
-                           generator=env.generator(streams.PATE_VAT, step), autocast=env.autocast)
-            probs = F.softmax(logits_u, dim=1)
-            entropy = -(probs * F.log_softmax(logits_u, dim=1)).sum(1).mean()
-            loss = loss + cfg.vat_weight * vat + cfg.entropy_weight * entropy
-            parts.update(vat=float(vat.detach()), entropy=float(entropy.detach()))
+        idx = sample_batch(len(unlabelled), cfg.unlabeled_batch_size, env.generator(streams.PATE_UNLABELLED, step))
+        xu = env.place_batch(to_float(unlabelled[idx]))
+        with env.autocast():
+            logits_u = student(xu).float()
+        vat = vat_loss(student, xu, logits_u, eps=cfg.vat_eps, xi=cfg.vat_xi,
+                       generator=env.generator(streams.PATE_VAT, step), autocast=env.autocast)
+        probs = F.softmax(logits_u, dim=1)
+        entropy = -(probs * F.log_softmax(logits_u, dim=1)).sum(1).mean()
+        loss = loss + cfg.vat_weight * vat + cfg.entropy_weight * entropy
+        parts.update(vat=float(vat.detach()), entropy=float(entropy.detach()))
         loop.update(loss, parts)
     return loop.finish(labelled=len(labelled), unlabelled=len(unlabelled))

@@ -23,7 +23,6 @@ from typing import Any, Optional
 from torch import nn
 
 from privdistill.atomic import atomic_write_text
-from privdistill.engine import RunDir
 from privdistill.engine.cache import StageCache
 from privdistill.engine.progress import say
 from privdistill.engine.stages import Stages
@@ -102,25 +101,11 @@ class RunResult:
     def run_dir(self) -> str:
         return self.summary["run_dir"]
 
-    @classmethod
-    def from_run(cls, summary: dict[str, Any] | str) -> "RunResult":
-        """Load what a finished run released, from its directory (or its summary): weights, privacy.json."""
-        run = RunDir.existing(summary if isinstance(summary, str) else summary["run_dir"])
-        summary = run.summary() if isinstance(summary, str) else summary
-        report = run.path / "privacy.json"
-        student = run.load_weights("student" if run.has_weights("student") else "model").eval()
-        generator = run.load_weights("generator").eval() if run.has_weights("generator") else None
-        return cls(student=student, generator=generator, summary=summary,
-                   privacy=json.loads(report.read_text()) if report.is_file() else {})
-
 
 def generator_is_covered(privacy: dict[str, Any]) -> bool:
     """Whether a run's privacy report says its ε covers every pathway to the generator it trained."""
     pathways = (privacy.get("artifacts") or {}).get("generator")
     return bool(pathways) and all(p.get("covered") for p in pathways)
-
-
-Released = RunResult  # its name before every method returned one
 
 
 # ============================================================================================ method

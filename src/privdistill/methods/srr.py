@@ -38,13 +38,12 @@ Readings of the paper where it is ambiguous (see also docs/privacy.md):
 - Eq. 3 uses ℓ_KL between the student output and the (one-hot) label: KL(onehot ‖ softmax) equals the
   cross-entropy, which is what is computed.
 - Eq. 3 sums over D̂(i) only: at stage i the student trains on stage i's samples (``student_data: stage``);
-  ``cumulative`` (all samples labelled so far, as in Ghazi et al.'s multi-stage training) and
-  ``final_epochs`` (extra epochs on the union after the last stage) are options, off in the presets.
+  ``cumulative`` (all samples labelled so far, as in Ghazi et al.'s multi-stage training) is an option, off in
+  the presets.
 - "fine-tune φg on D̂(i)" with "the loss function ... is L_kd": the generator is fine-tuned by minimising
   Eq. 3 with respect to θg (the stage's latent codes z regenerated through φg, the student fixed, the stage's
-  recorded labels as targets): ``finetune: kd``. The paper gives no step count or learning rate. ``kd+srr``
-  adds the pre-training loss Eq. 2 against the teacher (keeps the generator on the teacher's statistics);
-  ``none`` disables fine-tuning. Either way the generator pathway is not covered by any ε.
+  recorded labels as targets): ``finetune: kd``. The paper gives no step count or learning rate. ``none``
+  disables fine-tuning. Either way the generator pathway is not covered by any ε.
 - Stage sizes: N synthetic samples split evenly over the T stages (the paper: "iff the size of dataset in
   each stage is the same, their order will have no effect"); ``first_stage_fraction`` gives stage 1 a larger
   share (Ghazi et al.'s multi-stage training), off in the presets.
@@ -132,28 +131,23 @@ class SRRMethod(Method):
         """Alg. 1's stage loop. One loop step is one stage, checkpointed after it: a resumed run continues after
         the last finished stage, and a stage whose labels were drawn before the interruption reads them back."""
         srr = SRRTraining(ctx, plan, ledger)
-        try:
-            for i in srr.loop:  # for i = 1..T (0-based here)
-                images, protected, truth = srr.inputs(i)  # D̃(i) = φg(z_i); label-dp: chunk i of the private set
-                prior = stage_prior(srr, i, images)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
-                answers = None  # data-free: the teacher's answers φt(D̃(i)), read again by srr.loss=soft
-                if protected is None:
-                    answers = predict_logits(srr.teacher, images, srr.env)
-                    protected = answers.argmax(1)  # its label y_t = argmax φt(D̃(i))
-                labels, in_set = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), and I_i
-                stats = label_stats(i, prior, protected, labels, truth, in_set)
-                srr.loop.extra["labels"].append(stats)
-                sets = srr.stage_sets(i, in_set)  # I_i, kept for the likelihood loss (never read a label)
-                loss = srr.train_student(i, *srr.student_data(i, images, labels, sets), answers=answers)  # φs on L_i
-                parts = {"train_loss": loss, srr.label_field: stats["correct"]}
-                if srr.generator_optimizer is not None:  # fine-tune φg on (D̃(i), L_i)
-                    parts["finetune_loss"] = srr.finetune_generator(i, labels)
-                srr.loop.record(parts)  # evaluation at its cadence, log, checkpoint
-        finally:
-            srr.close()
+        for i in srr.loop:  # for i = 1..T (0-based here)
+            images, protected, truth = srr.inputs(i)  # D̃(i) = φg(z_i); label-dp: chunk i of the private set
+            prior = stage_prior(srr, i, images)  # y_s = softmax φs^(i-1)(D̃(i)), before anything else
+            answers = None  # data-free: the teacher's answers φt(D̃(i)), read again by srr.loss=soft
+            if protected is None:
+                answers = predict_logits(srr.teacher, images, srr.env)
+                protected = answers.argmax(1)  # its label y_t = argmax φt(D̃(i))
+            labels, in_set = release_stage_labels(srr, i, prior, protected)  # L_i = R(y_s, y_t, t), and I_i
+            stats = label_stats(i, prior, protected, labels, truth, in_set)
+            srr.loop.extra["labels"].append(stats)
+            sets = srr.stage_sets(i, in_set)  # I_i, kept for the likelihood loss (never read a label)
+            loss = srr.train_student(i, *srr.student_data(i, images, labels, sets), answers=answers)  # φs on L_i
+            parts = {"train_loss": loss, srr.label_field: stats["correct"]}
+            if srr.generator_optimizer is not None:  # fine-tune φg on (D̃(i), L_i)
+                parts["finetune_loss"] = srr.finetune_generator(i, labels)
+            srr.loop.record(parts)  # evaluation at its cadence, log, checkpoint
         loop = srr.loop.finish()  # the last checkpoint stays: resuming a finished run trains nothing
-        if srr.cfg.final_epochs > 0:
-            srr.train_final_epochs()
         srr.remove_synthetic()
         # release φs^(T): the runner evaluates it and writes its weights (and the fine-tuned generator's)
         return Trained(student=srr.released, generator=srr.generator, baseline_accuracy=srr.teacher_accuracy,

@@ -50,12 +50,11 @@ class SRRConfig:
     # label under the mechanism (its candidate set and ε known: `released_label_likelihood`), free post-processing
     loss: str = "ce"
     first_stage_fraction: float = 0.0  # share of the N labels drawn at stage 1 (0: N/T, the paper's equal split)
-    final_epochs: float = 0.0  # extra epochs on the union of all labelled samples after the last stage
     # ours, off in the presets: an exponential moving average of the student's weights (this decay) is the prior
     # of every later stage and the released model; it reads only released labels, so every ε is unchanged
     student_ema: float = 0.0
     # generator fine-tuning (data-free)
-    finetune: str = "kd"  # kd | kd+srr | none
+    finetune: str = "kd"  # kd | none
     finetune_steps: int = 5  # per stage
     finetune_lr: float = 1e-4
     finetune_batch_size: int = 128
@@ -81,12 +80,8 @@ class SRRConfig:
             (self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative"),
             (self.loss in ("ce", "likelihood", "soft"), f"loss must be ce, likelihood or soft, got {self.loss!r}"),
             (0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)"),
-            (self.loss == "ce" or self.final_epochs == 0,
-             f"final_epochs trains with cross-entropy on the released labels; it cannot follow loss={self.loss}"),
-            (self.final_epochs >= 0, "final_epochs must be >= 0"),
-            (0 <= self.student_ema < 1 and not (self.student_ema and self.final_epochs),
-             "student_ema must lie in [0, 1) and cannot follow final_epochs (which train the student alone)"),
-            (self.finetune in ("kd", "kd+srr", "none"), f"finetune must be kd, kd+srr or none, got {self.finetune!r}"),
+            (0 <= self.student_ema < 1, "student_ema must lie in [0, 1)"),
+            (self.finetune in ("kd", "none"), f"finetune must be kd or none, got {self.finetune!r}"),
             (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
             (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),

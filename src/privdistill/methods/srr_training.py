@@ -18,18 +18,12 @@ import torch.nn.functional as F
 
 from privdistill.atomic import atomic_torch_save
 from privdistill.config import ClassifierTraining, to_plain
-from privdistill.data.dataset import ImageDataset, to_float
+from privdistill.data.dataset import to_float
 from privdistill.engine import streams
-from privdistill.engine.datafree import (
-    BatchNormStatistics,
-    GeneratorTraining,
-    datafree_loss,
-    draw_latent,
-    generate,
-)
+from privdistill.engine.datafree import GeneratorTraining, draw_latent, generate
 from privdistill.engine.loop import TrainingLoop
 from privdistill.engine.optim import make_optimizer, make_schedule, weight_average
-from privdistill.engine.trainer import evaluate, train_classifier
+from privdistill.engine.trainer import evaluate
 from privdistill.methods.end_to_end import NO_MECHANISM, srr_teacher
 from privdistill.methods.runner import Context, Plan
 from privdistill.methods.srr_schedule import StageSchedule
@@ -107,7 +101,7 @@ class SRRTraining:
                                           or evaluate(self.teacher, data.test, env))
             self.generator, generator_stage = ctx.stages.generator(self.teacher, teacher_stage.key, generator_cfg)
             self.generator = env.place(self.generator)
-            self.teacher.requires_grad_(False)  # fixed: labels and the optional Eq. 2 fine-tuning term
+            self.teacher.requires_grad_(False)  # fixed: it only labels
         self.stages_used = {name: {**stage.ref(), "build_seconds": stage.info().get("build_seconds")}
                             for name, stage in (("teacher", teacher_stage), ("generator", generator_stage))
                             if stage is not None}
@@ -123,9 +117,6 @@ class SRRTraining:
         finetune = self.generator is not None and cfg.finetune != "none" and cfg.finetune_steps > 0
         self.generator_optimizer = (make_optimizer(self.generator.parameters(), "adam", lr=cfg.finetune_lr)
                                     if finetune else None)
-        # kd+srr: Eq. 2's BN-statistics term reads hooks on the teacher's BatchNorm layers (removed by close)
-        self.bn = BatchNormStatistics(self.teacher) if finetune and cfg.finetune == "kd+srr" else None
-        self.alpha, self.beta = generator_cfg.weights
 
     @property
     def released(self) -> torch.nn.Module:
@@ -228,7 +219,7 @@ class SRRTraining:
 
     def finetune_generator(self, i: int, labels: torch.Tensor) -> float:
         """Fine-tune φg on stage i: L_kd (Eq. 3) of the fixed student on φg(z_i) against the stage's labels, with
-        respect to θg (kd+srr: plus Eq. 2 against the teacher); the mean loss."""
+        respect to θg; the mean loss."""
         z_all, student, generator, env = self.latents(i), self.student, self.generator, self.env
         student.eval()
         student.requires_grad_(False)
@@ -238,13 +229,9 @@ class SRRTraining:
             for step in range(self.cfg.finetune_steps):
                 b = min(self.cfg.finetune_batch_size, len(z_all))
                 idx = torch.randperm(len(z_all), generator=env.generator(streams.SRR_FINETUNE, i, step))[:b]
-                if self.bn is not None:
-                    self.bn.losses = []  # drop the statistics the teacher's labelling passes left in the hooks
                 with env.autocast():
                     x = generator(z_all[idx].to(env.device))
                     loss = F.cross_entropy(student(x).float(), labels[idx].to(env.device))
-                    if self.bn is not None:
-                        loss = loss + datafree_loss(self.teacher, x, "srr", self.alpha, self.beta, self.bn)[0]
                 self.generator_optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.generator_optimizer.step()
@@ -254,22 +241,7 @@ class SRRTraining:
             student.train()
         return sum(losses) / max(1, len(losses))
 
-    def train_final_epochs(self) -> None:
-        """`final_epochs` more epochs on the union of every stage's recorded labels, at a tenth of the rate."""
-        cfg = self.cfg
-        images, labels, _ = self.labelled_union(cfg.stages)
-        final = ClassifierTraining(model=cfg.student_for_setting, epochs=cfg.final_epochs, batch_size=cfg.batch_size,
-                                   optimizer=cfg.optimizer, lr=cfg.lr * 0.1, momentum=cfg.momentum,
-                                   weight_decay=cfg.weight_decay, lr_schedule=cfg.lr_schedule, eval_every_epochs=1e9)
-        union = ImageDataset(images, labels, self.data.num_classes, name="srr labelled union")
-        train_classifier(self.student, union, cfg=final, env=self.env, run=self.run, checkpoint="srr-final-checkpoint",
-                         description="srr final epochs")
-
     # ---------------------------------------------------------------------------------- bookkeeping
-    def close(self) -> None:
-        if self.bn is not None:
-            self.bn.remove()
-
     def remove_synthetic(self) -> None:
         """The stage images are kept for a resume only (unless `keep_synthetic`)."""
         if self.synthetic_dir.exists() and not self.cfg.keep_synthetic:

@@ -36,13 +36,6 @@ def check_positive(name: str, value: Any, *, allow_inf: bool = False) -> float:
     return value
 
 
-def check_nonnegative(name: str, value: Any) -> float:
-    value = check_real(name, value)
-    if value < 0 or math.isinf(value):
-        raise PrivacyError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
-
-
 def check_epsilon(value: Any, name: str = "epsilon") -> float:
     """A privacy parameter epsilon: finite and > 0."""
     return check_positive(name, value)

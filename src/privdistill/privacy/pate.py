@@ -153,12 +153,6 @@ def rdp_gnmax_data_dependent(logq, sigma: float, orders) -> np.ndarray:
     return base
 
 
-def rdp_threshold_data_independent(sigma1: float, orders) -> np.ndarray:
-    """Threshold step of Confident-GNMax: max(votes) has sensitivity 1, so RDP lambda / (2 sigma1^2)."""
-    sigma1 = check_positive("sigma1", sigma1)
-    return _orders(orders) / (2.0 * sigma1**2)
-
-
 def rdp_threshold_data_dependent(log_pr: np.ndarray, sigma1: float, orders) -> np.ndarray:
     """Data-dependent RDP of the threshold check: Theorem 6 with q = Pr[the less likely of answered /
     not answered]; the sensitivity is 1 instead of sqrt(2), i.e. GNMax's formula at sigma*sqrt(2)."""
