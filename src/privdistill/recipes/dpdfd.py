@@ -36,8 +36,9 @@ TEACHER_GENERATOR = Recipe(
                 "fashion-mnist": {"baseline": {"epochs": 5}, "dpdfd_generator": {"rounds": 48, "lr_decay_every": 36},
                                   "dpdfd": {"clip_norm": 0.0001}}},
     by_epsilon=((1.5, {"dpdfd": {"max_steps": 1000}}),),
-    measured={("mnist", 10): "96.37 % (re-run; recorded 96.99)", ("mnist", 1): "93.36 % (three seeds: mean 92.42; re-run in bf16 on the Xeon: "
-                                                               "78.72 / 92.30 / 94.41, seeds 0-2)",
+    measured={("mnist", 10): "96.37 % (re-run; recorded 96.99)",
+              ("mnist", 1): "93.36 % (three seeds: mean 92.42; re-run in bf16 on the Xeon: 78.72 / 92.30 / 94.41, "
+                            "seeds 0-2)",
               ("fashion-mnist", 10): "86.95 %", ("fashion-mnist", 1): "83.65 %"},
 )
 
