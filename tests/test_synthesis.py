@@ -303,7 +303,8 @@ def test_the_adversarial_generator_runs_srr_end_to_end(tiny_npz, tmp_path, monke
         srr = resolve_sections({"srr_generator": GeneratorTraining}, preset="quick", dataset=dataset,
                                recipe=recipe_layers("srr", "end-to-end", dataset, 1.0))
         assert dgd["baseline"].model == "paper-cnn-bn"
-        for cfg in (dgd["generator"], srr["srr_generator"]):
+        # DGD's Fashion-MNIST default fits its pool by BatchNorm statistics alone (recipes/dgd.py, test_recipes)
+        for cfg in ([dgd["generator"]] if dataset == "mnist" else []) + [srr["srr_generator"]]:
             cfg.validate()
             assert cfg.loss == "srr" and cfg.class_targets and cfg.adversarial_weight > 0 and cfg.total_steps == 1200
 
