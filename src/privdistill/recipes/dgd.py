@@ -51,7 +51,8 @@ DEFAULT = Recipe(
               ("mnist", 1): "93.52 % (the recipe's command, 4.3 min with the stages cached), strict 1.00 / paper 1.22, "
                             "the votes only (10 cluster votes; 28.50 % with 48 medoid answers spread, 27.36 % with "
                             "diverse queries)",
-              ("fashion-mnist", 9.34): "86.58 %, strict 9.34 / paper 10.15, the votes only (10 cluster votes on the "
+              ("fashion-mnist", 9.34): "86.58 % (the recipe's command), strict 9.34 / paper 10.15, the votes only (10 "
+                                       "cluster votes on the "
                                        "BatchNorm-statistics pool; 73.43 % with 2,547 histograms of the adversarial "
                                        "pool)",
               ("fashion-mnist", 1): "83.11 %, strict 1.00 / paper 1.22, the votes only (10 cluster votes on the "
