@@ -53,7 +53,8 @@ END_TO_END = Recipe(
                                       "fashion-mnist": {"dp_source": {"epochs": 5}}}}),
                 (float("inf"), {"by_dataset": {"mnist": {"dp_source": {"epochs": 8}},
                                                "fashion-mnist": {"dp_source": {"epochs": 10}}}})),
-    measured={("mnist", 1): "97.70 %, strict 0.9955, the whole model", ("mnist", 3): "98.31 %, strict 2.994",
+    measured={("mnist", 1): "97.60 % (the recipe's command; recorded 97.70), strict 0.9955, the whole model",
+              ("mnist", 3): "98.31 %, strict 2.994",
               ("fashion-mnist", 1): "85.08 %, strict 0.9966", ("fashion-mnist", 3): "86.80 %, strict 2.995"},
 )
 
