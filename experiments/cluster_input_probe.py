@@ -23,7 +23,7 @@ import torchvision.transforms.v2.functional as TF
 from sklearn.cluster import KMeans
 
 from privdistill.data.dataset import to_float
-from privdistill.engine.few_label import name_clusters, reader_probabilities
+from privdistill.engine.few_label import cluster_votes, name_clusters, reader_probabilities
 from privdistill.privacy import calibration
 from privdistill.privacy.events import GaussianQueries
 
@@ -39,10 +39,10 @@ def name_clusters_lift(histograms: torch.Tensor) -> torch.Tensor:
 
 
 def majority_histogram(teachers, images: torch.Tensor, env, classes: int) -> np.ndarray:
-    """[K] how many teachers name each class as their majority over `images` (float in [0, 1] or uint8)."""
-    x = images if images.is_floating_point() else to_float(images)
-    preds = torch.cat([teachers.predictions(env.place_batch(b)).cpu() for b in torch.split(x, 200)], dim=1)
-    return torch.bincount(torch.mode(preds, dim=1).values, minlength=classes).numpy()
+    """[K] how many teachers name each class as their majority over `images`: the engine's cluster vote, all of
+    `images` one cluster."""
+    one = torch.zeros(len(images), dtype=torch.long)
+    return cluster_votes(teachers, images, one, 1, classes, env, members=len(images))[0].numpy()
 
 
 def main() -> None:
