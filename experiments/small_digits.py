@@ -1,13 +1,17 @@
-"""A small dataset the presets were not written for (issue 27): MNIST shrunk to 8x8 pixels on a 0..16 scale, like
-scikit-learn's digits. 1,500 training and 297 test records drawn at random (seeds 0 and 1), average-pooled from
-28x28 to 8x8 and rounded to 0..16. Used by docs/research-log.md, "Data of your own".
+"""Small datasets the presets were not written for (docs/results.md, "Data of your own"):
+- the default: MNIST shrunk to 8x8 pixels on a 0..16 scale, like scikit-learn's digits: 1,500 training and 297 test
+  records drawn at random (seeds 0 and 1), average-pooled from 28x28 to 8x8 and rounded to 0..16;
+- `--from fashion-mnist --side 12 --train 1200 --test 300 --seed 7 --levels 255`: Fashion-MNIST shrunk to 12x12
+  uint8 (training records drawn with seed 7, test records with seed 8).
 
     python experiments/small_digits.py OUT.npz        # then: privdistill dpsgd -d 'npz:OUT.npz?range=0,16' -e 1
+    python experiments/small_digits.py fashion12.npz --from fashion-mnist --side 12 --train 1200 --test 300 \
+        --seed 7 --levels 255                          # then: privdistill dpsgd -d npz:fashion12.npz -e 1
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import numpy as np
 import torch
@@ -16,19 +20,28 @@ import torch.nn.functional as F
 from privdistill.data import load_data
 
 
-def shrink(split, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def shrink(split, n: int, seed: int, side: int, levels: int) -> tuple[np.ndarray, np.ndarray]:
     idx = torch.randperm(len(split.labels), generator=torch.Generator().manual_seed(seed))[:n]
-    x = F.adaptive_avg_pool2d(split.images[idx].float(), 8)
-    return np.rint(x.numpy()[:, 0] / 255 * 16).astype(np.uint8), split.labels[idx].numpy()
+    x = F.adaptive_avg_pool2d(split.images[idx].float(), side)
+    return np.rint(x.numpy()[:, 0] / 255 * levels).astype(np.uint8), split.labels[idx].numpy()
 
 
-def main(out: str) -> None:
-    data = load_data("mnist")
-    x, y = shrink(data.train, 1500, 0)
-    x_test, y_test = shrink(data.test, 297, 1)
-    np.savez(out, x=x, y=y, x_test=x_test, y_test=y_test)
-    print(f"wrote {out}: {x.shape[0]} + {x_test.shape[0]} records, 8x8, values 0..{int(x.max())}")
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", default="small-digits.npz")
+    parser.add_argument("--from", dest="source", default="mnist", choices=["mnist", "fashion-mnist"])
+    parser.add_argument("--side", type=int, default=8)
+    parser.add_argument("--train", type=int, default=1500)
+    parser.add_argument("--test", type=int, default=297)
+    parser.add_argument("--seed", type=int, default=0, help="training records' seed; the test records use seed + 1")
+    parser.add_argument("--levels", type=int, default=16, help="the largest pixel value (16: digits' 0..16 scale)")
+    a = parser.parse_args()
+    data = load_data(a.source)
+    x, y = shrink(data.train, a.train, a.seed, a.side, a.levels)
+    x_test, y_test = shrink(data.test, a.test, a.seed + 1, a.side, a.levels)
+    np.savez(a.out, x=x, y=y, x_test=x_test, y_test=y_test)
+    print(f"wrote {a.out}: {x.shape[0]} + {x_test.shape[0]} records, {a.side}x{a.side}, values 0..{int(x.max())}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "small-digits.npz")
+    main()
