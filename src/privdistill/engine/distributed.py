@@ -1,15 +1,8 @@
 """Teacher ensembles beyond one machine, on Ray (optional extra: `pip install 'privdistill[ray]'`).
 
-Two deployments:
-
-1. Scale-out (`train_teachers_ray`): chunks of teachers are trained as Ray tasks on whatever cluster
-   `ray.init(address=...)` joins; the coordinator gathers the weights into one `TeacherEnsemble`. Each chunk
-   uses the same derived seeds as local training, so the teachers equal the local ones.
-
-2. Distributed clients (DGD Sec. III-E, `ClientEnsemble`): each client is a Ray actor that loads ITS OWN
-   partition inside the actor (the coordinator sends a dataset reference and index list, never images),
-   trains its teacher there, and only ever answers with votes (one predicted label per query). Neither
-   images nor weights leave an actor: the actor exposes no method that returns them.
+Scale-out (`train_teachers_ray`): chunks of teachers are trained as Ray tasks on whatever cluster
+`ray.init(address=...)` joins; the coordinator gathers the weights into one `TeacherEnsemble`. Each chunk
+uses the same derived seeds as local training, so the teachers equal the local ones.
 """
 
 from __future__ import annotations
@@ -19,9 +12,7 @@ import time
 from dataclasses import asdict
 
 import torch
-import torch.nn.functional as F
 
-from privdistill.data import load_data
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine import device as dev
 from privdistill.engine import ensemble as ens
@@ -103,69 +94,3 @@ def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, a
              "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2)}
     return TeacherEnsemble(template, stacked), stats
 
-
-# ------------------------------------------------------------------------------------ distributed clients
-class TeacherClient:
-    """A data holder: loads its own partition, trains its teacher locally, answers queries with votes only."""
-
-    def __init__(self, client_id: int, dataset: str, data_root: str | None, indices: list[int], cfg_dict: dict,
-                 env_spec: dict):
-        full = load_data(dataset, data_root).train  # loaded inside the actor, on the client's side
-        self._data = full.subset(torch.as_tensor(indices))  # private: never returned by any method
-        self._cfg = TeacherTraining(**{**cfg_dict, "num_teachers": 1})
-        self._env = _remote_env(env_spec)
-        self._id = client_id
-        self._model = None
-
-    def train(self) -> dict:
-        idx = torch.arange(len(self._data))
-        sizes = torch.tensor([len(idx)])
-        models = ens._init_teachers(self._cfg, self._data, 1, self._id, self._env)
-        bar = type("NoBar", (), {"advance": lambda self, *a, **k: None})()
-        params = ens._train_chunk_loop(models, self._data, idx[None], sizes, torch.tensor([self._id]), self._cfg,
-                                       self._env, bar, per_epoch=ens._steps_per_epoch(sizes, self._cfg.batch_size))
-        model = models[0]
-        model.load_state_dict({k: v[0] for k, v in params.items()})
-        self._model = model.eval()
-        return {"client": self._id, "examples": len(self._data)}
-
-    @torch.no_grad()
-    def vote(self, x: torch.Tensor) -> torch.Tensor:
-        """The client's predicted label for each query (its only output)."""
-        if self._model is None:
-            raise RuntimeError("train() first")
-        return self._model(x.to(self._env.device)).argmax(1).cpu()
-
-
-class ClientEnsemble:
-    """The coordinator's view of the clients: it can query votes, nothing else."""
-
-    def __init__(self, clients: list, num_classes: int):
-        self.clients = clients
-        self.num_classes = num_classes
-
-    @classmethod
-    def launch(cls, dataset: str, train: ImageDataset, cfg: TeacherTraining, env: Env, *, data_root: str | None = None,
-               address: str | None = None, num_cpus: int | None = None) -> "ClientEnsemble":
-        """One actor per partition. The coordinator computes the (seeded) partition index lists only."""
-        ray = connect(address, num_cpus=num_cpus)
-        if cfg.num_teachers > 64 and not address:
-            raise ConfigError(f"{cfg.num_teachers} client actors on a local Ray instance would each load the "
-                              "dataset; join a cluster with --ray-address or use fewer clients")
-        parts = make_partitions(train, cfg)
-        actor = ray.remote(num_cpus=0.5)(TeacherClient)
-        clients = [actor.remote(i, dataset, data_root, parts[i].tolist(), asdict(cfg), _env_spec(env))
-                   for i in range(cfg.num_teachers)]
-        ray.get([c.train.remote() for c in clients])
-        return cls(clients, train.num_classes)
-
-    def votes(self, x: torch.Tensor) -> torch.Tensor:
-        """counts[B, K]: each client's vote on every query, aggregated on the coordinator."""
-        ray = require_ray()
-        preds = torch.stack(ray.get([c.vote.remote(x) for c in self.clients]))
-        return F.one_hot(preds, self.num_classes).sum(0)
-
-    def shutdown(self) -> None:
-        ray = require_ray()
-        for c in self.clients:
-            ray.kill(c)
