@@ -50,7 +50,7 @@ def release(run: Path) -> tuple[list[Path], torch.Tensor, torch.Tensor, torch.Te
     budget = yaml.safe_load((run / "config.yaml").read_text())["config"]["budget"]
     if budget["accounting"] != "paper":  # (the strict accounting splits the target over the labels)
         raise SystemExit("this probe reads runs whose per-label epsilon is the target: --accounting paper")
-    ledger = PrivacyLedger.in_run_dir(run, accounting="paper", delta=float(budget["delta"]))
+    ledger = PrivacyLedger(run, accounting="paper", delta=float(budget["delta"]))
 
     def refuse():
         raise RuntimeError("a probe never draws labels")

@@ -261,7 +261,7 @@ def test_histogram_release_records_the_noisy_histogram_at_the_argmax_s_epsilon(t
         from privdistill.privacy.ledger import LedgerView, PrivacyLedger
 
         event = dict(LedgerView.read(run_dir).spends)["dgd/queries"]
-        return torch.as_tensor(PrivacyLedger.in_run_dir(run_dir).spend("dgd/queries", event, lambda: pytest.fail()))
+        return torch.as_tensor(PrivacyLedger(run_dir).spend("dgd/queries", event, lambda: pytest.fail()))
 
     labels, histogram = answers(runs["argmax"][0]), answers(runs["histogram"][0])
     assert labels.shape == (40,) and histogram.shape == (40, 10) and histogram.is_floating_point()
@@ -270,8 +270,8 @@ def test_histogram_release_records_the_noisy_histogram_at_the_argmax_s_epsilon(t
     from privdistill.privacy.ledger import PrivacyLedger
 
     # PATE's data-dependent bound prices an argmax only: a histogram run keeps no votes for it
-    assert PrivacyLedger.in_run_dir(runs["argmax"][0]).vote_stats()[0] is not None
-    assert PrivacyLedger.in_run_dir(runs["histogram"][0]).vote_stats()[0] is None
+    assert PrivacyLedger(runs["argmax"][0]).vote_stats()[0] is not None
+    assert PrivacyLedger(runs["histogram"][0]).vote_stats()[0] is None
     a, h = runs["argmax"][1].summary, runs["histogram"][1].summary
     assert h["epsilon_strict"] == a["epsilon_strict"] and h["epsilon_paper"] == a["epsilon_paper"]
     assert h["release"] == "histogram" and a["release"] == "argmax"

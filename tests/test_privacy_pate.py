@@ -138,4 +138,4 @@ def test_mismatched_or_empty_votes_raise():
     with pytest.raises(PrivacyError, match="answered mask"):
         acc.epsilon([ConfidentGNMaxQueries(1, 1, 1, 2)], delta=1e-5, stats=[acc.VoteStats(np.ones((2, 3)))])
     with pytest.raises(PrivacyError, match="orders"):
-        pate.rdp_gnmax_data_independent(1.0, [1.0])
+        pate.rdp_gnmax_data_dependent([-1.0], 1.0, [1.0])

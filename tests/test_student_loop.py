@@ -4,11 +4,13 @@ import torch
 from torch import nn
 
 from privdistill.engine import Env, RunDir
-from privdistill.engine.student_loop import StudentLoop, linear_decay, sample_batch
+from privdistill.engine.optim import lr_factor
+from privdistill.engine.student_loop import StudentLoop, sample_batch
 
 
 def test_linear_decay_reaches_zero_and_sample_batch_covers_small_sets():
-    assert linear_decay(0, 10) == 1.0 and linear_decay(5, 10) == 0.5 and linear_decay(10, 10) == 0.0
+    linear = [lr_factor("linear", step, 10) for step in (0, 5, 10)]  # the papers' schedule: lr0 · (1 − step/steps)
+    assert linear == [1.0, 0.5, 0.0]
     small = sample_batch(5, 8, torch.Generator().manual_seed(0))
     assert sorted(small.tolist()) == [0, 1, 2, 3, 4]
     assert sample_batch(100, 8, torch.Generator().manual_seed(0)).shape == (8,)

@@ -177,23 +177,6 @@ class TeacherEnsemble(nn.Module):
         for start in range(0, len(images), batch):
             yield self.votes(env.place_batch(to_float(images[start:start + batch]))).cpu()
 
-    @classmethod
-    def from_modules(cls, models: list[nn.Module]) -> "TeacherEnsemble":
-        """Stack separately trained teachers (e.g. a user's own). They must share one architecture."""
-        if not models:
-            raise ModelError("an ensemble needs at least one teacher")
-        reference = {k: (tuple(v.shape), v.dtype) for k, v in models[0].state_dict().items()}
-        for i, model in enumerate(models[1:], start=1):
-            shapes = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
-            if shapes != reference:
-                differing = (sorted(set(shapes) ^ set(reference))
-                             or sorted(k for k in shapes if shapes[k] != reference[k]))
-                raise ModelError(f"teacher {i} has a different architecture from teacher 0 "
-                                 f"(differs in {', '.join(differing[:4])}{' ...' if len(differing) > 4 else ''}); "
-                                 "an ensemble's teachers must share one architecture")
-        params, buffers = stack_module_state(models)
-        return cls(models[0], {k: v.detach() for k, v in params.items()}, {k: v.detach() for k, v in buffers.items()})
-
     def member(self, i: int) -> nn.Module:
         """Teacher i as an ordinary module (for inspection, audits and the reference loop)."""
         if self.registry_name:

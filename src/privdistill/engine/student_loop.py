@@ -24,7 +24,7 @@ from privdistill.config import check_model_name
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop, sample_batch  # noqa: F401 - sample_batch: dgd/pate import it here
-from privdistill.engine.optim import lr_factor, make_optimizer, make_schedule
+from privdistill.engine.optim import make_optimizer, make_schedule
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import evaluate
 from privdistill.errors import ConfigError
@@ -50,11 +50,6 @@ class StudentTraining:
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         check_model_name(self.model, "model")
-
-
-def linear_decay(step: int, steps: int) -> float:
-    """The papers' schedule: lr0 · (1 − step/steps), reaching 0 at the last step."""
-    return lr_factor("linear", step, steps)
 
 
 class StudentLoop:

@@ -716,14 +716,6 @@ class NormalisedGaussian(PrivacyEvent):
             return dp.NonPrivateDpEvent() if self.steps > 0 else dp.NoOpDpEvent()
         return dp.SelfComposedDpEvent(dp.GaussianDpEvent(self.noise_multiplier), self.steps)
 
-    def channel_dp_event(self) -> "dp_accounting.DpEvent":
-        """Alg. 3's noisy-gradient channel alone: each record enters its own row when sampled (rate B/N), 2C
-        against noise sigma*C, which dp-accounting's REPLACE_ONE PLD prices with multiplier sigma (its replace
-        adjacency moves a contribution from -C to +C)."""
-        dp = _dp()
-        return dp.SelfComposedDpEvent(dp.PoissonSampledDpEvent(self.sampling_rate, dp.GaussianDpEvent(self.sigma)),
-                                      self.steps)
-
     def strict_price(self, delta: float, details: bool = True) -> StrictPrice:
         m = self.noise_multiplier
         if self.algorithm == 3:

@@ -317,10 +317,6 @@ class PrivacyLedger:
         elif self._config_max() != self.max_epsilon:
             self._append({"kind": "config", "max_epsilon": self.max_epsilon, "time": _now()})
 
-    @classmethod
-    def in_run_dir(cls, run_dir: str | os.PathLike, **kwargs: Any) -> "PrivacyLedger":
-        return cls(Path(run_dir) / LEDGER_NAME, **kwargs)
-
     # ------------------------------------------------------------------------------------- loading
     def _load(self) -> None:
         evidence = _Evidence.gather(self.path)  # before the ledger itself (see _Evidence)

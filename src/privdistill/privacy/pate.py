@@ -108,12 +108,6 @@ def _orders(orders) -> np.ndarray:
     return o
 
 
-def rdp_gnmax_data_independent(sigma: float, orders) -> np.ndarray:
-    """GNMax RDP lambda / sigma^2 (PATE 2018, Prop. 8): sensitivity sqrt(2), Gaussian RDP lambda*2/(2 sigma^2)."""
-    sigma = check_positive("sigma", sigma)
-    return _orders(orders) / sigma**2
-
-
 def rdp_gnmax_data_dependent(logq, sigma: float, orders) -> np.ndarray:
     """Data-dependent GNMax RDP (PATE 2018, Theorem 6 applied at the orders of Prop. 10).
 

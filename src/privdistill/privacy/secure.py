@@ -296,12 +296,6 @@ def sampler(distribution: str, scale: float) -> _Sampler:
     return _SAMPLERS[key]
 
 
-def draw_bounds(distribution: str, scale: float) -> tuple[float, float]:
-    """(rho, tail) of one draw of the integer sampler at this scale (module docstring)."""
-    draw = sampler(distribution, scale)
-    return draw.rho, draw.tail
-
-
 def grid_step(scale: float) -> float:
     """The grid of real-valued noise at this scale: scale 2^-GRID_BITS, a function of the scale alone (so the noise
     on it has the power-of-two scale 2^GRID_BITS, for which the samplers' block fits exactly)."""
@@ -455,9 +449,3 @@ def opendp_integers(n: int, *, distribution: str, scale: float) -> np.ndarray:
     """n draws of OpenDP's exact discrete Laplace / Gaussian on the integers: the reference the tests and
     `privdistill bench noise` compare the samplers here with."""
     return np.asarray(_opendp_measurement(distribution, scale, n)([0] * n), dtype=np.int64)
-
-
-def privacy_map_check(distribution: str, scale: float, size: int, sensitivity: float) -> float:
-    """OpenDP's own privacy figure for its discrete mechanism on integers at `sensitivity` (L1 for Laplace: ε; L2
-    for Gaussian: zCDP ρ). The tests compare it with Δ/b and Δ²/(2σ²), the figures the accountants use."""
-    return float(_opendp_measurement(distribution, scale, size).map(int(sensitivity)))
