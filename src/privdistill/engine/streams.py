@@ -23,11 +23,6 @@ SYNTHESIS_CEILING = 23  # the ceiling student of a synthetic set's quality repor
 GENERATOR_ADVERSARY = 25  # data-free generator learning: initial weights of the adversarial student (DFAD)
 VAE_EPOCH = 31  # VAE training: the permutation of each epoch
 
-ENGINE = {name: globals()[name] for name in (
-    "TRAINER_EPOCH", "TRAINER_AUGMENT", "TEACHER_INIT", "TEACHER_EPOCH", "TEACHER_AUGMENT", "GENERATOR_LATENT",
-    "SYNTHETIC", "SYNTHESIS_CEILING", "GENERATOR_ADVERSARY", "VAE_EPOCH",
-)}
-
 # --- methods ---------------------------------------------------------------------------------------------
 DGD_SPLIT = 41  # queries / unlabelled split of the pool; (41, 1): the held-out public slice (DGD Fig. 7, PATE)
 DGD_LABELLED = 42  # student: labelled batch of each step
@@ -64,20 +59,3 @@ MEMBERSHIP_SPLIT = 81  # audits: members / non-members
 MEMBERSHIP_ASSIGN = 82  # audits: shadow models' halves
 MEMBERSHIP_SHADOW_SEED = 83
 INVERSION_START = 91  # audits: model inversion's starting points
-
-METHODS = {
-    "dgd": {"DGD_SPLIT": DGD_SPLIT, "DGD_LABELLED": DGD_LABELLED, "DGD_UNLABELLED": DGD_UNLABELLED,
-            "DGD_PERTURB": DGD_PERTURB, "DGD_INIT": DGD_INIT},
-    "dpdfd": {"DPDFD_LATENT": DPDFD_LATENT, "DPDFD_NOISE_SEED": DPDFD_NOISE_SEED, "DPDFD_SAMPLE": DPDFD_SAMPLE,
-              "DPDFD_STUDENT_INIT": DPDFD_STUDENT_INIT, "DPDFD_GENERATOR_INIT": DPDFD_GENERATOR_INIT},
-    "dpsgd": {"DPSGD_INIT": DPSGD_INIT, "DPSGD_SAMPLE": DPSGD_SAMPLE, "DPSGD_NOISE": DPSGD_NOISE,
-              "DPSGD_AUGMENT": DPSGD_AUGMENT},
-    "srr": {"SRR_INIT": SRR_INIT, "SRR_LATENT": SRR_LATENT, "SRR_EPOCH": SRR_EPOCH,
-            "SRR_FINETUNE": SRR_FINETUNE, "SRR_NOISE": SRR_NOISE, "SRR_ORDER": SRR_ORDER,
-            "DP_STATISTICS": DP_STATISTICS},
-    # PATE shares DGD's held-out split on purpose (one teacher ensemble serves both, DGD Fig. 7)
-    "pate": {"DGD_SPLIT": DGD_SPLIT, "PATE_QUERIES": PATE_QUERIES, "PATE_LABELLED": PATE_LABELLED,
-             "PATE_UNLABELLED": PATE_UNLABELLED, "PATE_VAT": PATE_VAT, "PATE_INIT": PATE_INIT},
-    "audits": {"MEMBERSHIP_SPLIT": MEMBERSHIP_SPLIT, "MEMBERSHIP_ASSIGN": MEMBERSHIP_ASSIGN,
-               "MEMBERSHIP_SHADOW_SEED": MEMBERSHIP_SHADOW_SEED, "INVERSION_START": INVERSION_START},
-}
