@@ -36,7 +36,7 @@ class InversionConfig:
     restarts: int = 4  # images per class (rows of the grid)
     tv_weight: float = 0.05
     l2_weight: float = 0.01
-    start: str = "blank"  # blank: black (the background of MNIST-like data) | grey | noise (uniform in [-1, 1])
+    start: str = "blank"  # black, the background of MNIST-like data (the only start; kept so earlier runs resume)
     start_noise: float = 0.1  # std of the noise added to the start (in tanh space)
 
     def validate(self) -> None:
@@ -44,8 +44,8 @@ class InversionConfig:
             raise ConfigError("inversion.steps and restarts must be >= 1, lr > 0")
         if self.tv_weight < 0 or self.l2_weight < 0 or self.start_noise < 0:
             raise ConfigError("inversion weights and start_noise must be >= 0")
-        if self.start not in ("blank", "grey", "noise"):
-            raise ConfigError("inversion.start must be blank, grey or noise")
+        if self.start != "blank":
+            raise ConfigError("inversion.start must be blank (the grey and noise starts left the package)")
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
@@ -65,10 +65,7 @@ def invert(model: nn.Module, *, num_classes: int, shape: tuple[int, int, int], c
     n = cfg.restarts * num_classes
     target = torch.arange(num_classes).repeat(cfg.restarts).to(device)
     g = env.generator(streams.INVERSION_START)
-    if cfg.start == "noise":
-        base = torch.atanh(torch.rand(n, *shape, generator=g).mul(1.8).sub(0.9))
-    else:
-        base = torch.full((n, *shape), float(torch.atanh(torch.tensor(-0.9))) if cfg.start == "blank" else 0.0)
+    base = torch.full((n, *shape), float(torch.atanh(torch.tensor(-0.9))))
     w = (base + cfg.start_noise * torch.randn(n, *shape, generator=g)).to(device).requires_grad_(True)
     optimizer = torch.optim.Adam([w], lr=cfg.lr)
     for _ in range(cfg.steps):

@@ -67,22 +67,19 @@ def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, kind: str, step: in
         group["lr"] = base_lr * lr_factor(kind, step, total)
 
 
-def weight_average(model: torch.nn.Module, decay: float, *, warmup: bool = False
-                   ) -> torch.optim.swa_utils.AveragedModel | None:
-    """An exponential moving average of `model`'s weights (torch's AveragedModel with its EMA rule), or None when
+def weight_average(model: torch.nn.Module, decay: float) -> torch.optim.swa_utils.AveragedModel | None:
+    """An exponential moving average of `model`'s weights (torch's AveragedModel), or None when
     `decay` is 0. Update it with `average.update_parameters(model)` after each step; `average.module` is the
     averaged model. Averaging the iterates of a DP training run is post-processing: it spends no privacy.
 
-    `warmup`: the decay after n updates is min(decay, (1 + n) / (10 + n)) (TensorFlow's ExponentialMovingAverage
-    with num_updates), so an average read early, after fewer than about 1 / (1 - decay) steps, is not dominated by
-    the first iterates. Off by default, so the averages already recorded without it reproduce."""
+    The decay after n updates is min(decay, (1 + n) / (10 + n)) (TensorFlow's ExponentialMovingAverage with
+    num_updates), so an average read early, after fewer than about 1 / (1 - decay) steps, is not dominated by the
+    first iterates."""
     if not decay:
         return None
     if not 0 < decay < 1:
         raise ConfigError(f"a weight-average decay must lie in [0, 1), got {decay}")
     swa = torch.optim.swa_utils
-    if not warmup:
-        return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(decay), use_buffers=True)
 
     @torch.no_grad()
     def warm_ema(averaged: list[torch.Tensor], current: list[torch.Tensor], updates: torch.Tensor) -> None:

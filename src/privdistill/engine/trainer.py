@@ -76,15 +76,11 @@ def evaluate(model: nn.Module, data: ImageDataset, env: Env, batch_size: int = 1
 def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTraining, env: Env,
                      run: RunDir | None = None, test: ImageDataset | None = None, checkpoint: str = "checkpoint",
                      description: str = "train", log_prefix: str = "",
-                     soft_targets: torch.Tensor | None = None, soft_loss: str = "cross-entropy") -> TrainResult:
+                     soft_targets: torch.Tensor | None = None) -> TrainResult:
     """Train `model` on `train` (in place). With a run directory, checkpoints atomically every
     `cfg.checkpoint_every` steps and resumes from the last checkpoint if one exists. `soft_targets` [N, classes]
     (class probabilities, e.g. a teacher's softmax) replace the integer labels in the loss: cross-entropy to a
-    distribution, i.e. distillation of the whole answer instead of its argmax. `soft_loss="brier"` fits the softmax
-    to the targets by squared error instead: bounded for targets with negative entries (a noisy vote share), and
-    unbiased for zero-mean noise on them, up to a constant."""
-    if soft_loss not in ("cross-entropy", "brier"):
-        raise ConfigError(f"soft_loss must be 'cross-entropy' or 'brier', got {soft_loss!r}")
+    distribution, i.e. distillation of the whole answer instead of its argmax."""
     if soft_targets is not None and tuple(soft_targets.shape) != (len(train), train.num_classes):
         raise ConfigError(f"soft_targets must be [{len(train)}, {train.num_classes}], got {tuple(soft_targets.shape)}")
     model = env.place(model)
@@ -110,10 +106,7 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
         x, y = env.place_batch(x), y.to(env.device)
         with env.autocast():
             logits = model(x)
-        if soft_targets is not None and soft_loss == "brier":
-            loss = (logits.float().softmax(1) - y).square().sum(1).mean()
-        else:
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
         loop.update(loss, {"train_loss": float(loss.detach())})
     result = loop.finish()
     final = result.history[-1].get("test_accuracy") if result.history else None

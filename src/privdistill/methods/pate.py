@@ -105,9 +105,6 @@ class PATEConfig:
             self.filter = False
 
 
-SECTIONS = {"teachers": TeacherTraining, "pate": PATEConfig, "pate_student": PATEStudentConfig}
-
-
 # ----------------------------------------------------------------------------------------- privacy plan
 def query_event(cfg: PATEConfig, count: int, answered: int | None = None,
                 filter_budget: int | None = None) -> PrivacyEvent:

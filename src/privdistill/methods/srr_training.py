@@ -113,7 +113,7 @@ class SRRTraining:
                                         weight_decay=cfg.weight_decay)
         self.lr_schedule = make_schedule(self.optimizer, cfg.lr_schedule, sum(self.schedule.steps))
         # None unless srr.student_ema is set; with warm-up, as a stage's prior may be read after a few hundred steps
-        self.average = weight_average(self.student, cfg.student_ema, warmup=True)
+        self.average = weight_average(self.student, cfg.student_ema)
         finetune = self.generator is not None and cfg.finetune != "none" and cfg.finetune_steps > 0
         self.generator_optimizer = (make_optimizer(self.generator.parameters(), "adam", lr=cfg.finetune_lr)
                                     if finetune else None)
