@@ -8,15 +8,12 @@ same as [Zhao et al., 2022]", i.e. decoupled knowledge distillation (DKD, CVPR 2
     TCKD = KL(b_t || b_s),  b = [p_target, 1 - p_target]           (target vs. all non-target classes)
     NCKD = KL(p~_t || p~_s), p~ = softmax over the non-target logits  (how the rest is distributed)
 
-with p = softmax(logits / T). Options: ``kl`` (Hinton's T^2 KL(p_t || p_s)) and ``ce`` (cross-entropy
-with the teacher's argmax, a hard label). Losses are per sample (no batch reduction): DPDFD's mechanism
-A_{C,sigma} normalises each sample's gradient and does the batch averaging itself.
+with p = softmax(logits / T). Losses are per sample (no batch reduction): DPDFD's mechanism A_{C,sigma}
+normalises each sample's gradient and does the batch averaging itself.
 
-The gradient of the batch-SUM of per-sample losses with respect to the logits matrix [B, K] has, in row
-i, exactly the gradient of sample i's loss (row i of the sum depends only on row i). ``ce`` and ``kl``
-use their closed forms; ``dkd`` uses ``torch.func.vmap(grad(...))`` over samples (tested equal to the
-closed forms for ``ce``/``kl`` and to autograd of the sum). No Python loop over samples anywhere.
-Multi-teacher gradients [n, B, K] broadcast the student logits [B, K] against teacher logits [n, B, K].
+The per-sample gradients come from ``torch.func.vmap(grad(...))`` over samples (tested equal to autograd of the
+batch sum, whose row i depends only on sample i). No Python loop over samples anywhere. Multi-teacher gradients
+[n, B, K] broadcast the student logits [B, K] against teacher logits [n, B, K].
 """
 
 from __future__ import annotations
@@ -26,15 +23,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
-
-from privdistill.errors import ConfigError
-
-TEACHER_LOSSES = ("dkd", "kl", "ce")
-
-
-def _check(kind: str) -> None:
-    if kind not in TEACHER_LOSSES:
-        raise ConfigError(f"teacher loss must be one of {', '.join(TEACHER_LOSSES)}, got {kind!r}")
 
 
 def _dkd_one(s: torch.Tensor, t: torch.Tensor, temperature: float, alpha: float, beta: float) -> torch.Tensor:
@@ -57,38 +45,15 @@ def _dkd_one(s: torch.Tensor, t: torch.Tensor, temperature: float, alpha: float,
     return (alpha * tckd + beta * nckd) * temperature**2
 
 
-def teacher_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *, kind: str = "dkd",
-                 temperature: float = 4.0, alpha: float = 1.0, beta: float = 8.0) -> torch.Tensor:
-    """Per-sample L_T: student [B, K], teacher [B, K] (or [n, B, K]) -> [B] (or [n, B])."""
-    _check(kind)
-    s = student_logits.float()
-    t = teacher_logits.float()
-    s = s.expand_as(t)
-    if kind == "ce":
-        return F.cross_entropy(s.reshape(-1, s.shape[-1]), t.argmax(-1).reshape(-1),
-                               reduction="none").view(t.shape[:-1])
-    if kind == "kl":
-        log_ps = torch.log_softmax(s / temperature, -1)
-        log_pt = torch.log_softmax(t / temperature, -1)
-        return (log_pt.exp() * (log_pt - log_ps)).sum(-1) * temperature**2
-    flat = vmap(_dkd_one, in_dims=(0, 0, None, None, None))(s.reshape(-1, s.shape[-1]), t.reshape(-1, t.shape[-1]),
-                                                           temperature, alpha, beta)
-    return flat.view(t.shape[:-1])
-
-
-def logit_gradients(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *, kind: str = "dkd",
-                    temperature: float = 4.0, alpha: float = 1.0, beta: float = 8.0) -> torch.Tensor:
-    """Per-sample gradients g_i = dL_T(t_i, s_i)/ds_i, shape of ``teacher_logits`` ([B, K] or [n, B, K]).
+def logit_gradients(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *, temperature: float = 4.0,
+                    alpha: float = 1.0, beta: float = 8.0) -> torch.Tensor:
+    """Per-sample gradients g_i = dL_T(t_i, s_i)/ds_i of the DKD loss, shape of ``teacher_logits`` ([B, K] or
+    [n, B, K]).
 
     Everything is detached: the result is a plain tensor, the input of A_{C,sigma}."""
-    _check(kind)
     s = student_logits.detach().float()
     t = teacher_logits.detach().float()
     k = s.shape[-1]
-    if kind == "ce":
-        return (torch.softmax(s, -1) - F.one_hot(t.argmax(-1), k).float()).expand_as(t).contiguous()
-    if kind == "kl":
-        return (temperature * (torch.softmax(s / temperature, -1) - torch.softmax(t / temperature, -1))).contiguous()
     s_full = s.expand_as(t).reshape(-1, k)
     per_sample = vmap(grad(_dkd_one), in_dims=(0, 0, None, None, None))
     return per_sample(s_full, t.reshape(-1, k), temperature, alpha, beta).view(t.shape).contiguous()

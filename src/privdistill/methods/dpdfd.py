@@ -152,8 +152,7 @@ def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Modul
         s_logits = student(x_s)
     s_logits = s_logits.float()
     # line 11: per-sample gradients of L_T w.r.t. the student's logits, [B, K] (or [n, B, K]: one per teacher)
-    grads = logit_gradients(s_logits, t_logits, kind=cfg.teacher_loss, temperature=cfg.temperature,
-                            alpha=cfg.dkd_alpha, beta=cfg.dkd_beta)
+    grads = logit_gradients(s_logits, t_logits, temperature=cfg.temperature, alpha=cfg.dkd_alpha, beta=cfg.dkd_beta)
     # line 12: normalise and add noise; nothing else of the teacher reaches the student or the generator
     noisy = noisy_gradients(grads, cfg, plan, chunk_seed, step)
     # line 13: y_s = s - gamma * g~ ([K] broadcasts: batch_sum), and a student step on L_S(s, y_s)
