@@ -58,11 +58,11 @@ class RunOptions:
     progress: bool = True
 
     def validate(self) -> None:
-        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"run.precision: unknown {self.precision!r}")
-        _check(self.noise in NOISE_SOURCES, f"run.noise must be one of {', '.join(NOISE_SOURCES)}, got {self.noise!r}")
-        _check(self.plan_check in ("refuse", "warn"), f"run.plan_check must be refuse or warn, got {self.plan_check!r}")
-        _check(self.threads >= 0, "run.threads must be >= 0")
-        _check(0 <= self.seed < 2**63 - 1, f"run.seed must lie in [0, 2**63 - 1), got {self.seed}")
+        check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"run.precision: unknown {self.precision!r}")
+        check(self.noise in NOISE_SOURCES, f"run.noise must be one of {', '.join(NOISE_SOURCES)}, got {self.noise!r}")
+        check(self.plan_check in ("refuse", "warn"), f"run.plan_check must be refuse or warn, got {self.plan_check!r}")
+        check(self.threads >= 0, "run.threads must be >= 0")
+        check(0 <= self.seed < 2**63 - 1, f"run.seed must lie in [0, 2**63 - 1), got {self.seed}")
 
 
 @dataclass
@@ -84,21 +84,21 @@ class ClassifierTraining:
     checkpoint_every: int = 200  # steps
 
     def validate(self) -> None:
-        _check(self.epochs > 0 or self.steps > 0, "epochs or steps must be > 0")
-        _check(self.steps >= 0, "steps must be >= 0")
-        _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        _check(self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}")
-        _check(self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}")
+        check(self.epochs > 0 or self.steps > 0, "epochs or steps must be > 0")
+        check(self.steps >= 0, "steps must be >= 0")
+        check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        check(self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}")
+        check(self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}")
         check_augment(self.augment, "augment")
-        _check(0 <= self.label_smoothing < 1, "label_smoothing must lie in [0, 1)")
-        _check(self.checkpoint_every >= 1, "checkpoint_every must be >= 1")
-        _check(self.weight_decay >= 0, "weight_decay must be >= 0")
+        check(0 <= self.label_smoothing < 1, "label_smoothing must lie in [0, 1)")
+        check(self.checkpoint_every >= 1, "checkpoint_every must be >= 1")
+        check(self.weight_decay >= 0, "weight_decay must be >= 0")
 
 
 def check_augment(name: str, where: str) -> None:
     """Refuse an augmentation engine/augment.py does not have, naming the ones it has."""
-    _check(name in AUGMENTATIONS, f"{where} must be one of {', '.join(AUGMENTATIONS)}, got {name!r}")
+    check(name in AUGMENTATIONS, f"{where} must be one of {', '.join(AUGMENTATIONS)}, got {name!r}")
 
 
 def check_model_name(name: str, where: str, kind: str = "classifier") -> None:
@@ -109,7 +109,8 @@ def check_model_name(name: str, where: str, kind: str = "classifier") -> None:
         raise ConfigError(f"{where}: {err}") from None
 
 
-def _check(condition: bool, message: str) -> None:
+def check(condition: bool, message: str) -> None:
+    """Refuse a configuration with `message` unless `condition` holds (the sections' validate methods)."""
     if not condition:
         raise ConfigError(message)
 

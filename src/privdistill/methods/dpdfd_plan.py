@@ -32,11 +32,11 @@ from typing import Optional
 
 import torch
 
-from privdistill.config import check_model_name
+from privdistill.config import check, check_model_name
 from privdistill.engine import streams
 from privdistill.engine.context import Env
 from privdistill.engine.optim import OPTIMIZERS, SCHEDULES
-from privdistill.errors import ConfigError, PrivacyError
+from privdistill.errors import PrivacyError
 from privdistill.methods.runner import Budget
 from privdistill.privacy import calibration
 from privdistill.privacy._checks import check_choice
@@ -87,38 +87,33 @@ class DPDFDConfig:
     variant: Optional[str] = None  # the label used by --record; None: derived from the configuration
 
     def validate(self) -> None:
-        _check(self.algorithm in (1, 2, 3), f"algorithm must be 1, 2 or 3, got {self.algorithm}")
+        check(self.algorithm in (1, 2, 3), f"algorithm must be 1, 2 or 3, got {self.algorithm}")
         check_model_name(self.student_model, "dpdfd.student_model")
-        _check(self.steps >= 0 and self.max_steps >= 0, "steps and max_steps must be >= 0")
-        _check(self.sigma > 0 and self.stability > 0 and self.gamma > 0, "sigma, stability and gamma must be > 0")
-        _check(self.clip_norm is None or self.clip_norm > 0, "clip_norm must be > 0")
-        _check(self.batch_size >= 1, "batch_size must be >= 1")
-        _check(self.granularity in ("per_sample", "batch_sum"), f"unknown granularity {self.granularity!r}")
-        _check(self.operation in ("normalize", "clip"), f"operation must be normalize or clip, got {self.operation!r}")
-        _check(self.teacher_loss == "dkd", f"teacher_loss must be dkd, got {self.teacher_loss!r}")
-        _check(self.temperature > 0, "temperature must be > 0")
-        _check(self.student_loss in ("l2", "ce"), f"student_loss must be l2 or ce, got {self.student_loss!r}")
-        _check(self.student_optimizer in OPTIMIZERS, "student_optimizer must be adam or sgd")
-        _check(self.student_lr > 0 and self.generator_lr > 0, "learning rates must be > 0")
-        _check(self.student_lr_schedule in SCHEDULES, "unknown student_lr_schedule")
-        _check(self.generator_init in ("scratch", "teacher"), "generator_init must be scratch or teacher")
-        _check(self.generator_every >= 0, "generator_every must be >= 0")
-        _check(min(self.lg_one_hot, self.lg_entropy, self.lg_activation) >= 0, "L_G weights must be >= 0")
-        _check(min(self.eval_every, self.checkpoint_every, self.ledger_chunk) >= 1,
+        check(self.steps >= 0 and self.max_steps >= 0, "steps and max_steps must be >= 0")
+        check(self.sigma > 0 and self.stability > 0 and self.gamma > 0, "sigma, stability and gamma must be > 0")
+        check(self.clip_norm is None or self.clip_norm > 0, "clip_norm must be > 0")
+        check(self.batch_size >= 1, "batch_size must be >= 1")
+        check(self.granularity in ("per_sample", "batch_sum"), f"unknown granularity {self.granularity!r}")
+        check(self.operation in ("normalize", "clip"), f"operation must be normalize or clip, got {self.operation!r}")
+        check(self.teacher_loss == "dkd", f"teacher_loss must be dkd, got {self.teacher_loss!r}")
+        check(self.temperature > 0, "temperature must be > 0")
+        check(self.student_loss in ("l2", "ce"), f"student_loss must be l2 or ce, got {self.student_loss!r}")
+        check(self.student_optimizer in OPTIMIZERS, "student_optimizer must be adam or sgd")
+        check(self.student_lr > 0 and self.generator_lr > 0, "learning rates must be > 0")
+        check(self.student_lr_schedule in SCHEDULES, "unknown student_lr_schedule")
+        check(self.generator_init in ("scratch", "teacher"), "generator_init must be scratch or teacher")
+        check(self.generator_every >= 0, "generator_every must be >= 0")
+        check(min(self.lg_one_hot, self.lg_entropy, self.lg_activation) >= 0, "L_G weights must be >= 0")
+        check(min(self.eval_every, self.checkpoint_every, self.ledger_chunk) >= 1,
                "eval_every, checkpoint_every and ledger_chunk must be >= 1")
 
 
 def check_budget(cfg: DPDFDConfig, budget: Budget) -> None:
     """What the `dpdfd` section needs from the `budget` section (checked when the run is planned)."""
-    _check(budget.epsilon is not None or cfg.steps > 0,
+    check(budget.epsilon is not None or cfg.steps > 0,
            "give a target epsilon (budget.epsilon, --epsilon) or a number of steps (dpdfd.steps)")
-    _check(not cfg.calibrate_sigma or (budget.epsilon is not None and (cfg.steps > 0 or cfg.max_steps > 0)),
+    check(not cfg.calibrate_sigma or (budget.epsilon is not None and (cfg.steps > 0 or cfg.max_steps > 0)),
            "calibrate_sigma needs a target epsilon (budget.epsilon) and a step count (dpdfd.steps or dpdfd.max_steps)")
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 def auto_variant(cfg: DPDFDConfig, accounting: str = "strict") -> str | None:

@@ -61,20 +61,22 @@ def check_votes(votes, *, name: str = "votes") -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------- q (Pr[not argmax])
+def _union_bound(v: np.ndarray, log_beats) -> np.ndarray:
+    """ln sum over i != i* of Pr[class i beats the top class i*], `log_beats` giving that log-probability from
+    the gaps n_i* - n_i >= 0; capped at 1 - 1/K (the top class is always the most likely outcome)."""
+    top = np.argmax(v, axis=1)
+    terms = log_beats(v[np.arange(v.shape[0]), top][:, None] - v)
+    terms[np.arange(v.shape[0]), top] = -np.inf
+    return np.minimum(logsumexp(terms, axis=1), math.log1p(-1.0 / v.shape[1]))
+
+
 def log_q_gnmax(votes, sigma: float) -> np.ndarray:
     """Upper bound on ln Pr[GNMax output != argmax] per query (PATE 2018, Prop. 7; union bound).
 
-    Class i beats the top class i* with probability Pr[N(0, 2 sigma^2) > n_i* - n_i]; the bound is
-    capped at 1 - 1/K (the top class is always the most likely outcome).
+    Class i beats the top class i* with probability Pr[N(0, 2 sigma^2) > n_i* - n_i].
     """
     sigma = check_positive("sigma", sigma)
-    v = check_votes(votes)
-    top = np.argmax(v, axis=1)
-    gaps = v[np.arange(v.shape[0]), top][:, None] - v  # >= 0
-    terms = log_ndtr(-gaps / (math.sqrt(2.0) * sigma))
-    terms[np.arange(v.shape[0]), top] = -np.inf
-    logq = logsumexp(terms, axis=1)
-    return np.minimum(logq, math.log1p(-1.0 / v.shape[1]))
+    return _union_bound(check_votes(votes), lambda gaps: log_ndtr(-gaps / (math.sqrt(2.0) * sigma)))
 
 
 def log_q_lnmax(votes, scale: float) -> np.ndarray:
@@ -84,13 +86,7 @@ def log_q_lnmax(votes, scale: float) -> np.ndarray:
     g = (n_i* - n_i)/b.
     """
     scale = check_positive("Laplace scale", scale)
-    v = check_votes(votes)
-    top = np.argmax(v, axis=1)
-    g = (v[np.arange(v.shape[0]), top][:, None] - v) / scale
-    terms = np.log(2.0 + g) - math.log(4.0) - g
-    terms[np.arange(v.shape[0]), top] = -np.inf
-    logq = logsumexp(terms, axis=1)
-    return np.minimum(logq, math.log1p(-1.0 / v.shape[1]))
+    return _union_bound(check_votes(votes), lambda gaps: np.log(2.0 + gaps / scale) - math.log(4.0) - gaps / scale)
 
 
 def log_pr_answered(votes, threshold: float, sigma1: float) -> np.ndarray:
