@@ -17,10 +17,9 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
 
     PyTorch's CPU allocator does not cache, so each step's activations and gradients (a few MiB each) are
     malloc'ed and freed anew. With glibc's defaults many of them are mmap'ed or trimmed on free and
-    page-faulted back in on the next step: on the 2-core EPYC of this workplace a DPDFD quick step took
-    130k minor faults a second, half the CPU time in the kernel (sys 41 s of 297 s for 90 steps; with this
-    setting 4 s of 232 s, 1.3x faster end to end). Keeping up to `trim_threshold` bytes of freed heap
-    costs that much resident memory at most. Returns False where this is not glibc (nothing changed).
+    page-faulted back in on the next step, which can cost half the CPU time (docs/research-log.md). Keeping up to
+    `trim_threshold` bytes of freed heap costs that much resident memory at most. Returns False where this is not
+    glibc (nothing changed).
     Process-wide, so only the command line calls it; `GLIBC_TUNABLES` with malloc settings wins, and
     PRIVDISTILL_KEEP_FREED_MEMORY=0 turns it off."""
     if not sys.platform.startswith("linux") or os.environ.get("PRIVDISTILL_KEEP_FREED_MEMORY") == "0":

@@ -168,8 +168,7 @@ class WithFeatureStatistics(nn.Module):
 
     def _features_in(self, x: torch.Tensor) -> torch.Tensor:
         # the statistics are of the normalised scattering coefficients, before any prior projection: a whitened
-        # projection's coordinates have near-fixed statistics on any images, which give a generator nothing to
-        # match (the prior-teacher cell, 17.79 %, docs/research-log.md)
+        # projection's coordinates have near-fixed statistics on any images, which give a generator nothing to match
         s = self.model.normalised_scattering(x)
         return self.model.project(self.statistics(s.flatten(1)).view_as(s))
 
@@ -210,7 +209,7 @@ def datafree_loss(classifier: nn.Module, x: torch.Tensor, kind: str, alpha: floa
 def disagreement(source_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
     """DFAD's adversarial objective, which the generator maximises: the mean L1 distance between the source's and
     the student's predictions. On probabilities (DFAD uses logits) it is bounded by 2 and cannot grow by
-    inflating logits; measured on Fashion-MNIST it lifted the ceiling from 68 % to 75 % (docs/research-log.md)."""
+    inflating logits."""
     return (F.softmax(source_logits.float(), 1) - F.softmax(student_logits.float(), 1)).abs().sum(1).mean()
 
 
@@ -224,9 +223,8 @@ class GeneratorCollapseWarning(UserWarning):
     """A data-free generator whose samples the classifier spreads over few classes (mode collapse)."""
 
 
-# A balanced generator's samples give a mean softmax (over a batch) near the uniform one: at the end of training,
-# ours reach 0.90-0.99 of the maximum entropy ln K (quick and paper schedules, MNIST); the collapsed one seen
-# on the H100 (2026-11-23: 60 % of its samples voted "1") ended at 0.64. Below this share, warn.
+# A balanced generator's samples give a mean softmax (over a batch) near the uniform one (measured: 0.90-0.99 of the
+# maximum entropy ln K; a collapsed one 0.64). Below this share, warn.
 COLLAPSE_ENTROPY_SHARE = 0.8
 
 

@@ -1,9 +1,8 @@
 """Device, precision, threads and seeding.
 
-CPU speed (measured on a 2-core Sapphire Rapids, paper CNN, batch 128, training samples/s):
-fp32 836, channels-last fp32 1036, bf16 autocast 1234, channels-last + bf16 autocast 2345. So on CPUs
-with native bf16 (AMX / AVX512-BF16) the default is channels-last + bf16 autocast; parameters and the
-optimizer stay in fp32, only the matmuls/convolutions run in bf16. `--precision fp32` turns it off.
+On CPUs with native bf16 (AMX / AVX512-BF16) the default is channels-last + bf16 autocast, the fastest measured
+(docs/research-log.md, "Non-private baseline"); parameters and the optimizer stay in fp32, only the
+matmuls/convolutions run in bf16. `--precision fp32` turns it off.
 """
 
 from __future__ import annotations

@@ -58,8 +58,7 @@ class TeacherTraining:
     lr_schedule: str = "linear"  # linear | constant
     # Kept so that asking for a label-dependent split is refused with its reason (see validate).
     stratified: bool = False
-    # auto: vectorised on CUDA, the plain loop on a CPU, where it measured 3-5x faster (oneDNN's grouped
-    # convolutions, which vmap turns the teachers' convolutions into, are slow; see docs/benchmarks.md).
+    # auto: vectorised on CUDA, the plain loop on a CPU, where oneDNN runs vmap's convolutions slowly (benchmarks.md)
     trainer: str = "auto"  # auto | vectorized | loop
     chunk_size: int = 0  # teachers per vectorised step; 0: automatic (memory-bounded)
     partition_seed: int = 0
@@ -116,15 +115,13 @@ class TeacherEnsemble(nn.Module):
     def logits(self, x: torch.Tensor, *, chunk: int = 50, vectorized: bool | None = None) -> torch.Tensor:
         """[n, B, K] logits of every teacher on the same batch x [B, C, H, W].
 
-        vmap on CUDA; on the CPU a plain loop over teachers, which oneDNN runs 3-5x faster than vmap's batched
-        convolutions (measured: 250 paper CNNs on 500 images, 111 s vmap vs 40 s loop with channels-last
-        inputs, 23 s under bf16 autocast). Callers choose the precision with their autocast context."""
+        vmap on CUDA; on the CPU a plain loop over teachers, which oneDNN runs faster than vmap's batched
+        convolutions (docs/benchmarks.md). Callers choose the precision with their autocast context."""
         params, buffers = self.stacked()
         if vectorized is None:
             vectorized = x.device.type != "cpu"
         if not vectorized:
-            # one real module, each teacher's weights copied in: measured 2x faster on oneDNN than
-            # functional_call on the stacked views
+            # one real module, each teacher's weights copied in: faster on oneDNN than functional_call on the views
             layout = torch.channels_last if x.ndim == 4 and x.is_contiguous(memory_format=torch.channels_last) \
                 else torch.contiguous_format
             module = self._scratch_module(x.device, layout)

@@ -25,13 +25,9 @@ Or, where single samples are misread but whole clusters are not (DGD's synthetic
     naming        the noisy histograms name the clusters by an assignment that gives every class a cluster
                   (scipy's linear_sum_assignment); every member is labelled by its cluster's name
 
-Where each works: spreading on real pools (PATE's public slice: MNIST 96.64 % at strict ε 1). On DGD's synthetic
-pools it does not, measured: adversarial samples do not cluster by class in ScatterNet or backbone features, and the
-teachers misread single synthetic samples (docs/research-log.md, "DGD: its synthetic pool does not carry the few
-labels").
-In their source's class probabilities they do cluster (k = 10: 99.6 % pure on MNIST), and the teachers' majorities
-over whole clusters name them: DGD's default uses cluster votes at a small ε. Its end-to-end recipe queries medoids in
-the DP source's features, whose own labels teach the rest.
+Where each works: spreading on real pools (PATE's public slice); on DGD's synthetic pools cluster votes, the clusters
+formed in the source's class probabilities (DGD's default at a small ε; docs/research-log.md, "Few labels"). DGD's
+end-to-end recipe queries medoids in the DP source's features, whose own labels teach the rest.
 
 All of it is post-processing of the released answers and of the pool: the ledger prices the queries exactly as
 it would for randomly chosen ones (tests/test_few_label.py checks that nothing new is recorded).

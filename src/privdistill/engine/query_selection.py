@@ -12,9 +12,6 @@ Rules (`dgd.query_selection`):
     diverse    count / K samples of each class as the reader labels them, within a class the reader's feature-space
                k-center greedy cover (Sener & Savarese 2018, "Active learning for CNNs: a core-set approach"): samples
                that differ from those already chosen
-
-(The rules `balanced`, `confident` and `uncertain` were measured and left the package: docs/research-log.md, "Which
-samples to query".)
 """
 
 from __future__ import annotations

@@ -34,11 +34,7 @@ TEACHER_EVAL_LAPLACE_SCALE = 40.0
 
 # Bump a stage's version when what it computes, or what its key holds, changes: old cache entries are then never
 # found (they are rebuilt). A key holds every field of the stage's configuration, set or not (config.keyed_config).
-# 2: teachers and generator keyed on every field (before, options added later counted only when set), synthetic
-# sets on their verification, balance and ranking sources, features on their copies, whatever their values.
-# 3: the generator's configuration without the synthesis engine's source and verification options, a synthetic set
-# keyed on its generator, size and seed alone, the teachers' without ridge heads and input noise (those options
-# left the package for experiments/).
+# What each version changed: docs/research-log.md, "Notes that left the code".
 VERSIONS = {"baseline": "1", "teachers": "3", "generator": "3", "synthetic": "3", "vae": "1", "features": "2",
             "scatter-prior": "1"}
 

@@ -2,9 +2,6 @@
 is spent): the class balance of the labels its source model gives them, the share on which other models (the DGD
 teachers' plurality, the baseline) give the same label, and the ceiling (the test accuracy of a student trained only
 on the samples, labelled by the source). The generator's own losses are engine/datafree.py's.
-
-(The synthesis engine's source-model ensembles, sample verification and ranking, image priors and contrastive
-diversity were measured and left the package: docs/research-log.md, "Synthesis engine".)
 """
 
 from __future__ import annotations

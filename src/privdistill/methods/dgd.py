@@ -16,8 +16,7 @@ Readings of what the paper leaves open (each configurable):
   follows the DGD text ("random perturbation noise"). Distances are squared L2 on backbone features with the
   clean features held fixed (as in VAT/TNAR). The entropy term is MINIMISED (mean entropy of φs(x̂)), as
   the text says ("more determinate predictions") and TNAR does; Eq. 6 prints +Σ φs log φs, whose
-  minimisation would instead maximise the entropy (a sign slip: with it the quick MNIST student stalled at
-  ~65 %, predictions near uniform on the unlabelled triples).
+  minimisation would instead maximise the entropy (a sign slip).
 - Eq. 1 adds the energies unweighted and Eq. 6 sums squared feature differences over the backbone width
   (6272 for the paper CNN), which would make the regulariser hundreds of times larger than the CE term. We
   average over feature dimensions (a per-feature mean squared distance), each term weighted 1.

@@ -3,9 +3,7 @@
     Eq. 1   min  CE(φs(x̂s), l)  +  ‖h(x̂)−h(x̂⊥)‖² + ‖h(x̂)−h(x̂∥)‖²  −  H(φs(x̂))
             over the labelled queries (x̂s, l) and triples decoded from the noisy latent codes of the rest
 
-Our readings of Eq. 1, 5 and 6 are in methods/dgd.py's docstring. A FixMatch student on the unqueried samples
-instead of the energies was measured and did worse (docs/research-log.md, "A student that labels the unqueried
-samples itself"); it lives on in experiments/pseudo_label.py.
+Our readings of Eq. 1, 5 and 6 are in methods/dgd.py's docstring.
 """
 
 from __future__ import annotations

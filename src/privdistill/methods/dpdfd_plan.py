@@ -16,10 +16,7 @@ steps are charged to the ledger, and what the epsilon covers. The algorithm itse
   the steps it repeats: the rest of the interrupted chunk is charged again, under its own ledger key, before
   it is redrawn (and the budget cap may then end the run early, which it says).
 * ``generator_output_norm`` adds DAFL's final non-affine BatchNorm to the generator. The presets set it per
-  dataset (measured, docs/research-log.md): without it a fresh generator's near-constant grey images are all "bag" to
-  the Fashion-MNIST teacher and, the generator never consulting the teacher, nothing moves it out of that class
-  (quick: 10.00 %; with it 21.87 %); on MNIST the same samples already span 6-7 teacher classes and the
-  standardised output hurts (12 % at step 1250 against 73 % without).
+  dataset: Fashion-MNIST needs it, MNIST is hurt by it (models/generator.py says why; docs/research-log.md).
 * The clip option (Fig. 2) replaces normalisation C g/(||g|| + e) by clipping g min(1, C/||g||); both give
   vectors of norm <= C, so the event and both accountings are unchanged.
 """

@@ -80,8 +80,7 @@ class DPSourceConfig:
     # `share` and `delta_share` do not apply; DGD: none by default; with a share, the source keeps `share`, the
     # statistics take theirs and the votes the rest (dgd_source_events)
     statistics_share: Optional[float] = None
-    # augmentation multiplicity of the source's DP-SGD (as dpsgd.augment / dpsgd.augment_copies): 4 affine copies
-    # are worth +0.5 points at strict ε = 1 on MNIST, and lower Fashion-MNIST (docs/research-log.md)
+    # augmentation multiplicity of the source's DP-SGD (as dpsgd.augment / dpsgd.augment_copies)
     augment: str = "none"
     augment_copies: int = 1
 

@@ -45,16 +45,13 @@ from privdistill.privacy.vote_noise import unanimous_label_accuracy
 if TYPE_CHECKING:
     from privdistill.methods.runner import Context, Method, Plan
 
-REFUSE_PER_CLASS = 2  # informative labels a class below which a plan is refused (PATE on 1,500 records: 1.3 a class
-#                      released a model at chance; PATE on MNIST at ε 1, 3 a class, 57-69 %)
+REFUSE_PER_CLASS = 2  # informative labels a class below which a plan is refused (measured: docs/research-log.md)
 WEAK_PER_CLASS = 10  # informative labels a class below which a plan is weak
 # a student whose labels are spread over a pool from its clusters' medoids (engine/few_label.py; Plan.details
-# "spread_labels") needs fewer: on MNIST's public slice 10 medoid labels taught 64 %, 27 taught 90 %, 48 taught 93 %
-# (docs/research-log.md, "Few labels")
+# "spread_labels") needs fewer (docs/research-log.md, "Few labels")
 SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS = 1, 3
 # cluster votes (DGD's dgd.query_selection=clusters; Plan.details "cluster_labels"): each answer names a whole cluster
-# and the naming gives every class one, so about one informative answer a class is what they need (MNIST ε 1: 10
-# clusters, every one named right in the proxy, docs/research-log.md)
+# and the naming gives every class one, so about one informative answer a class is what they need
 CLUSTER_REFUSE_PER_CLASS, CLUSTER_WEAK_PER_CLASS = 0.5, 0.9
 #: other plans of the same method to try where the budget cannot teach with this one
 OTHER_PLANS = {

@@ -15,8 +15,7 @@ those values, before anything is planned or trained, by four stated rules:
   synthetic labels  SRR draws at most N labels (the paper's 60,000 = MNIST's N);
   short training    a classifier trained on the private data (the baseline, SRR's teacher) and SRR's student get
                     at least MIN_STEPS optimiser steps, DP-SGD's network MIN_DPSGD_STEPS (its noise grows with its
-                    steps at a fixed ε): on 1,500 records DP-SGD's 3 epochs are 18 steps, which learn nothing at any
-                    ε (11 % at ε = 10; 84 % with 600 steps, docs/research-log.md).
+                    steps at a fixed ε): a few epochs of a small set are too few steps to learn anything.
 
 A value chosen for the run (the preset's own `by_dataset` block, --config, --set) is never changed: only the
 preset's general values are. On the built-in datasets every rule is a no-op (tested), so the papers' numbers
@@ -37,9 +36,7 @@ from privdistill.privacy.vote_noise import scale_for_accuracy
 
 MIN_PARTITION = 100  # records per teacher: below ~100 records of 10 classes a small CNN is barely better than chance
 MIN_STEPS = 500  # optimiser steps of a classifier trained on the private data (MNIST's quick baseline: 1,875)
-# DP-SGD's network gets fewer: at a fixed ε its noise grows with the steps, and on 1,000 MNIST records (the paper
-# recipe, experiments/sizing_study.py) 100 steps taught 29.45 / 79.55 % at ε 1 / 10 in 59 / 130 s, 500 steps 25.55 /
-# 69.55 % in 638 / 691 s, the preset's unrefitted 12 steps 23.15 / 26.85 %
+# DP-SGD's network gets fewer: at a fixed ε its noise grows with the steps (experiments/sizing_study.py)
 MIN_DPSGD_STEPS = 100
 
 # the vote-noise options each aggregator reads, with the noise they are the scale of ("votes": Confident-GNMax's

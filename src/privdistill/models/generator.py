@@ -5,10 +5,9 @@ DAFL ends with a non-affine BatchNorm after tanh. By default we keep tanh as the
 samples lie in [-1, 1], the range real images are mapped to (see `privdistill.data.to_float`), which lets the
 same classifier, VAE and audits consume real and synthetic images alike. ``output_norm=True`` restores DAFL's
 final BatchNorm(affine=False). It matters where the generator is trained without ever seeing the teacher
-(DPDFD): a freshly initialised tanh-last generator emits near-constant grey images (pixel std ~0.07), which a
-Fashion-MNIST teacher labels as one class ("bag") for every sample, so the student only ever hears one label
-and collapses (docs/research-log.md, DPDFD). Standardising the batch restores contrast, and the teacher's labels
-on the first samples span most classes.
+(DPDFD): a freshly initialised tanh-last generator emits near-constant grey images, which a teacher may label as
+one class for every sample, so the student only ever hears one label (docs/research-log.md, DPDFD).
+Standardising the batch restores contrast.
 """
 
 from __future__ import annotations

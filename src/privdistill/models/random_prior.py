@@ -5,11 +5,9 @@ Why: DP-SGD adds isotropic noise to every coordinate of the head's gradient, and
 correlated scattering coefficients is badly conditioned, so within a private budget of steps the head converges
 slowly along the directions where the features vary little while the noise accumulates in all of them. Whitening
 the features makes the problem well conditioned and truncating them to the leading directions drops dimensions
-where the noise costs more than the signal pays. Measured on Fashion-MNIST at strict ε = 1 (docs/research-log.md):
-whitening estimated from the private training set itself (not a release: it reads the data without noise) lifts
-the linear head from 87.0 to 88.5 %, but the same whitening estimated under DP (a Gaussian second-moment matrix,
-Dwork et al.'s "Analyze Gauss", noise multipliers 20 to 80 composed into the same ε = 1) is too noisy in 3,969
-dimensions: it lowers the cell (83.9-86.2 %).
+where the noise costs more than the signal pays. The same whitening estimated from the private data under DP (Dwork
+et al.'s "Analyze Gauss") is too noisy in 3,969 dimensions (measured: docs/research-log.md), hence images that
+read no data.
 
 The way out follows Tang et al. 2023 ("Differentially private image classification by learning priors from random
 processes", DP-RandP) and Baradad et al. 2021 ("Learning to see by looking at noise"): images of a random process
@@ -20,8 +18,7 @@ variance on them. Reading chosen (the papers pre-train a network on such images;
 map, the least that a linear head needs): shapes are ellipses or rectangles, radii 1 to 10 pixels (the scale of
 strokes and garment parts at 28 x 28), 4 to 15 of them on a dark background, intensities uniform in [-1, 1] (the
 data's range); one colour per shape and channel for colour images. A textured variant (`texture`, textured())
-follows Baradad et al.'s finding that textured dead leaves are a better prior than flat ones: measured here on
-Fashion-MNIST at strict ε = 1, +0.2 points on the mean of five run seeds (docs/research-log.md).
+follows Baradad et al.'s finding that textured dead leaves are a better prior than flat ones (docs/research-log.md).
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ data)", ICLR 2021): a fixed scattering transform, a data-independent normalisati
                        the multiscale model): a fixed projection onto
                        `prior_dims` directions whitened on images of a random process, fitted from a public seed
                        without any data (models/random_prior.py) -> [prior_dims, 1, 1]
-                    -> head: one linear layer (their small CNN on the features did not beat it at ε = 1 and left
-                       the package: docs/research-log.md, "DP-SGD on ScatterNet features")
+                    -> head: one linear layer
 
 Only the head has parameters, so DP-SGD (methods/dpsgd.py) trains the head on the scattering features computed
 once: the transform is a fixed function of each image (no privacy cost, and the released model contains it).
@@ -28,9 +27,9 @@ low-pass phi, its subsampling and kymatio's unpadding are one separable real ope
 Without gradients on the CPU (the feature stage), each scale of wavelets is one compiled kernel (numba, fused:
 products, inverse DFTs, modulus and low-pass on blocks of maps held in the cache, the blocks shared across torch's
 thread count); with gradients (the data-free generators read the features) or on a GPU the same steps run as torch
-operations. Both equal kymatio within float32 rounding (tests/test_scatternet.py: < 1e-4; measured ~3e-7), the
-gradients too; the speed is in docs/benchmarks.md ("ScatterNet features"). kymatio stays a dependency: its filter
-bank builds the transform, and it is the tests' reference (`make_scattering(..., reference=True)`).
+operations. Both equal kymatio within float32 rounding (tests/test_scatternet.py: < 1e-4), the gradients too; the
+speed is in docs/benchmarks.md ("ScatterNet features"). kymatio stays a dependency: its filter bank builds the
+transform, and it is the tests' reference (`make_scattering(..., reference=True)`).
 
 kymatio note: `import kymatio.torch` fails with SciPy >= 1.15 (it imports scipy.special.sph_harm for the 3-D
 transform); the 2-D modules are imported directly.
@@ -53,9 +52,8 @@ from privdistill.models.registry import register_model
 
 SCATTER_ORDERS = 81  # 1 + J L + L^2 J (J - 1) / 2 coefficients per input channel at J = 2, L = 8
 FINE_ORDERS = 9  # the same at J = 1: 1 + L
-#: scatter-prior-linear's projection: its whitened dimensions (on Fashion-MNIST at strict ε = 1, 600, 800 and 1,000
-#: within 0.2 points) and the dead-leaves images it is fitted on (with 30,000 the draw moved the cell by 0.3 points;
-#: 100,000 estimate the process's moments more closely, a one-off 2 minutes on 2 cores; docs/research-log.md)
+#: scatter-prior-linear's projection: its whitened dimensions and the dead-leaves images it is fitted on (both chosen
+#: by measurement: docs/research-log.md, "Notes that left the code")
 PRIOR_DIMS, PRIOR_IMAGES = 800, 100_000
 #: the random processes a prior projection is fitted on -> their texture amplitude (models/random_prior.py)
 PRIORS = {"none": 0.0, "dead-leaves": 0.0, "dead-leaves-textured": PRIOR_TEXTURE}
@@ -504,7 +502,7 @@ class ScatterNet(nn.Module):
 
     def fit_prior(self, batch_size: int = 1000) -> None:
         """Fit the prior projection on `prior_images` dead-leaves images (a fixed public seed; no data is read).
-        About 2 minutes for 100,000 images of 28 x 28 on 2 CPU cores; the `scatter_prior` stage caches it."""
+        Minutes on a CPU; the `scatter_prior` stage caches it."""
         channels, h, w = self.image_shape
         images = dead_leaves(self.prior_images, channels=channels, size=(h, w), texture=PRIORS[self.prior])
         device = self.prior_projection.device

@@ -49,8 +49,8 @@ from privdistill.privacy.pricing import (  # noqa: F401 - re-exported: the accou
     rdp_to_epsilon,
 )
 
-# dp-accounting (and through it scipy.stats) is imported where an ε is computed, not here: the command line imports
-# this module to print its help, and that import alone took 2.5 s on the 2-core AMD EPYC.
+# dp-accounting (and through it scipy.stats) is imported where an ε is computed, not here: it is slow to import, and
+# the command line imports this module to print its help.
 
 
 # ======================================================================================= results

@@ -34,8 +34,8 @@ sensitivity grows by at most sqrt(d) h = sqrt(d) scale 2^-GRID_BITS (L1: d h), a
 sqrt(d) (scale/Δ) 2^-30 (about 2e-7 for DP-SGD's 39,700-coordinate head at noise multiplier 1): below the precision
 any ε here is printed with.
 
-Speed: `privdistill bench noise` (docs/benchmarks.md). OpenDP's exact samplers (~10-30 µs a coordinate over Python
-lists) are the reference the tests compare the laws with.
+Speed: `privdistill bench noise` (docs/benchmarks.md). OpenDP's exact samplers are the reference the tests compare
+the laws with.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """DGD's recipes (recipes/__init__.py). The paper's ε covers the teachers' votes only; so does every recipe here
 but `end-to-end`, which covers the whole model.
 
-default: DGD+ as measured best (docs/research-log.md, "Releasing the noisy vote histogram"): Gaussian votes
-(σ 40, the paper's DGD+), the queries a k-center cover of a 240,000-sample pool, the whole noisy vote histogram
-released and fitted by squared error by the supervised student, samples from adversarial synthesis
-(DeepInversion's BN statistics of a BN baseline, class targets, the student in the loop), teachers trained 270
-steps (on MNIST on affine copies). The VAE's latent channel goes with Eq. 1's unsupervised part, so the paper's ε1
-is not spent. About 25 CPU minutes with every stage built. At ε <= 2 the votes name 10 clusters of 60,000 pool
-samples in the baseline's class probabilities and the student learns every member (engine/few_label.py): the
-baseline groups the samples, on the same uncovered pathway as the generator it made them with. On Fashion-MNIST the
-pool comes from a generator fitted by BatchNorm statistics alone, whose samples the teachers read better, and cluster
-votes label it at every ε.
+default: DGD+ (docs/research-log.md, "Releasing the noisy vote histogram"): Gaussian votes (σ 40, the paper's DGD+)
+on a k-center cover of a 240,000-sample pool of adversarial samples, the whole noisy vote histogram released and
+fitted by squared error, teachers trained 270 steps (on MNIST on affine copies). No unsupervised part, so the VAE's
+latent channel (the paper's ε1) is not spent. At ε <= 2 the votes name clusters of the pool in the baseline's class
+probabilities (engine/few_label.py; the baseline is on the same uncovered pathway as the generator). On
+Fashion-MNIST the pool comes from a generator fitted by BatchNorm statistics alone, named by cluster votes at every ε.
 
 end-to-end: a DP-SGD source on ScatterNet features labels the synthetic samples, DP statistics of its features steer
 the generator, the votes take the rest of ε.
@@ -18,11 +14,9 @@ the generator, the votes take the rest of ε.
 
 from privdistill.recipes import ADVERSARIAL_GENERATOR, Recipe
 
-# Fashion-MNIST: the adversarial pool is read as the baseline reads it by a quarter of independent models (the teachers
-# call its shoes "bag"); a generator fitted by BatchNorm statistics alone (SRR's, without the adversarial term and the
-# class targets) makes samples the teachers read better (plurality agrees with the source on 42 % against 27 %,
-# docs/research-log.md "DGD: cluster votes"), so 10 cluster votes name its clusters at every ε. The baseline's values
-# are those the measured runs used (SRR's teacher on this dataset).
+# Fashion-MNIST: a generator fitted by BatchNorm statistics alone (SRR's, without the adversarial term and the class
+# targets) makes samples the teachers read better than the adversarial pool; the baseline's values are those the
+# measured runs used.
 BN_STATISTICS_POOL = {"baseline": {"epochs": 5, "augment": "none"},
                       "generator": {"alpha": None, "beta": None, "class_targets": False, "adversarial_weight": 0.0,
                                     "width": 128, "lr": 0.002, "rounds": 48, "steps_per_round": 50,
@@ -40,11 +34,8 @@ DEFAULT = Recipe(
             "generator": ADVERSARIAL_GENERATOR},
     by_dataset={"mnist": {"teachers": {"augment": "affine", "lr": 0.005}},
                 "fashion-mnist": BN_STATISTICS_POOL},
-    # at ε <= 2 the votes name clusters instead of samples (engine/few_label.py): 10 k-means clusters of 60,000 pool
-    # samples in the baseline's class probabilities, one GNMax histogram a cluster (each teacher's majority over 100
-    # members, σ calibrated to the target), every member learns its cluster's name over 1,500 student steps: MNIST ε 1
-    # 93.52 % against 28.50 % for 48 medoid answers spread over the pool (the teachers misread single synthetic
-    # samples but name whole clusters; docs/research-log.md, "DGD: cluster votes")
+    # at ε <= 2 the votes name clusters instead of samples (engine/few_label.py): one GNMax histogram for each of 10
+    # k-means clusters of 60,000 pool samples, and every member learns its cluster's name
     by_epsilon=((2.0, {"dgd": {"query_selection": "clusters", "spread_pool": 60_000}, "student": {"steps": 1500}}),),
     measured={("mnist", 9.34): "95.24 % (re-run; recorded 95.81, whole-pipeline seed 1: 94.89), strict 9.34 / paper "
                                "10.15, the votes only",
@@ -72,9 +63,8 @@ PAPER = Recipe(
 END_TO_END = Recipe(
     summary="one ε for the whole model: a DP-SGD source, DP feature statistics for its generator, the votes",
     guarantee="the whole released model (no pathway left uncovered)",
-    # the DP source (SRR end-to-end's ScatterNet models) labels every unqueried sample for free; its generator matches
-    # DP statistics of its scattering features (without them a generator fitted to a DP model makes samples only
-    # that model can read: 17.16 %, research log "Where the information goes"); the votes get what is left
+    # the DP source labels every unqueried sample for free; its generator matches DP statistics of its scattering
+    # features (a generator fitted to a DP model alone makes samples only that model reads); the votes get the rest
     values={"budget": {"privacy": "end-to-end"},
             "dgd": {"aggregation": "gaussian", "source_labels": True, "query_selection": "medoids",
                     "num_synthetic": 120_000},

@@ -13,8 +13,7 @@ SCATTERNET = {"max_grad_norm": 0.1, "optimizer": "sgd", "momentum": 0.9, "lr_sch
 DEFAULT = Recipe(
     summary="ScatterNet features and a linear head, SGD at a constant rate (MNIST / Fashion-MNIST: their measured "
             "prior projections, MNIST with 4 affine copies)",
-    # any other data: the quickstart's head with ghost clipping (on 1,500 8 x 8 digits: 70.0 / 79.5 % at strict
-    # ε 1 / 10 in 9 / 12 s, where the paper CNN gave 46.7 % in 6 minutes at ε 1; docs/results.md, "Data of your own")
+    # any other data: the quickstart's head with ghost clipping (docs/results.md, "Data of your own")
     values={"dpsgd": {**SCATTERNET, "model": "scatter-linear", "batch_size": 1024, "epochs": 5, "lr": 4.0,
                       "augment": "none", "grad_sample_mode": "ghost"}},
     by_dataset={"mnist": {"dpsgd": {"model": "scatter-prior-linear", "augment": "affine", "augment_copies": 4,
@@ -32,8 +31,7 @@ DEFAULT = Recipe(
 
 SCATTERNET_PLAIN = Recipe(
     summary="the quickstart's: ScatterNet features and a linear head (no prior, no copies), batches of 1,024",
-    # ghost clipping (Opacus's fast gradient clipping): the same per-example clipping without per-example
-    # gradients, 6 s of training instead of ~40 s on 2 cores (docs/benchmarks.md)
+    # ghost clipping (Opacus's): the same per-example clipping without per-example gradients (docs/benchmarks.md)
     values={"dpsgd": {**SCATTERNET, "model": "scatter-linear", "batch_size": 1024, "epochs": 5, "lr": 4.0,
                       "augment": "none", "grad_sample_mode": "ghost"}},
     measured={("mnist", 1): "97.37 % (the recipe's command; 97.27-97.75 % over ten secure-noise runs, mean "

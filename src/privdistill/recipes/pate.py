@@ -4,10 +4,8 @@ public slice is used directly (as in the PATE papers).
 default: at ε <= 2, where the budget buys tens of labels, the few-label student (engine/few_label.py): GNMax
 (σ 40, 48 queries at strict ε 1) on the medoids of the public slice's k-means clusters in a fixed ScatterNet
 feature space, the answers spread over the whole slice by label spreading, the student trained on every public
-image with its spread label (VAT as before). The proxy curve (docs/research-log.md, "Few labels") put the best
-label count at ε 1 between 48 and 100: fewer queries are answered more surely (48 medoids: all right), more
-spread farther. Above ε 2, Confident-GNMax with the filter (Papernot et al. 2018): the best sum over the measured
-cells before the few-label student (at ε 10 the aggregators are within a run's spread).
+image with its spread label (VAT as before). Above ε 2, Confident-GNMax with the filter (Papernot et al. 2018).
+Why these: docs/research-log.md, "Few labels" and "Notes that left the code".
 """
 
 from privdistill.recipes import Recipe
