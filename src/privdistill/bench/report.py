@@ -124,6 +124,8 @@ METHOD_COLUMNS = {
 def _paper_pct(r: dict) -> str:
     """What the paper prints for this cell (a Table I cell, or a variant it reports as a number), or '-'."""
     key = (r["method"].rstrip("+"), r["dataset"], r.get("target_epsilon"))
+    if r["method"] == "dpdfd" and r.get("algorithm") == 2:  # the paper's Table 7, whatever the run's label
+        return _pct(PAPER_VARIANTS.get((*key, "multi-teacher")))
     if r.get("variant"):
         return _pct(PAPER_VARIANTS.get((*key, r["variant"])))
     return _pct(PAPER.get(key))
