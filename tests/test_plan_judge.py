@@ -3,6 +3,7 @@ budget buys cannot teach anything, and warned when it buys little; each verdict 
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -63,3 +64,27 @@ def test_each_method_refuses_a_plan_that_cannot_teach_and_warns_of_a_weak_one(ti
     info, weak_warnings = _dry(method, tiny_npz, tmp_path, weak, extra)
     assert weak_warnings, "a weak plan says so"
     assert any(n.startswith("plan judged weak") for n in info["notes"])
+
+
+@pytest.mark.parametrize("method,recipe,epsilon", [("dgd", "default", 1), ("dpdfd", "paper", 10)])
+def test_the_nearest_epsilon_named_is_the_smallest_doubling_whose_own_plan_passes(tiny_npz, tmp_path, method,
+                                                                                    recipe, epsilon):
+    """The suggested ε is judged with the plan `-e ε` makes (DGD's default recipe changes its values at ε <= 2),
+    so that running it passes and half of it (when above the target) is still refused."""
+    def attempt(eps, name):
+        request = RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / name), dry_run=True,
+                             overrides=[f"run.recipe={recipe}", f"budget.epsilon={eps}"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            RUNS[method](request)
+
+    with pytest.raises(PlanRefused) as err:
+        attempt(epsilon, "target")
+    found = re.search(r"ε = ([0-9.]+) with this method and recipe", str(err.value))
+    assert found, str(err.value)
+    nearest = float(found.group(1))
+    with pytest.raises(DryRunPlan):
+        attempt(nearest, "nearest")
+    if nearest / 2 > epsilon:
+        with pytest.raises(PlanRefused):
+            attempt(nearest / 2, "half")

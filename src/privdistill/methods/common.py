@@ -3,6 +3,7 @@ load the data, and write the summary (optionally recorded under results/<preset>
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -60,15 +61,8 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
         raise RunError(f"--resume needs the --run-dir of an earlier run; {request.run_dir or '(none given)'} "
                        "holds none. Drop --resume to start a new run")
     dataset = canonical_name(request.dataset) if ":" not in request.dataset else request.dataset
-    recipe_name = requested(request, "run", "recipe")
-    recipe = recipe_layers(method, None if recipe_name is None else str(recipe_name), dataset,
-                           _number(requested(request, "budget", "epsilon")))
-    resolved = resolve_sections({"run": RunOptions, **sections}, preset=request.preset, dataset=dataset,
-                                config_file=request.config_file, overrides=request.overrides, recipe=recipe)
+    resolved, preset_values, chosen = _resolve(method, request, sections, dataset)
     options: RunOptions = resolved["run"]
-    preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
-                                          overrides=request.overrides, recipe=recipe)
-    apply_noise_policy(resolved, chosen)
     env = Env.from_options(options)
     data = load_data(dataset, options.data_root, seed=options.seed)
     # the preset's sizes and vote noise refitted to this dataset's N before anything is keyed or planned
@@ -84,6 +78,33 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
     run = RunDir.open(run_dir, config=config, resume=request.resume)
     return Prepared(sections=resolved, env=env, run=run, data=data, dataset=dataset, started=time.perf_counter(),
                     notes=notes, method=method)
+
+
+def _resolve(method: str, request: RunRequest, sections: dict[str, type],
+             dataset: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]], set[str]]:
+    """(the resolved sections: preset < recipe layers for this dataset and target ε < --config < --set, the
+    preset's own values, the keys chosen), before anything is fitted to the data."""
+    recipe_name = requested(request, "run", "recipe")
+    recipe = recipe_layers(method, None if recipe_name is None else str(recipe_name), dataset,
+                           _number(requested(request, "budget", "epsilon")))
+    resolved = resolve_sections({"run": RunOptions, **sections}, preset=request.preset, dataset=dataset,
+                                config_file=request.config_file, overrides=request.overrides, recipe=recipe)
+    preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
+                                          overrides=request.overrides, recipe=recipe)
+    apply_noise_policy(resolved, chosen)
+    return resolved, preset_values, chosen
+
+
+def sections_at_epsilon(prep: Prepared, request: RunRequest, epsilon: float) -> dict[str, Any]:
+    """The sections a run of the same request would resolve at target `epsilon` (a recipe's ε layers, then
+    the sizing to the data): what the plan judge prices a nearer plan with, so that "ε = X would pass" holds for
+    the plan `-e X` actually makes."""
+    overrides = {s: dict(block) for s, block in normalize_overrides(request.overrides).items()}
+    overrides.setdefault("budget", {}).update(epsilon=epsilon, max_epsilon=None)
+    trial = dataclasses.replace(request, overrides=overrides)
+    sections = {name: type(section) for name, section in prep.sections.items() if name != "run"}
+    resolved, preset_values, chosen = _resolve(prep.method, trial, sections, prep.dataset)
+    return fit_to_data(resolved, prep.data, preset_values=preset_values, chosen=chosen)[0]
 
 
 def data_notes(data: DataSplits, dataset: str) -> list[str]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from privdistill.errors import ConfigError
+from privdistill.methods.common import sections_at_epsilon
 from privdistill.models import create_model
 from privdistill.privacy.events import (
     ConfidentGaussianQueries,
@@ -163,16 +164,18 @@ def _dpsgd_ratio(ctx: "Context", plan: "Plan") -> float:
 
 def nearest_epsilon(method: "Method", ctx: "Context", tries: int = 7) -> float | None:
     """The smallest ε, doubling from the target, at which this method's plan is not refused (None: none within
-    2^tries times the target)."""
-    budget = ctx.budget
-    if budget.epsilon is None:
+    2^tries times the target). Each trial is the plan `-e ε` would make: the configuration resolved again at that
+    ε (a recipe's ε layers, e.g. DGD's at ε <= 2, and the sizing to the data), not this run's values."""
+    if ctx.budget.epsilon is None:
         return None
     for i in range(1, tries + 1):
-        epsilon = budget.epsilon * 2 ** i
-        trial = dataclasses.replace(ctx, budget=dataclasses.replace(budget, epsilon=epsilon, max_epsilon=None))
+        epsilon = ctx.budget.epsilon * 2 ** i
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                sections = sections_at_epsilon(ctx.prep, ctx.request, epsilon)
+                trial = dataclasses.replace(ctx, prep=dataclasses.replace(ctx.prep, sections=sections),
+                                            budget=sections["budget"])
                 verdict = judge(method, trial, method.plan(trial, LedgerView([], None)))
         except ConfigError:
             continue
