@@ -72,41 +72,8 @@ from privdistill.engine.cache import StageCache
 from privdistill.engine.context import Env
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import Stages
-from privdistill.models.random_prior import PRIOR_SEED, dead_leaves, unit_rows
+from privdistill.models.random_prior import PRIOR_SEED, dead_leaves, whitening_projection
 from privdistill.models.scatternet import PRIORS, ScatterNet, make_scattering
-
-
-def whitening_projection(features: torch.Tensor, dims: int, shrink: float = 0.0) -> torch.Tensor:
-    """models/random_prior.py's whitening_projection with this probe's `shrink` (which left the package).
-
-    A [d, dims] map z = u @ P from unit-norm features u (features [m, d], each row scaled to norm 1 here) onto
-    their `dims` leading principal directions (uncentred second moment), each scaled to unit variance on these
-    features, then all scaled so that the projected features' median norm is sqrt(d): the norm of a GroupNorm'd
-    ScatterNet feature vector, which the DP-SGD recipe's clip norm and rate were chosen on. Exact eigenvectors of
-    the d x d moment below 8,192 dimensions (from the rows' SVD when there are fewer rows than dimensions); a
-    randomised SVD (torch.svd_lowrank) above. `shrink` > 0 whitens only partly: each direction is scaled by
-    1 / sqrt(λ + shrink · mean λ) (the models use 0)."""
-    m, d = features.shape
-    if not 0 < dims <= min(m, d):
-        raise ValueError(f"whitening dims must lie in [1, {min(m, d)}], got {dims}")
-    u = unit_rows(features)
-    if m < d:  # fewer images than coefficients (a small prior): the same eigenvectors from the m x d rows' SVD,
-        # without the d x d eigendecomposition (tens of seconds at d = 5,733 on 2 cores)
-        _, singular, vh = torch.linalg.svd(u.double(), full_matrices=False)
-        eigenvalues, vectors = singular[:dims] ** 2, vh[:dims].T
-    elif d <= 8192:  # the moment accumulated in float64 chunks: no float64 copy of all m rows
-        moment = torch.zeros(d, d, dtype=torch.float64)
-        for i in range(0, m, 8192):
-            moment += u[i:i + 8192].double().T @ u[i:i + 8192].double()
-        eigenvalues, vectors = torch.linalg.eigh(moment)
-        eigenvalues, vectors = eigenvalues.flip(0)[:dims], vectors.flip(1)[:, :dims]
-    else:
-        _, singular, v = torch.svd_lowrank(u, q=min(dims + 64, m, d), niter=4)
-        eigenvalues, vectors = singular[:dims].double() ** 2, v[:, :dims].double()
-    if shrink:
-        eigenvalues = eigenvalues + shrink * eigenvalues.mean()
-    projection = (vectors / (eigenvalues.clamp_min(1e-12) / m).sqrt()).float()
-    return projection * (math.sqrt(d) / (u @ projection).norm(dim=1).median())
 
 
 def banded_sqrt(bands: int) -> torch.Tensor:

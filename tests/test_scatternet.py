@@ -181,6 +181,9 @@ def test_whitening_projection_whitens_the_leading_directions():
     scale = moment.diagonal().mean()
     assert torch.allclose(moment / scale, torch.eye(dims), atol=1e-3), "unit, uncorrelated variances on the fit data"
     assert z.norm(dim=1).median() == pytest.approx(d ** 0.5, rel=1e-3), "scaled to a GroupNorm'd vector's norm"
+    assert torch.equal(whitening_projection(features, dims, shrink=0.0), projection)
+    partial = (u @ whitening_projection(features, dims, shrink=1.0)).pow(2).mean(0)
+    assert partial[0] > 1.5 * partial[-1], "partial whitening keeps the leading direction's larger variance"
     with pytest.raises(ValueError, match="dims"):
         whitening_projection(features, d + 1)
     # fewer rows than dimensions (a small prior): the rows' SVD gives the moment's own leading directions

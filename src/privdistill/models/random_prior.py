@@ -86,13 +86,14 @@ def unit_rows(features: torch.Tensor) -> torch.Tensor:
     return features / features.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def whitening_projection(features: torch.Tensor, dims: int) -> torch.Tensor:
+def whitening_projection(features: torch.Tensor, dims: int, shrink: float = 0.0) -> torch.Tensor:
     """A [d, dims] map z = u @ P from unit-norm features u (features [m, d], each row scaled to norm 1 here) onto
     their `dims` leading principal directions (uncentred second moment), each scaled to unit variance on these
     features, then all scaled so that the projected features' median norm is sqrt(d): the norm of a GroupNorm'd
     ScatterNet feature vector, which the DP-SGD recipe's clip norm and rate were chosen on. Exact eigenvectors of
     the d x d moment below 8,192 dimensions (from the rows' SVD when there are fewer rows than dimensions); a
-    randomised SVD (torch.svd_lowrank) above."""
+    randomised SVD (torch.svd_lowrank) above. `shrink` > 0 whitens only partly: each direction is scaled by
+    1 / sqrt(λ + shrink · mean λ) (experiments/dpsgd_whitening_probe.py; the models use 0)."""
     m, d = features.shape
     if not 0 < dims <= min(m, d):
         raise ValueError(f"whitening dims must lie in [1, {min(m, d)}], got {dims}")
@@ -110,5 +111,7 @@ def whitening_projection(features: torch.Tensor, dims: int) -> torch.Tensor:
     else:
         _, singular, v = torch.svd_lowrank(u, q=min(dims + 64, m, d), niter=4)
         eigenvalues, vectors = singular[:dims].double() ** 2, v[:, :dims].double()
+    if shrink:
+        eigenvalues = eigenvalues + shrink * eigenvalues.mean()
     projection = (vectors / (eigenvalues.clamp_min(1e-12) / m).sqrt()).float()
     return projection * (math.sqrt(d) / (u @ projection).norm(dim=1).median())
