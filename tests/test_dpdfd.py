@@ -279,11 +279,29 @@ def _cli(*args):
 
 
 @pytest.mark.slow
+def test_student_weight_average_is_released_and_the_last_iterate_is_reported_beside_it(tiny_npz, tmp_path, cache):
+    from safetensors.torch import load_file
+
+    common = ("budget.epsilon=null", "dpdfd.steps=20", "dpdfd.sigma=2", "dpdfd.eval_every=10", "run.noise=reproducible")
+    plain = run(tiny_npz, tmp_path / "plain", *common)
+    averaged = run(tiny_npz, tmp_path / "ema", *common, "dpdfd.student_ema=0.9")
+    assert averaged["epsilon_strict"] == plain["epsilon_strict"], "the average is post-processing: no extra ε"
+    last = [h for h in averaged["history"] if "last_iterate_accuracy" in h]
+    assert last and "last_iterate_accuracy" not in json.dumps(plain["history"])
+    # the same seed and noise: the last iterate is the plain run's student, and the average is something else
+    assert last[-1]["last_iterate_accuracy"] == pytest.approx(plain["test_accuracy"], abs=1e-4)
+    a, b = load_file(tmp_path / "plain" / "student.safetensors"), load_file(tmp_path / "ema" / "student.safetensors")
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(Exception, match="student_ema"):
+        run(tiny_npz, tmp_path / "bad", *common, "dpdfd.student_ema=1")
+
+
 def test_sigkilled_run_resumes_to_the_same_result_without_respending(tiny_npz, tmp_path, cache):
     from safetensors.torch import load_file
 
+    # with the weight average on, so that the released average survives the kill as well as the student
     args = ["dpdfd", "--dataset", f"npz:{tiny_npz}", "--seed", "4", "--steps", "60", "--set", "budget.epsilon=null",
-            "--set", "dpdfd.sigma=2"] + [a for kv in TINY for a in ("--set", kv)]
+            "--set", "dpdfd.sigma=2", "--set", "dpdfd.student_ema=0.9"] + [a for kv in TINY for a in ("--set", kv)]
     cmd, env = _cli(*args, "--run-dir", str(tmp_path / "full"))
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
     cmd, env = _cli(*args, "--run-dir", str(tmp_path / "killed"))

@@ -49,7 +49,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining, build_generator, draw_latent, logits_and_features
 from privdistill.engine.ensemble import TeacherEnsemble, TeacherTraining
 from privdistill.engine.loop import LoopResult, TrainingLoop
-from privdistill.engine.optim import make_optimizer, set_lr
+from privdistill.engine.optim import make_optimizer, set_lr, weight_average
 from privdistill.engine.run import RunDir
 from privdistill.engine.synthetic import save_generator_grid
 from privdistill.engine.teachers import TeacherSpec, load_teacher
@@ -101,6 +101,10 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
     student = env.place(create_model(cfg.student_model, kind="classifier", in_channels=channels,
                                      num_classes=num_classes, image_size=image_size)).train()
     opt_s = make_optimizer(student.parameters(), cfg.student_optimizer, lr=cfg.student_lr)  # SGD: momentum 0.9
+    # the released student: its weights' moving average where dpdfd.student_ema is set (post-processing of the
+    # noisy gradients, like the student itself: it spends nothing), else the last iterate as in the paper
+    average = weight_average(student, cfg.student_ema)
+    released = student if average is None else average.module
     generator = opt_g = None
     if not direct:
         if init_generator is None:
@@ -113,11 +117,13 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
             teacher = env.place(teacher).eval().requires_grad_(False)
 
     def evaluation() -> dict[str, Any]:
-        accuracy = {} if test is None else {"test_accuracy": evaluate(student, test, env)}
+        accuracy = {} if test is None else {"test_accuracy": evaluate(released, test, env)}
+        if test is not None and average is not None:  # the last iterate beside its average (evaluation only)
+            accuracy["last_iterate_accuracy"] = evaluate(student, test, env)
         return {**accuracy, "elapsed": round(loop.wall_seconds(), 1)}
 
     loop = TrainingLoop(steps=plan.steps, env=env, run=run, checkpoint=CHECKPOINT, title=f"dpdfd alg. {cfg.algorithm}",
-                        log_stage="dpdfd", modules={"student": student, "generator": generator},
+                        log_stage="dpdfd", modules={"student": student, "generator": generator, "average": average},
                         optimizers={"student": opt_s, "generator": opt_g}, eval_every=cfg.eval_every,
                         checkpoint_every=cfg.checkpoint_every, evaluate=evaluation)
     chunks = LedgerChunks(ledger, plan, cfg, env)
@@ -125,14 +131,16 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
         try:
             chunk_seed = chunks.seed_for(step)  # the chunk is charged before its first step runs
         except BudgetExceededError as err:
-            return DPDFDResult(student, generator, loop.finish(step), f"budget exhausted before step {step}: {err}")
+            return DPDFDResult(released, generator, loop.finish(step), f"budget exhausted before step {step}: {err}")
         set_lr(opt_s, cfg.student_lr, cfg.student_lr_schedule, step, plan.steps)
         if direct:
             parts = _direct_step(cfg, plan, env, student, opt_s, private, step, chunk_seed)
         else:
             parts = _datafree_step(cfg, plan, env, student, opt_s, generator, opt_g, teacher, step, chunk_seed)
+        if average is not None:
+            average.update_parameters(student)
         loop.record(parts)
-    return DPDFDResult(student, generator, loop.finish())
+    return DPDFDResult(released, generator, loop.finish())
 
 
 def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Module, opt_s, generator: nn.Module, opt_g,

@@ -69,6 +69,7 @@ class DPDFDConfig:
     student_optimizer: str = "adam"  # adam | sgd
     student_lr: float = 1e-3
     student_lr_schedule: str = "constant"  # constant | linear | cosine
+    student_ema: float = 0.0  # > 0: release an exponential moving average of the student's weights (post-processing)
     generator_init: str = "scratch"  # scratch (covered) | teacher (warm start from dpdfd_generator: NOT covered)
     generator_output_norm: bool = False  # DAFL's final BatchNorm(affine=False) on the generator (see above)
     generator_lr: float = 1e-3
@@ -98,6 +99,7 @@ class DPDFDConfig:
         check(self.student_optimizer in OPTIMIZERS, "student_optimizer must be adam or sgd")
         check(self.student_lr > 0 and self.generator_lr > 0, "learning rates must be > 0")
         check(self.student_lr_schedule in SCHEDULES, "unknown student_lr_schedule")
+        check(0 <= self.student_ema < 1, f"student_ema must lie in [0, 1), got {self.student_ema}")
         check(self.generator_init in ("scratch", "teacher"), "generator_init must be scratch or teacher")
         check(self.generator_every >= 0, "generator_every must be >= 0")
         check(min(self.lg_one_hot, self.lg_entropy, self.lg_activation) >= 0, "L_G weights must be >= 0")
