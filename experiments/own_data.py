@@ -4,6 +4,7 @@ Prints a markdown table and writes the rows as JSON (docs/results.md, "Data of y
 
     python experiments/small_digits.py /tmp/own/small.npz
     python experiments/own_data.py 'npz:/tmp/own/small.npz?range=0,16' docs/diagnostics/own-data-small-digits.json
+    python experiments/own_data.py SPEC OUT.json dgd        # re-run only these methods' rows, keep the others
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ def run_cell(spec: str, method: str, extra: list[str], epsilon: float, root: Pat
     return row
 
 
-def main(spec: str, out: str) -> None:
+def main(spec: str, out: str, only: list[str]) -> None:
     root = Path(tempfile.mkdtemp(prefix="own-data-"))
-    rows = [run_cell(spec, m, extra, e, root) for m, extra in CELLS for e in (1.0, 10.0)]
+    kept = json.loads(Path(out).read_text()) if only and Path(out).is_file() else []
+    kept = {(r["method"], r["recipe"], r["epsilon"]): r for r in kept}
+    rows = [run_cell(spec, m, extra, e, root) if not only or m in only
+            else kept[(m, extra[-1] if extra else "default", e)] for m, extra in CELLS for e in (1.0, 10.0)]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(rows, indent=1) + "\n")
     print("| method | recipe | ε | accuracy | strict ε / paper ε | covers the whole model | wall | or refused |")
@@ -57,4 +61,4 @@ def main(spec: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -16,7 +16,14 @@ from privdistill.methods.dpdfd import DPDFDMethod
 from privdistill.methods.dpsgd import DPSGDMethod
 from privdistill.methods.pate import PATEMethod
 from privdistill.methods.runner import Budget
-from privdistill.methods.sizing import MIN_DPSGD_STEPS, MIN_PARTITION, MIN_STEPS, UNANIMOUS_ACCURACY, fit_to_data
+from privdistill.methods.sizing import (
+    MIN_DPSGD_STEPS,
+    MIN_PARTITION,
+    MIN_STEPS,
+    MIN_VOTER_RECORDS,
+    UNANIMOUS_ACCURACY,
+    fit_to_data,
+)
 from privdistill.methods.srr import SRRMethod, StageSchedule
 from privdistill.privacy.vote_noise import unanimous_label_accuracy
 
@@ -42,19 +49,23 @@ def test_builtin_datasets_keep_the_presets_values(method, preset, dataset):
     assert sections == resolved
 
 
-def test_small_data_gets_teachers_with_enough_records_and_noise_for_them():
+def test_dgd_keeps_more_weaker_voters_than_pate_and_lowers_their_noise():
+    # a plain noisy argmax: at least MIN_VOTER_RECORDS records a teacher (PATE's consensus test: MIN_PARTITION)
     sections, notes = fitted("dgd", 1500)
     teachers = sections["teachers"]
-    assert teachers.num_teachers == 1500 // MIN_PARTITION == 15
+    assert teachers.num_teachers == 1500 // MIN_VOTER_RECORDS == 100 > 1500 // MIN_PARTITION
     assert teachers.batch_size <= 1500 // teachers.num_teachers
     scale = sections["dgd"].laplace_scale
-    assert scale < 40  # the preset's b = 40 was set for 250 teachers: with 15 it leaves ~20 % of a unanimous vote
-    right, _ = unanimous_label_accuracy(15, 10, distribution="laplace", scale=scale)
+    assert scale < 40  # the preset's b = 40 was set for 250 teachers
+    right, _ = unanimous_label_accuracy(100, 10, distribution="laplace", scale=scale)
     assert right == pytest.approx(UNANIMOUS_ACCURACY, abs=0.03)
     baseline = sections["baseline"]
     assert baseline.epochs * 1500 / baseline.batch_size >= MIN_STEPS
-    assert any("teachers.num_teachers 250 -> 15" in n for n in notes)
+    assert any("teachers.num_teachers 250 -> 100" in n for n in notes)
     assert any("dgd.laplace_scale 40 ->" in n for n in notes)
+    # enough records for the preset's 250 teachers: nothing about them changes
+    sections, notes = fitted("dgd", 250 * MIN_VOTER_RECORDS)
+    assert sections["teachers"].num_teachers == 250 and sections["dgd"].laplace_scale == 40
 
 
 def test_pate_partitions_only_the_private_part_and_scales_the_threshold():

@@ -1,12 +1,16 @@
 """Presets that fit the data: the sizes and vote noise a preset sets for MNIST, refitted to a run's dataset.
 
 The presets are written for the built-in datasets (60,000 records, 250 teachers). On a dataset of one's own with
-1,500 records the same numbers give teachers with 6 records each, a vote noise that drowns a 15-teacher vote,
+1,500 records the same numbers give PATE teachers with 5 records each that never reach its consensus threshold,
 60,000 synthetic labels composed under a strict ε, and a baseline trained for 47 steps. `fit_to_data` refits
 those values, before anything is planned or trained, by four stated rules:
 
-  teachers          at most N_private / MIN_PARTITION teachers (so that each is trained on >= 100 records),
-                    and a batch no larger than the smallest partition;
+  teachers          PATE's (its Confident-GNMax answers only a consensus) and DPDFD's: at most
+                    N_private / MIN_PARTITION, each trained on >= 100 records; DGD's (a plain noisy argmax): at
+                    most N_private / MIN_VOTER_RECORDS (15), as more, weaker voters buy more answers (the vote
+                    noise the rule below allows grows with the count, the answers with its square) and, down to
+                    about 15 records each, their plurality is right about as often; a batch no larger than the
+                    smallest partition;
   vote noise        LNMax/GNMax noise is in vote units, set for the preset's number of teachers (b = 40 for
                     250): with fewer teachers it is lowered to the largest noise at which a unanimous vote is
                     still right 90 % of the time (privacy/vote_noise.py), and Confident-GNMax's threshold test
@@ -34,7 +38,10 @@ from privdistill.engine.holdout import holdout_size
 from privdistill.methods.srr_schedule import StageSchedule
 from privdistill.privacy.vote_noise import scale_for_accuracy
 
-MIN_PARTITION = 100  # records per teacher: below ~100 records of 10 classes a small CNN is barely better than chance
+MIN_PARTITION = 100  # records per PATE / DPDFD teacher: below ~100 records of 10 classes a small CNN is weak
+# records per teacher of a plain noisy-argmax vote (DGD), measured on 1,500 8 x 8 digits at ε 10 (one draw each):
+# 6 records (250 teachers) 48 %, 15 (100) 67 %, 30 (50) 66 %, 100 (15) 28 % (experiments/sizing_study.md)
+MIN_VOTER_RECORDS = 15
 MIN_STEPS = 500  # optimiser steps of a classifier trained on the private data (MNIST's quick baseline: 1,875)
 # DP-SGD's network gets fewer: at a fixed ε its noise grows with the steps (experiments/sizing_study.py)
 MIN_DPSGD_STEPS = 100
@@ -74,9 +81,10 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
         if section not in fitted:
             continue
         records = _private_records(fitted, n)
-        if free(section, "num_teachers") and records // MIN_PARTITION < fitted[section].num_teachers:
-            change(section, "num_teachers", max(1, records // MIN_PARTITION),
-                   f"at least {MIN_PARTITION} of the {records:,} private records for each teacher")
+        least = MIN_VOTER_RECORDS if section == "teachers" and "dgd" in fitted else MIN_PARTITION
+        if free(section, "num_teachers") and records // least < fitted[section].num_teachers:
+            change(section, "num_teachers", max(1, records // least),
+                   f"at least {least} of the {records:,} private records for each teacher")
         smallest = records // fitted[section].num_teachers
         if free(section, "batch_size") and 0 < smallest < fitted[section].batch_size:
             change(section, "batch_size", smallest, "no larger than the smallest partition")
