@@ -131,7 +131,8 @@ def pins_of(study: str, dataset: str, size: int, epsilon: float, extra_set: list
 
 def run_arm(study: str, dataset: str, size: int, epsilon: float, arm: str, pins: list[str], extra_set: list[str],
             timeout: float | None) -> dict:
-    run_dir = RUNS_DIR / f"{study}-{dataset}-{size}-eps{epsilon:g}-{arm}"
+    probe = "".join(f"-{re.sub(r'[^A-Za-z0-9]+', '_', s)}" for s in extra_set)  # one run directory per probe
+    run_dir = RUNS_DIR / f"{study}-{dataset}-{size}-eps{epsilon:g}{probe}-{arm}"
     sets = extra_set + (pins if arm == "unrefitted" else [])
     cmd = base_command(study, dataset, size, epsilon, sets)
     proc, wall = cli([*cmd, "--run-dir", str(run_dir)], timeout=timeout)
