@@ -319,7 +319,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     if lacking:
         first = next(iter(lacking.items()))
         warnings.warn(f"{len(lacking)} of {cfg.num_teachers} partitions lack some class (partition {first[0]} has no "
-                      f"example of class(es) {first[1]}): those teachers can never vote for it. Use fewer teachers.",
+                      f"example of class(es) {first[1]}): those teachers can never vote for it; the others' plurality "
+                      "still can (fewer teachers, each on more records, if the released labels come out poor).",
                       EnsembleWarning, stacklevel=2)
     sizes = torch.tensor([len(p) for p in parts])
     padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
