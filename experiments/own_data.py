@@ -19,13 +19,17 @@ from pathlib import Path
 CELLS = [("dpsgd", []), ("srr", ["--recipe", "label-dp"]), ("srr", []), ("pate", []), ("dgd", []), ("dpdfd", [])]
 
 
+def recipe_of(extra: list[str]) -> str:
+    return extra[-1] if extra else "default"
+
+
 def run_cell(spec: str, method: str, extra: list[str], epsilon: float, root: Path) -> dict:
     run_dir = root / f"{method}{'-' + extra[-1] if extra else ''}-eps{epsilon:g}"
     cmd = ["privdistill", method, "-d", spec, "-e", f"{epsilon:g}", *extra, "--run-dir", str(run_dir)]
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "privdistill", *cmd[1:]], capture_output=True, text=True)
     wall = time.perf_counter() - started
-    row = {"method": method, "recipe": extra[-1] if extra else "default", "epsilon": epsilon, "wall_s": round(wall),
+    row = {"method": method, "recipe": recipe_of(extra), "epsilon": epsilon, "wall_s": round(wall),
            "command": " ".join(cmd[:-2])}
     summary = run_dir / "summary.json"
     if proc.returncode == 0 and summary.is_file():
@@ -44,7 +48,7 @@ def main(spec: str, out: str, only: list[str]) -> None:
     kept = json.loads(Path(out).read_text()) if only and Path(out).is_file() else []
     kept = {(r["method"], r["recipe"], r["epsilon"]): r for r in kept}
     rows = [run_cell(spec, m, extra, e, root) if not only or m in only
-            else kept[(m, extra[-1] if extra else "default", e)] for m, extra in CELLS for e in (1.0, 10.0)]
+            else kept[(m, recipe_of(extra), e)] for m, extra in CELLS for e in (1.0, 10.0)]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(rows, indent=1) + "\n")
     print("| method | recipe | ε | accuracy | strict ε / paper ε | covers the whole model | wall | or refused |")

@@ -296,6 +296,7 @@ def test_student_weight_average_is_released_and_the_last_iterate_is_reported_bes
         run(tiny_npz, tmp_path / "bad", *common, "dpdfd.student_ema=1")
 
 
+@pytest.mark.slow
 def test_sigkilled_run_resumes_to_the_same_result_without_respending(tiny_npz, tmp_path, cache):
     from safetensors.torch import load_file
 
