@@ -17,10 +17,13 @@ from privdistill.methods.dpsgd import DPSGDMethod
 from privdistill.methods.pate import PATEMethod
 from privdistill.methods.runner import Budget
 from privdistill.methods.sizing import (
+    GENERATOR_FLOOR,
+    MAX_TEACHER_PASSES,
     MIN_DPSGD_STEPS,
     MIN_PARTITION,
     MIN_STEPS,
     MIN_VOTER_RECORDS,
+    POOL_PER_RECORD,
     UNANIMOUS_ACCURACY,
     fit_to_data,
 )
@@ -66,6 +69,34 @@ def test_dgd_keeps_more_weaker_voters_than_pate_and_lowers_their_noise():
     # enough records for the preset's 250 teachers: nothing about them changes
     sections, notes = fitted("dgd", 250 * MIN_VOTER_RECORDS)
     assert sections["teachers"].num_teachers == 250 and sections["dgd"].laplace_scale == 40
+
+
+def test_recipe_values_measured_on_the_builtin_data_are_refitted_where_no_recipe_was_measured():
+    """The default recipe's 270 teacher steps were measured on MNIST's 240-record shares; on 15-record shares each
+    step is a pass, and the cap refits the recipe's value too. A value the user gives is kept."""
+    from privdistill.methods.common import RunRequest, _resolve
+
+    def with_recipe(n, dataset="npz:x.npz", overrides=()):  # the path a run takes: the default recipe at ε 10
+        request = RunRequest(dataset=dataset, overrides=["budget.epsilon=10", *overrides])
+        resolved, own, chosen, by_recipe = _resolve("dgd", request, {"budget": Budget, **DGDMethod.sections}, dataset)
+        data = SimpleNamespace(train=range(n), num_classes=10)
+        return fit_to_data(resolved, data, preset_values=own, chosen=chosen, by_recipe=by_recipe)
+
+    sections, notes = with_recipe(1500)
+    assert sections["teachers"].batch_size == 15 and sections["teachers"].steps == MAX_TEACHER_PASSES < 270
+    assert any(f"teachers.steps 270 -> {MAX_TEACHER_PASSES}" in n and "whole share of 15 records" in n for n in notes)
+    assert with_recipe(1500, overrides=["teachers.steps=270"])[0]["teachers"].steps == 270
+    assert with_recipe(1500, overrides=["teachers.batch_size=5"])[0]["teachers"].steps == 270  # 3 steps a pass
+    # ... and the pool the queries are chosen from: 4 samples a record, as the recipe's 240,000 for 60,000
+    assert sections["dgd"].num_synthetic == POOL_PER_RECORD * 1500 < 240_000
+    assert with_recipe(1500, overrides=["dgd.num_synthetic=50000"])[0]["dgd"].num_synthetic == 50_000
+    # and the generator's rounds, in proportion to N but at least half the recipe's 12
+    assert sections["generator"].rounds == 12 * GENERATOR_FLOOR == 6
+    assert with_recipe(45000)[0]["generator"].rounds == 9 and with_recipe(59999)[0]["generator"].rounds == 12
+    # the recipe's shares on the built-in data are larger than a batch, its pool 4 samples a record: nothing changes
+    sections, notes = with_recipe(60000, dataset="mnist")
+    assert sections["teachers"].steps == 270 and sections["dgd"].num_synthetic == 240_000 and notes == []
+    assert sections["generator"].rounds == 12
 
 
 def test_pate_partitions_only_the_private_part_and_scales_the_threshold():

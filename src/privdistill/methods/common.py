@@ -61,12 +61,12 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
         raise RunError(f"--resume needs the --run-dir of an earlier run; {request.run_dir or '(none given)'} "
                        "holds none. Drop --resume to start a new run")
     dataset = canonical_name(request.dataset) if ":" not in request.dataset else request.dataset
-    resolved, preset_values, chosen = _resolve(method, request, sections, dataset)
+    resolved, preset_values, chosen, by_recipe = _resolve(method, request, sections, dataset)
     options: RunOptions = resolved["run"]
     env = Env.from_options(options)
     data = load_data(dataset, options.data_root, seed=options.seed)
     # the preset's sizes and vote noise refitted to this dataset's N before anything is keyed or planned
-    resolved, notes = fit_to_data(resolved, data, preset_values=preset_values, chosen=chosen)
+    resolved, notes = fit_to_data(resolved, data, preset_values=preset_values, chosen=chosen, by_recipe=by_recipe)
     notes += data_notes(data, dataset)
     if "budget" in resolved:  # δ against the N private records, before any work (no run directory yet)
         check_delta_for_records(resolved["budget"].delta, len(data.train))
@@ -81,18 +81,23 @@ def prepare_run(method: str, request: RunRequest, sections: dict[str, type]) -> 
 
 
 def _resolve(method: str, request: RunRequest, sections: dict[str, type],
-             dataset: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]], set[str]]:
+             dataset: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]], set[str], set[str]]:
     """(the resolved sections: preset < recipe layers for this dataset and target ε < --config < --set, the
-    preset's own values, the keys chosen), before anything is fitted to the data."""
+    preset's own values, the keys chosen, those of them only the recipe chose), before anything is fitted to the
+    data."""
     recipe_name = requested(request, "run", "recipe")
-    recipe = recipe_layers(method, None if recipe_name is None else str(recipe_name), dataset,
-                           _number(requested(request, "budget", "epsilon")))
+    recipe_args = (method, None if recipe_name is None else str(recipe_name), dataset,
+                   _number(requested(request, "budget", "epsilon")))
+    recipe = recipe_layers(*recipe_args)
     resolved = resolve_sections({"run": RunOptions, **sections}, preset=request.preset, dataset=dataset,
                                 config_file=request.config_file, overrides=request.overrides, recipe=recipe)
     preset_values, chosen = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
                                           overrides=request.overrides, recipe=recipe)
+    # the recipe's general values were measured on the built-in data; its blocks for this dataset, on this dataset
+    _, measured_here = chosen_values(preset=request.preset, dataset=dataset, config_file=request.config_file,
+                                     overrides=request.overrides, recipe=recipe_layers(*recipe_args, dataset_only=True))
     apply_noise_policy(resolved, chosen)
-    return resolved, preset_values, chosen
+    return resolved, preset_values, chosen, chosen - measured_here
 
 
 def sections_at_epsilon(prep: Prepared, request: RunRequest, epsilon: float) -> dict[str, Any]:
@@ -103,8 +108,8 @@ def sections_at_epsilon(prep: Prepared, request: RunRequest, epsilon: float) -> 
     overrides.setdefault("budget", {}).update(epsilon=epsilon, max_epsilon=None)
     trial = dataclasses.replace(request, overrides=overrides)
     sections = {name: type(section) for name, section in prep.sections.items() if name != "run"}
-    resolved, preset_values, chosen = _resolve(prep.method, trial, sections, prep.dataset)
-    return fit_to_data(resolved, prep.data, preset_values=preset_values, chosen=chosen)[0]
+    resolved, preset_values, chosen, by_recipe = _resolve(prep.method, trial, sections, prep.dataset)
+    return fit_to_data(resolved, prep.data, preset_values=preset_values, chosen=chosen, by_recipe=by_recipe)[0]
 
 
 def data_notes(data: DataSplits, dataset: str) -> list[str]:

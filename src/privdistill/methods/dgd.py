@@ -118,7 +118,8 @@ class DGDMethod(Method):
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
                      else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
-            raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}")
+            raise ConfigError(f"{queries} queries leave no unlabelled samples out of {pool_size}"
+                              + (": raise dgd.num_synthetic" if cfg.inputs == "generator" else ""))
         events = {QUERIES_KEY: vote, **source}
         if cfg.latent_noise and reads_codes:
             events[LATENT_KEY] = LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1, dim=ctx.section("vae").latent_dim,

@@ -3,28 +3,34 @@
 The presets are written for the built-in datasets (60,000 records, 250 teachers). On a dataset of one's own with
 1,500 records the same numbers give PATE teachers with 5 records each that never reach its consensus threshold,
 60,000 synthetic labels composed under a strict ε, and a baseline trained for 47 steps. `fit_to_data` refits
-those values, before anything is planned or trained, by four stated rules:
+those values, before anything is planned or trained, by five stated rules:
 
   teachers          PATE's (its Confident-GNMax answers only a consensus) and DPDFD's: at most
                     N_private / MIN_PARTITION, each trained on >= 100 records; DGD's (a plain noisy argmax): at
                     most N_private / MIN_VOTER_RECORDS (15), as more, weaker voters buy more answers (the vote
                     noise the rule below allows grows with the count, the answers with its square) and, down to
                     about 15 records each, their plurality is right about as often; a batch no larger than the
-                    smallest partition;
+                    smallest partition, and then (each step a pass over the share) at most MAX_TEACHER_PASSES (100)
+                    steps;
   vote noise        LNMax/GNMax noise is in vote units, set for the preset's number of teachers (b = 40 for
                     250): with fewer teachers it is lowered to the largest noise at which a unanimous vote is
                     still right 90 % of the time (privacy/vote_noise.py), and Confident-GNMax's threshold test
                     is scaled by (teachers / preset's teachers). Each answer then costs more ε, so the plan's
                     query count, derived from --epsilon, is smaller: the plan prints both;
-  synthetic labels  SRR draws at most N labels (the paper's 60,000 = MNIST's N);
+  synthetic labels  SRR draws at most N labels (the paper's 60,000 = MNIST's N); DGD chooses its queries from a
+                    pool of at most POOL_PER_RECORD (4) samples a record (its default recipe's 240,000 for 60,000);
+  generator         DGD's generator trains rounds in proportion to N / PRESET_RECORDS, at least GENERATOR_FLOOR
+                    (half) of them;
   short training    a classifier trained on the private data (the baseline, SRR's teacher) and SRR's student get
                     at least MIN_STEPS optimiser steps, DP-SGD's network MIN_DPSGD_STEPS (its noise grows with its
                     steps at a fixed ε): a few epochs of a small set are too few steps to learn anything.
 
 A value chosen for the run (the preset's own `by_dataset` block, --config, --set) is never changed: only the
-preset's general values are. On the built-in datasets every rule is a no-op (tested), so the papers' numbers
-and the cached stages stay as they were. Every change is a line of the plan's notes, printed by --dry-run and
-kept in summary.json. Nothing here reads a record's content: only N, which the release discloses anyway.
+preset's general values are, and a recipe's general values only by a rule for a case no recipe was measured in
+(teachers on shares smaller than a batch, DGD's pool and generator below 60,000 records). On MNIST and
+Fashion-MNIST every rule is a no-op (tested), so the papers' numbers and the cached stages stay as they were. Every
+change is a line of the plan's notes, printed by --dry-run and kept in summary.json. Nothing here reads a record's
+content: only N, which the release discloses anyway.
 """
 
 from __future__ import annotations
@@ -42,6 +48,18 @@ MIN_PARTITION = 100  # records per PATE / DPDFD teacher: below ~100 records of 1
 # records per teacher of a plain noisy-argmax vote (DGD), measured on 1,500 8 x 8 digits at ε 10 (one draw each):
 # 6 records (250 teachers) 48 %, 15 (100) 67 %, 30 (50) 66 %, 100 (15) 28 % (experiments/sizing_study.md)
 MIN_VOTER_RECORDS = 15
+# passes over its share for a teacher whose share is smaller than a batch (one pass a step): on the digits' 100
+# teachers of 15 records the noiseless plurality reached 76.8 / 78.5 / 79.1 / 79.5 / 78.8 / 80.1 % of 297 test
+# images after 45 / 72 / 90 / 135 / 180 / 270 steps, in a third of the time at 90 (experiments/sizing_study.md)
+MAX_TEACHER_PASSES = 100
+# DGD's synthetic pool, the queries chosen from it: on the digits (1,917 queries, ε 10) pools of 6,000 / 24,000 /
+# 240,000 samples gave 66.5 / 63.8 / 67.4 % (four draws each), the large one 27 s slower to build and cover
+POOL_PER_RECORD = 4
+# DGD's generator learns from the baseline alone, but its cost was the largest left on small data: in proportion to
+# N, at least half its rounds; on the digits 6 rounds of 100 steps gave 66.7 / 69.4 / 68.0 % against 66.0 / 66.0 /
+# 66.0 / 68.0 % for the recipe's 12 (ε 10, a 6,000-sample pool), 30 s less to build
+PRESET_RECORDS = 60_000  # what the presets and recipes are written for (MNIST's training set)
+GENERATOR_FLOOR = 0.5
 MIN_STEPS = 500  # optimiser steps of a classifier trained on the private data (MNIST's quick baseline: 1,875)
 # DP-SGD's network gets fewer: at a fixed ε its noise grows with the steps (experiments/sizing_study.py)
 MIN_DPSGD_STEPS = 100
@@ -61,8 +79,9 @@ PRIVATE_CLASSIFIERS = ("baseline", "srr_teacher", "dpsgd")
 
 
 def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: dict[str, dict[str, Any]],
-                chosen: set[str]) -> tuple[dict[str, Any], list[str]]:
-    """(the sections with the preset's values fitted to `data`, one note per change)."""
+                chosen: set[str], by_recipe: set[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
+    """(the sections with the preset's values fitted to `data`, one note per change). `by_recipe`: those of the
+    `chosen` keys only a recipe's general values gave (measured on the built-in data, as they are kept)."""
     fitted = dict(sections)
     notes: list[str] = []
     n = len(data.train)
@@ -74,8 +93,10 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
         fitted[section] = dataclasses.replace(fitted[section], **{key: value})
         notes.append(f"sized to the data: {section}.{key} {_show(old)} -> {_show(value)}: {why}")
 
-    def free(section: str, key: str) -> bool:
-        return section in fitted and f"{section}.{key}" not in chosen
+    def free(section: str, key: str, *, over_recipe: bool = False) -> bool:
+        # over_recipe: a rule for a case no recipe was measured in refits the recipe's value too
+        name = f"{section}.{key}"
+        return section in fitted and (name not in chosen or (over_recipe and name in by_recipe))
 
     for section in ("teachers", "dpdfd_teachers"):
         if section not in fitted:
@@ -88,6 +109,12 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
         smallest = records // fitted[section].num_teachers
         if free(section, "batch_size") and 0 < smallest < fitted[section].batch_size:
             change(section, "batch_size", smallest, "no larger than the smallest partition")
+            # each step now reads a teacher's whole share: the preset's or recipe's steps, written (and measured)
+            # for shares larger than a batch, would be as many passes over a few records
+            if free(section, "steps", over_recipe=True) and fitted[section].steps > MAX_TEACHER_PASSES:
+                change(section, "steps", MAX_TEACHER_PASSES,
+                       f"each step reads a teacher's whole share of {smallest} records: at most "
+                       f"{MAX_TEACHER_PASSES} passes over it")
 
     for section in ("dgd", "pate"):
         ensemble = ENSEMBLE_OF[section]
@@ -112,6 +139,18 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
                 why = (f"set for {set_for} teachers; with {count}, the most noise that leaves a unanimous vote right "
                        f"{UNANIMOUS_ACCURACY:.0%} of the time")
             change(section, key, value, why)
+
+    if free("dgd", "num_synthetic", over_recipe=True) and fitted["dgd"].num_synthetic > POOL_PER_RECORD * n:
+        change("dgd", "num_synthetic", POOL_PER_RECORD * n,
+               f"a pool of at most {POOL_PER_RECORD} synthetic samples a record to choose the queries from, as the "
+               "default recipe's 240,000 for MNIST's 60,000")
+
+    if free("generator", "rounds", over_recipe=True) and n < PRESET_RECORDS:
+        rounds = fitted["generator"].rounds
+        fewer = max(1, math.ceil(rounds * max(n / PRESET_RECORDS, GENERATOR_FLOOR)))
+        if fewer < rounds:
+            change("generator", "rounds", fewer, f"in proportion to the {n:,} records against the preset's "
+                   f"{PRESET_RECORDS:,}, at least {GENERATOR_FLOOR:.0%} of its rounds")
 
     if free("srr", "num_samples") and fitted["srr"].num_samples > n:
         change("srr", "num_samples", n, "at most N labels, as the paper's 60,000 for MNIST's 60,000 records")

@@ -48,16 +48,18 @@ class Recipe:
     measured: dict[tuple[str, float], str] = field(default_factory=dict)
     accounting: str = "strict"  # the accounting its measured cells were sized under (their command says so)
 
-    def layers(self, dataset: str | None, epsilon: float | None) -> list[dict[str, dict[str, Any]]]:
+    def layers(self, dataset: str | None, epsilon: float | None, *,
+               dataset_only: bool = False) -> list[dict[str, dict[str, Any]]]:
         """The recipe's configuration layers for this dataset and target ε, in the order they apply (an ε block
-        may hold its own `by_dataset`)."""
-        out = [self.values]
+        may hold its own `by_dataset`); `dataset_only`: only the blocks written for this dataset (measured on it)."""
+        out = [] if dataset_only else [self.values]
         if dataset:
             out.append(self.by_dataset.get(dataset, {}))
         if epsilon is not None:
             for upper, block in self.by_epsilon:
                 if epsilon <= upper:
-                    out.append({k: v for k, v in block.items() if k != "by_dataset"})
+                    if not dataset_only:
+                        out.append({k: v for k, v in block.items() if k != "by_dataset"})
                     if dataset:
                         out.append((block.get("by_dataset") or {}).get(dataset, {}))
                     break
@@ -71,10 +73,10 @@ def recipes(method: str) -> dict[str, Recipe]:
     return importlib.import_module(f"privdistill.recipes.{method}").RECIPES
 
 
-def recipe_layers(method: str, name: str | None, dataset: str | None,
-                  epsilon: float | None) -> list[dict[str, dict[str, Any]]]:
+def recipe_layers(method: str, name: str | None, dataset: str | None, epsilon: float | None, *,
+                  dataset_only: bool = False) -> list[dict[str, dict[str, Any]]]:
     """The configuration layers of `method`'s recipe `name` (None: the default), or a ConfigError naming the
-    recipes there are."""
+    recipes there are. `dataset_only`: the layers written for `dataset` alone (Recipe.layers)."""
     known = recipes(method)
     if not known:  # baseline training, the shared stages: their presets are all there is
         if name not in (None, DEFAULT, PAPER):
@@ -84,4 +86,4 @@ def recipe_layers(method: str, name: str | None, dataset: str | None,
     if name not in known:
         raise ConfigError(f"{method} has no recipe {name!r}; its recipes: {', '.join(known)} "
                           f"(privdistill recipes {method})")
-    return known[name].layers(dataset, epsilon)
+    return known[name].layers(dataset, epsilon, dataset_only=dataset_only)
