@@ -39,9 +39,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
-from sklearn.cluster import KMeans
-from sklearn.decomposition import PCA
-from sklearn.semi_supervised import LabelSpreading
 
 from privdistill.data.dataset import to_float
 from privdistill.engine.context import Env
@@ -71,6 +68,8 @@ def embed_pool(images: torch.Tensor, env: Env, *, dims: int = EMBEDDING_DIMS,
         coefficients = to_float(images).flatten(1)
     x = coefficients.double().numpy()
     dims = max(1, min(dims, x.shape[0] - 1, x.shape[1]))
+    from sklearn.decomposition import PCA  # scikit-learn imported where used: 1.5 s that most runs never need
+
     z = PCA(dims, random_state=env.seed,
             svd_solver="randomized" if min(x.shape) > 4 * dims else "full").fit_transform(x)
     return (z - z.mean(0)) / (z.std(0) + 1e-8)
@@ -81,6 +80,8 @@ def medoid_queries(embedding: np.ndarray, count: int, *, seed: int = 0) -> torch
     centre, in the order of the clusters."""
     if not 0 < count <= len(embedding):
         raise ValueError(f"cannot choose {count} medoids from a pool of {len(embedding)}")
+    from sklearn.cluster import KMeans
+
     km = KMeans(n_clusters=count, n_init=3 if count <= 200 else 1, random_state=seed).fit(embedding)
     chosen = []
     for cluster, centre in enumerate(km.cluster_centers_):
@@ -103,6 +104,8 @@ def spread_labels(embedding: np.ndarray, queried: torch.Tensor, answers: torch.T
     if len(np.unique(y[y >= 0])) < 2:  # LabelSpreading needs two classes; one class spreads to all
         out = prior.expand(n, num_classes).clone()
     else:
+        from sklearn.semi_supervised import LabelSpreading
+
         model = LabelSpreading(kernel="knn", n_neighbors=min(neighbours, n - 1), alpha=alpha, max_iter=100)
         model.fit(embedding, y)
         dist = np.nan_to_num(model.label_distributions_)
@@ -125,6 +128,8 @@ def cluster_pool(embedding: np.ndarray, count: int, *, seed: int = 0) -> torch.T
     """[n] the k-means cluster (k = `count`) of every pool sample."""
     if not 0 < count <= len(embedding):
         raise ValueError(f"cannot make {count} clusters of a pool of {len(embedding)}")
+    from sklearn.cluster import KMeans
+
     return torch.as_tensor(KMeans(n_clusters=count, n_init=3, random_state=seed).fit(embedding).labels_).long()
 
 
