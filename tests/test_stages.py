@@ -89,9 +89,21 @@ def test_looped_and_vmapped_ensemble_inference_agree_also_under_bf16(tiny):
     assert not torch.allclose(half[0], half[1], atol=1e-3), "every teacher answers with its own weights"
 
 
-def test_auto_trainer_is_the_loop_on_a_cpu(tiny):
+def test_auto_trainer_is_the_loop_on_a_cpu_but_for_batches_of_few_pixels(tiny):
+    from privdistill.engine.ensemble import VMAP_CPU_PIXELS, auto_trainer
+
     _, stats = train_teachers(tiny.train, teacher_cfg(trainer="auto", steps=2), Env.cpu())
-    assert stats["trainer"] == "loop"
+    assert stats["trainer"] == "loop"  # 16 images of 28 x 28: the loop's dense convolutions are faster
+
+    class Small(list):  # what auto_trainer reads: the record count and the image size
+        image_size = (8, 8)
+
+    digits = Small(range(1500))
+    fifteen = teacher_cfg(num_teachers=100, batch_size=64)  # the batch is bounded by the 15-record shares
+    assert 15 * 64 <= VMAP_CPU_PIXELS < 33 * 64
+    assert auto_trainer(fifteen, digits, Env.cpu(), has_buffers=False) == "vectorized"
+    assert auto_trainer(fifteen, digits, Env.cpu(), has_buffers=True) == "loop"  # vmap cannot update BatchNorm
+    assert auto_trainer(teacher_cfg(num_teachers=10, batch_size=33), digits, Env.cpu(), has_buffers=False) == "loop"
 
 
 def test_teacher_bad_input(tiny):

@@ -290,6 +290,23 @@ def _gather(train: ImageDataset, partitions: torch.Tensor, positions: torch.Tens
     return x.to(env.device, non_blocking=True), train.labels[idx].to(env.device, non_blocking=True)
 
 
+# a teacher's batch, in pixels, up to which vmap's grouped convolutions beat the loop on a CPU, where the loop pays
+# one dispatch per tiny step (paper-cnn, 100 steps, 2 threads, AMD EPYC): 15 images of 8 x 8 (960 pixels, 100
+# teachers) 31.8 s against the loop's 57.4 s; 15 of 12 x 12 (2,160, 80 teachers) 46.5 against 47.6 s; 128 of
+# 28 x 28 2.6 times slower (docs/benchmarks.md)
+VMAP_CPU_PIXELS = 2048
+
+
+def auto_trainer(cfg: TeacherTraining, train: ImageDataset, env: Env, *, has_buffers: bool) -> str:
+    """teachers.trainer=auto: vectorised on CUDA, and on a CPU for batches small enough that the loop's per-step
+    overhead dominates; the loop for models with buffers (BatchNorm), which vmap cannot update."""
+    if has_buffers:
+        return "loop"
+    h, w = train.image_size
+    small = min(cfg.batch_size, len(train) // cfg.num_teachers) * h * w <= VMAP_CPU_PIXELS
+    return "vectorized" if env.device.type == "cuda" or small else "loop"
+
+
 def auto_chunk_size(cfg: TeacherTraining, train: ImageDataset, env: Env) -> int:
     """Teachers per vectorised step: bounded by activation memory (about 1 MiB per image for the paper
     CNN at 28x28 with autocast copies and gradients, measured: 250 x 128 images peaked at 14 GB; scaled by
@@ -312,8 +329,6 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     Returns the ensemble and statistics (time, teachers per minute, partition facts). With a
     checkpoint directory, finished chunks are saved atomically and skipped on resume.
     """
-    if cfg.trainer == "auto":
-        cfg = replace(cfg, trainer="vectorized" if env.device.type == "cuda" else "loop")
     parts = parts if parts is not None else make_partitions(train, cfg)
     lacking = missing_classes(train.labels, parts, train.num_classes)
     if lacking:
@@ -327,6 +342,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     for i, p in enumerate(parts):
         padded[i, :len(p)] = p
     template = _init_teachers(cfg, train, 1, 0, env)[0]
+    if cfg.trainer == "auto":
+        cfg = replace(cfg, trainer=auto_trainer(cfg, train, env, has_buffers=any(True for _ in template.buffers())))
     if cfg.trainer == "vectorized" and any(True for _ in template.buffers()):
         raise ModelError(f"{cfg.model} has buffers (BatchNorm running statistics), which vmap cannot update; "
                          "set teachers.trainer=loop for it")
