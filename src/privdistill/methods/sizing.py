@@ -140,11 +140,24 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
                        f"{UNANIMOUS_ACCURACY:.0%} of the time")
             change(section, key, value, why)
 
+    _fit_dgd_synthesis(fitted, n, free, change)
+
+    if free("srr", "num_samples") and fitted["srr"].num_samples > n:
+        change("srr", "num_samples", n, "at most N labels, as the paper's 60,000 for MNIST's 60,000 records")
+
+    _fit_training_lengths(fitted, n, free, change)
+    if notes:
+        notes.insert(0, f"sized to the data: the preset is written for 60,000 records, this training set has {n:,}; "
+                        "the values below were refitted (a value given with --set or --config never is)")
+    return fitted, notes
+
+
+def _fit_dgd_synthesis(fitted: dict[str, Any], n: int, free, change) -> None:
+    """DGD's pool and generator: what they cost does not shrink with N by itself (measured: module docstring)."""
     if free("dgd", "num_synthetic", over_recipe=True) and fitted["dgd"].num_synthetic > POOL_PER_RECORD * n:
         change("dgd", "num_synthetic", POOL_PER_RECORD * n,
                f"a pool of at most {POOL_PER_RECORD} synthetic samples a record to choose the queries from, as the "
                "default recipe's 240,000 for MNIST's 60,000")
-
     if free("generator", "rounds", over_recipe=True) and n < PRESET_RECORDS:
         rounds = fitted["generator"].rounds
         fewer = max(1, math.ceil(rounds * max(n / PRESET_RECORDS, GENERATOR_FLOOR)))
@@ -152,9 +165,10 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
             change("generator", "rounds", fewer, f"in proportion to the {n:,} records against the preset's "
                    f"{PRESET_RECORDS:,}, at least {GENERATOR_FLOOR:.0%} of its rounds")
 
-    if free("srr", "num_samples") and fitted["srr"].num_samples > n:
-        change("srr", "num_samples", n, "at most N labels, as the paper's 60,000 for MNIST's 60,000 records")
 
+def _fit_training_lengths(fitted: dict[str, Any], n: int, free, change) -> None:
+    """At least MIN_STEPS optimiser steps for the classifiers trained on the private data (MIN_DPSGD_STEPS for
+    DP-SGD's, whose σ is calibrated for them afterwards) and for SRR's student over its stages."""
     for section in PRIVATE_CLASSIFIERS:
         cfg = fitted.get(section)
         if cfg is None or getattr(cfg, "steps", 0) > 0 or not free(section, "epochs"):
@@ -169,10 +183,6 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
         if steps < MIN_STEPS:
             change("srr", "epochs_per_stage", float(math.ceil(cfg.epochs_per_stage * MIN_STEPS / steps)),
                    f"at least {MIN_STEPS} student steps over the {cfg.stages} stages")
-    if notes:
-        notes.insert(0, f"sized to the data: the preset is written for 60,000 records, this training set has {n:,}; "
-                        "the values below were refitted (a value given with --set or --config never is)")
-    return fitted, notes
 
 
 def _private_records(sections: dict[str, Any], n: int) -> int:
