@@ -90,12 +90,18 @@ def test_recipe_values_measured_on_the_builtin_data_are_refitted_where_no_recipe
     # ... and the pool the queries are chosen from: 4 samples a record, as the recipe's 240,000 for 60,000
     assert sections["dgd"].num_synthetic == POOL_PER_RECORD * 1500 < 240_000
     assert with_recipe(1500, overrides=["dgd.num_synthetic=50000"])[0]["dgd"].num_synthetic == 50_000
+    # 100 teachers of 15 records vote on clusters of the pool at every ε, unless the user chose otherwise
+    assert sections["dgd"].query_selection == "clusters"
+    assert with_recipe(1500, overrides=["dgd.query_selection=diverse"])[0]["dgd"].query_selection == "diverse"
+    assert with_recipe(60000, dataset="mnist", overrides=["teachers.num_teachers=10"])[0]["dgd"].query_selection \
+        == "diverse"  # 10 teachers the user chose, each on 6,000 records
     # and the generator's rounds, in proportion to N but at least half the recipe's 12
     assert sections["generator"].rounds == 12 * GENERATOR_FLOOR == 6
     assert with_recipe(45000)[0]["generator"].rounds == 9 and with_recipe(59999)[0]["generator"].rounds == 12
     # the recipe's shares on the built-in data are larger than a batch, its pool 4 samples a record: nothing changes
     sections, notes = with_recipe(60000, dataset="mnist")
     assert sections["teachers"].steps == 270 and sections["dgd"].num_synthetic == 240_000 and notes == []
+    assert sections["dgd"].query_selection == "diverse"
     assert sections["generator"].rounds == 12
 
 
