@@ -342,9 +342,10 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     for i, p in enumerate(parts):
         padded[i, :len(p)] = p
     template = _init_teachers(cfg, train, 1, 0, env)[0]
+    has_buffers = any(True for _ in template.buffers())
     if cfg.trainer == "auto":
-        cfg = replace(cfg, trainer=auto_trainer(cfg, train, env, has_buffers=any(True for _ in template.buffers())))
-    if cfg.trainer == "vectorized" and any(True for _ in template.buffers()):
+        cfg = replace(cfg, trainer=auto_trainer(cfg, train, env, has_buffers=has_buffers))
+    if cfg.trainer == "vectorized" and has_buffers:
         raise ModelError(f"{cfg.model} has buffers (BatchNorm running statistics), which vmap cannot update; "
                          "set teachers.trainer=loop for it")
     chunk = auto_chunk_size(cfg, train, env) if cfg.trainer == "vectorized" else 1
