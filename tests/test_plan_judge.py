@@ -88,3 +88,20 @@ def test_the_nearest_epsilon_named_is_the_smallest_doubling_whose_own_plan_passe
     if nearest / 2 > epsilon:
         with pytest.raises(PlanRefused):
             attempt(nearest / 2, "half")
+
+
+def test_dgd_refusal_advises_cluster_votes_or_end_to_end_not_fewer_teachers(tiny_npz, tmp_path):
+    """DGD's vote noise falls with the teacher count, so fewer teachers buy fewer answers: the advice is cluster
+    votes (when the run does not already vote on clusters) and the end-to-end recipe."""
+    def refusal(recipe, epsilon):
+        request = RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / f"{recipe}-{epsilon}"), dry_run=True,
+                             overrides=[f"run.recipe={recipe}", f"budget.epsilon={epsilon}"])
+        with pytest.raises(PlanRefused) as err:
+            run_dgd(request)
+        return str(err.value)
+
+    per_sample = refusal("paper", 5)
+    assert "dgd.query_selection=clusters" in per_sample and "-r end-to-end" in per_sample
+    assert "fewer teachers" not in per_sample
+    clustered = refusal("default", 1)  # the default recipe already votes on clusters at ε <= 2
+    assert "dgd.query_selection=clusters" not in clustered and "-r end-to-end" in clustered
