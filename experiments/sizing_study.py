@@ -182,6 +182,14 @@ def run(args: argparse.Namespace) -> None:
                     if not arms:
                         continue
                     pins, notes = pins_of(study, dataset, size, epsilon, args.set)
+                    # a batch the refitted plan lowered to its (fewer) teachers' partitions cannot be pinned back
+                    # when the preset's teachers have still smaller ones: the batch rule then stays on, as below
+                    batch_pin = [p for p in pins if p.startswith("teachers.batch_size=")]
+                    if batch_pin:
+                        proc, _ = cli([*base_command(study, dataset, size, epsilon, args.set + pins), "--dry-run",
+                                       "--set", "run.plan_check=warn"])
+                        if proc.returncode != 0 and "exceeds the smallest partition" in refusal(proc):
+                            pins = [p for p in pins if p not in batch_pin]
                     # rules that apply only once the pins are in (a batch larger than the pinned teachers'
                     # partitions): the unrefitted arm leaves them on, so that it can start; whether it could start
                     # without them is recorded too

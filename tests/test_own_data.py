@@ -5,6 +5,8 @@ card states the scale the data had."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -43,7 +45,9 @@ def test_fit_keeps_arrays_in_memory_names_them_and_states_split_labels_and_scale
         result = DPSGD(overrides=TINY, epsilon=8, run_dir=str(tmp_path / "run")).fit(
             x, y, value_range=(0, 16), name="digits", test=(xt, yt))
     s = result.summary
-    assert s["dataset"] == "arrays:digits" and "cache" not in str(s)
+    # no cache path anywhere (the stage cache's, nor the array cache an earlier version copied private arrays to)
+    assert s["dataset"] == "arrays:digits" and os.environ["PRIVDISTILL_CACHE"] not in str(s)
+    assert ".cache/privdistill" not in str(s) and "arrays/" not in str(s)
     assert s["test_split"] == "120 images: the test arrays passed to fit (test=...)"
     assert s["label_map"] == {**{str(k): k for k in range(9)}, "12": 9}
     assert s["classes"] == [str(k) for k in range(9)] + ["12"] and s["data_value_range"] == [0.0, 16.0]

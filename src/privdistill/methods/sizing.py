@@ -3,7 +3,7 @@
 The presets are written for the built-in datasets (60,000 records, 250 teachers). On a dataset of one's own with
 1,500 records the same numbers give PATE teachers with 5 records each that never reach its consensus threshold,
 60,000 synthetic labels composed under a strict ε, and a baseline trained for 47 steps. `fit_to_data` refits
-those values, before anything is planned or trained, by five stated rules:
+those values, before anything is planned or trained, by six stated rules:
 
   teachers          PATE's (its Confident-GNMax answers only a consensus) and DPDFD's: at most
                     N_private / MIN_PARTITION, each trained on >= 100 records; DGD's (a plain noisy argmax): at
@@ -20,7 +20,9 @@ those values, before anything is planned or trained, by five stated rules:
   synthetic labels  SRR draws at most N labels (the paper's 60,000 = MNIST's N); DGD chooses its queries from a
                     pool of at most POOL_PER_RECORD (4) samples a record (its default recipe's 240,000 for 60,000);
   generator         DGD's generator trains rounds in proportion to N / PRESET_RECORDS, at least GENERATOR_FLOOR
-                    (half) of them; with fewer teachers than the preset's, DGD votes on clusters of the pool;
+                    (half) of them;
+  query choice      with fewer teachers than the preset's (the teachers rule lowered the count), DGD votes on
+                    clusters of the pool, as its default recipe does at ε <= 2;
   short training    a classifier trained on the private data (the baseline, SRR's teacher) and SRR's student get
                     at least MIN_STEPS optimiser steps, DP-SGD's network MIN_DPSGD_STEPS (its noise grows with its
                     steps at a fixed ε): a few epochs of a small set are too few steps to learn anything.
