@@ -493,3 +493,18 @@ def test_merge_confident_events_keeps_answered_counts():
     unknown_answers = ConfidentGaussianQueries(200, 150, 40, 5, filter_budget=5)
     assert acc.merge_events([fa, unknown_answers]) == [ConfidentGaussianQueries(200, 150, 40, 23, answered=14,
                                                                              filter_budget=15)]
+
+
+@pytest.mark.parametrize("q,steps,epsilon", [(0.05, 50, 1.0), (0.3, 20, 0.5), (1.0, 1, 2.0)])
+def test_strict_calibration_guided_by_the_coarse_pld_finds_the_fine_search_s_sigma(monkeypatch, q, steps, epsilon):
+    """The coarse PLD only guides the bisection where it decides a step as the fine one would: the σ is the one a
+    search on the fine PLD alone finds, its fine ε is within the target, and the coarse ε is never below the fine."""
+    from privdistill.privacy import pricing
+
+    guided = acc.strict_noise_multiplier(target_epsilon=epsilon, delta=1e-5, sample_rate=q, steps=steps)
+    for sigma in (guided * 0.8, guided, guided * 1.25):
+        fine = pricing.pld_poisson_gaussian_replace_one(sigma, q, steps, 1e-5)
+        assert fine <= pricing.pld_poisson_gaussian_coarse(sigma, q, steps, 1e-5) <= fine + acc.COARSE_MARGIN / 10
+    assert epsilon - 0.005 <= pricing.pld_poisson_gaussian_replace_one(guided, q, steps, 1e-5) <= epsilon
+    monkeypatch.setattr(acc, "pld_poisson_gaussian_coarse", pricing.pld_poisson_gaussian_replace_one)
+    assert acc.strict_noise_multiplier(target_epsilon=epsilon, delta=1e-5, sample_rate=q, steps=steps) == guided

