@@ -2,6 +2,9 @@
 without cycles. The few imports deferred into a function on purpose are listed below, each with why."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -115,3 +118,16 @@ def test_lower_layers_do_not_import_higher_ones():
     graph, _ = _imports()
     upward = [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets) if _layer(b) > _layer(a)]
     assert not upward, f"lower layers importing higher ones ({' < '.join(LAYERS)}):\n" + "\n".join(upward)
+
+
+def test_importing_the_package_first_shortens_openmp_s_spin_wait_unless_the_user_set_one():
+    """privdistill/__init__.py: a short libgomp spin (a run beside another process would otherwise crawl)."""
+    code = "import os, privdistill; print(os.environ.get('GOMP_SPINCOUNT'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+
+    def spin(extra: dict) -> str:
+        return subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert spin({}) == "10000"
+    assert spin({"GOMP_SPINCOUNT": "5"}) == "5" and spin({"OMP_WAIT_POLICY": "ACTIVE"}) == "None"
