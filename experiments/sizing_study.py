@@ -109,7 +109,8 @@ def cli(args: list[str], timeout: float | None = None) -> tuple[subprocess.Compl
         proc = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "privdistill", *args], capture_output=True,
                               text=True, env=env, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
-        proc = subprocess.CompletedProcess(exc.cmd, -9, exc.stdout or "", (exc.stderr or "") + "\ntimed out")
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731 - bytes here
+        proc = subprocess.CompletedProcess(exc.cmd, -9, text(exc.stdout), text(exc.stderr) + "\ntimed out")
     return proc, time.perf_counter() - started
 
 
