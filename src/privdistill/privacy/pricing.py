@@ -94,38 +94,30 @@ def randomized_response_parameter(epsilon: float, buckets: int) -> float:
     return buckets / (math.exp(epsilon) + buckets - 1.0) if epsilon < 700 else 0.0
 
 
-@functools.lru_cache(maxsize=256)
-def pld_poisson_gaussian_replace_one(noise_multiplier: float, q: float, steps: int, delta: float) -> float:
+FINE_INTERVAL, COARSE_INTERVAL = 1e-4, 1e-3  # dp-accounting's default grid of privacy losses, and ten times it
+
+
+@functools.lru_cache(maxsize=1024)
+def pld_poisson_gaussian_replace_one(noise_multiplier: float, q: float, steps: int, delta: float,
+                                     interval: float = FINE_INTERVAL) -> float:
     """ε at δ of ``steps`` Poisson-subsampled Gaussian steps (rate q), dp-accounting's PLD accountant, REPLACE_ONE
-    (the RDP accountant supports Poisson subsampling under add/remove only)."""
+    (the RDP accountant supports Poisson subsampling under add/remove only), on a grid of `interval`."""
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
     if steps == 0:
         return 0.0
     acc = pld_privacy_accountant.PLDAccountant(
-        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=interval)
     acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise_multiplier)), steps)
     return float(acc.get_epsilon(delta))
 
 
-COARSE_INTERVAL = 1e-3  # ten times dp-accounting's default grid
-
-
-@functools.lru_cache(maxsize=1024)
 def pld_poisson_gaussian_coarse(noise_multiplier: float, q: float, steps: int, delta: float) -> float:
     """`pld_poisson_gaussian_replace_one` on a grid ten times coarser: about ten times cheaper, and at most 1.7e-3
     above it where measured (q 0.004-1, 1-2,000 steps, ε 0.2-10: the connect-the-dots PLD barely moves with the
     grid). A guide for a search (accounting.strict_noise_multiplier); never an ε to report."""
-    import dp_accounting
-    from dp_accounting.pld import pld_privacy_accountant
-
-    if steps == 0:
-        return 0.0
-    acc = pld_privacy_accountant.PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
-                                               value_discretization_interval=COARSE_INTERVAL)
-    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise_multiplier)), steps)
-    return float(acc.get_epsilon(delta))
+    return pld_poisson_gaussian_replace_one(noise_multiplier, q, steps, delta, COARSE_INTERVAL)
 
 
 # ==================================================================================== strict prices
