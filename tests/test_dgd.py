@@ -210,33 +210,33 @@ def test_end_to_end_mode_covers_every_pathway_within_the_target(tiny_npz, tmp_pa
 
     run_dir = tmp_path / "e2e"
     s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir),
-                           overrides=TINY + E2E + ["budget.epsilon=20", "dgd.laplace_scale=4"])).summary
+                           overrides=TINY + E2E + ["budget.epsilon=8", "dgd.laplace_scale=4"])).summary
     assert s["not_covered"] == [] and s["privacy_scope"] == "end-to-end"
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert all(p["covered"] for art in privacy["artifacts"].values() for p in art), "generator covered too"
     ledger = PrivacyLedger(run_dir)
     assert sorted(ledger.keys()) == ["dgd/queries", "dp-source"]
     total = both(ledger.events(), delta=1e-5)["strict"].value
-    assert s["epsilon_strict"] == pytest.approx(total, rel=1e-6) and total <= 20 + 1e-9, "one ε, within the target"
+    assert s["epsilon_strict"] == pytest.approx(total, rel=1e-6) and total <= 8 + 1e-9, "one ε, within the target"
     source = json.loads((run_dir / "dp-source" / "summary.json").read_text())
-    assert source["epsilon_strict"] <= 10 + 1e-6 and source["dpsgd_accounting"]["steps"] == 2 * 5  # half ε, 270/64
+    assert source["epsilon_strict"] <= 4 + 1e-6 and source["dpsgd_accounting"]["steps"] == 2 * 5  # half ε, 270/64
     assert s["queries"] >= 1 and s["stages"]["dp_source"]["run_dir"].endswith("dp-source")
     with pytest.raises(Exception, match="end-to-end"):  # a held-out private slice cannot be covered
         run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused"),
-                           overrides=TINY + E2E + ["budget.epsilon=20", "dgd.inputs=private-holdout"]))
+                           overrides=TINY + E2E + ["budget.epsilon=8", "dgd.inputs=private-holdout"]))
     for extra, reason in ((["generator.loss=srr"], "ScatterNet DP source"),  # statistics of the scattering
                           ([], "BN-statistics generator loss"),  # the paper's DAFL loss would not read them
                           (["dp_source.share=0.9", "dp_source.statistics_share=0.1"], "nothing of ε")):
         with pytest.raises(ConfigError, match=reason):
             run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / "refused-statistics"),
-                               overrides=TINY + E2E + ["budget.epsilon=20", "dp_source.statistics_share=0.2", *extra]))
+                               overrides=TINY + E2E + ["budget.epsilon=8", "dp_source.statistics_share=0.2", *extra]))
 
 
 @pytest.mark.slow
 def test_source_labels_are_free_only_with_a_dp_source(tiny_npz, tmp_path):
     run_dir = tmp_path / "labels"
     s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir), overrides=TINY + E2E + [
-        "budget.epsilon=20", "dgd.laplace_scale=4", "dgd.source_labels=true"])).summary
+        "budget.epsilon=8", "dgd.laplace_scale=4", "dgd.source_labels=true"])).summary
     assert s["not_covered"] == [] and s["student_training"]["steps"] == 12
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert any("labels of the unqueried" in p["via"] and p["covered"] for p in privacy["artifacts"]["student"])
@@ -294,7 +294,7 @@ def test_end_to_end_with_dp_feature_statistics_prices_three_events_within_the_ta
 
     run_dir = tmp_path / "e2e-statistics"
     s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir), overrides=TINY + E2E + [
-        "budget.epsilon=20", "dgd.laplace_scale=4", "dp_source.model=scatter-linear", "generator.loss=srr",
+        "budget.epsilon=8", "dgd.laplace_scale=4", "dp_source.model=scatter-linear", "generator.loss=srr",
         "dp_source.share=0.6", "dp_source.statistics_share=0.2"])).summary
     assert s["not_covered"] == [] and s["privacy_scope"] == "end-to-end"
     ledger = PrivacyLedger(run_dir)
@@ -302,6 +302,6 @@ def test_end_to_end_with_dp_feature_statistics_prices_three_events_within_the_ta
     deltas = [e.delta for e in ledger.events() if isinstance(e, SubsampledGaussian)]  # the source's, the statistics'
     assert len(deltas) == 2 and sum(deltas) == pytest.approx(1e-5 / 2)
     total = both(ledger.events(), delta=1e-5)["strict"].value
-    assert s["epsilon_strict"] == pytest.approx(total, rel=1e-6) and total <= 20 + 1e-9, "one ε, within the target"
+    assert s["epsilon_strict"] == pytest.approx(total, rel=1e-6) and total <= 8 + 1e-9, "one ε, within the target"
     assert any("mean and variance" in p["via"] for p in json.loads((run_dir / "privacy.json").read_text())
                ["artifacts"]["generator"]), "the report names the statistics"

@@ -14,6 +14,7 @@ import torch
 from torch.func import grad, vmap
 from typer.testing import CliRunner
 
+from cli_run import cli_in_process
 from privdistill.cli import get_app
 from privdistill.engine.run import RunDir
 from privdistill.errors import BudgetExceededError, ConfigError
@@ -304,7 +305,7 @@ def test_sigkilled_run_resumes_to_the_same_result_without_respending(tiny_npz, t
     args = ["dpdfd", "--dataset", f"npz:{tiny_npz}", "--seed", "4", "--steps", "60", "--set", "budget.epsilon=null",
             "--set", "dpdfd.sigma=2", "--set", "dpdfd.student_ema=0.9"] + [a for kv in TINY for a in ("--set", kv)]
     cmd, env = _cli(*args, "--run-dir", str(tmp_path / "full"))
-    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    cli_in_process(cmd[3:], env)  # only the killed run needs a process of its own
     cmd, env = _cli(*args, "--run-dir", str(tmp_path / "killed"))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = tmp_path / "killed" / "dpdfd-checkpoint.pt"
@@ -321,7 +322,7 @@ def test_sigkilled_run_resumes_to_the_same_result_without_respending(tiny_npz, t
     killed_at = torch.load(ckpt, weights_only=False)["step"]
     assert 12 <= killed_at < 60 and not (tmp_path / "killed" / "summary.json").exists()
     cmd, env = _cli(*args, "--run-dir", str(tmp_path / "killed"), "--resume")
-    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    cli_in_process(cmd[3:], env)
     for name in ("student", "generator"):
         a = load_file(tmp_path / "full" / f"{name}.safetensors")
         b = load_file(tmp_path / "killed" / f"{name}.safetensors")

@@ -166,7 +166,7 @@ def _digits_npz(path, n=600, seed=0):
 # fitted to 600 records
 FEWER_ITERATIONS = {
     "dgd": ["generator.rounds=1", "generator.steps_per_round=5", "vae.steps=10", "student.steps=10",
-            "student.eval_every=10", "teachers.steps=10"],
+            "student.eval_every=10", "teachers.steps=10", "baseline.epochs=16"],
     "pate": ["teachers.steps=10", "pate_student.steps=10", "pate_student.eval_every=10"],
     "srr": ["srr_generator.rounds=1", "srr_generator.steps_per_round=5", "srr.stages=2", "srr.epochs_per_stage=1"],
     "srr-label-dp": ["--setting", "label-dp", "srr.stages=2", "srr.epochs_per_stage=1"],

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import privdistill.methods.srr as srr_mod
+from cli_run import cli_in_process
 from privdistill.errors import BudgetExceededError, ConfigError, DataError, PrivacyError
 from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget
@@ -265,15 +266,14 @@ def test_interrupted_run_resumes_to_the_same_student_without_redrawing(tiny_npz,
 def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache):
     from safetensors.torch import load_file
 
-    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "1",
-            "--accounting", "paper"]
+    args = ["srr", "--dataset", f"npz:{tiny_npz}", "-e", "1", "--accounting", "paper"]
     for item in TINY + REPRODUCIBLE + ["srr.stages=8", "srr.num_samples=240", "run.device=cpu"]:  # exact replay
         args += ["--set", item]
     env = {**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"}
-    subprocess.run(args + ["--run-dir", str(tmp_path / "full")], env=env, check=True, capture_output=True, timeout=300)
+    cli_in_process(args + ["--run-dir", str(tmp_path / "full")], env)  # only the killed run needs a process
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(args + ["--run-dir", str(killed)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "privdistill", *args, "--run-dir", str(killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = killed / "srr-checkpoint.pt"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -288,7 +288,7 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache)
     stage = torch.load(ckpt, weights_only=False)["step"]
     assert 2 <= stage < 8, f"killed at stage {stage}, not mid-run"
     recorded = PrivacyLedger(killed, accounting="paper").records()
-    subprocess.run(args + ["--run-dir", str(killed), "--resume"], env=env, check=True, capture_output=True, timeout=300)
+    cli_in_process(args + ["--run-dir", str(killed), "--resume"], env)
     after = PrivacyLedger(killed, accounting="paper").records()
     assert after[:len(recorded)] == recorded and len([r for r in after if r["kind"] == "spend"]) == 8
     a, b = load_file(tmp_path / "full" / "student.safetensors"), load_file(killed / "student.safetensors")
@@ -296,13 +296,19 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_npz, tmp_path, cache)
 
 
 def test_cli_refuses_over_budget_with_a_clear_error(tiny_npz, tmp_path, cache):
-    args = [sys.executable, "-m", "privdistill", "srr", "--dataset", f"npz:{tiny_npz}", "-e", "20",
-            "--max-epsilon", "10", "--accounting", "strict", "--run-dir", str(tmp_path / "r")]
+    from typer.testing import CliRunner
+
+    from privdistill.cli import get_app
+
+    args = ["srr", "--dataset", f"npz:{tiny_npz}", "-e", "20", "--max-epsilon", "10", "--accounting", "strict",
+            "--run-dir", str(tmp_path / "r")]
     for item in TINY:
         args += ["--set", item]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PRIVDISTILL_NO_PROGRESS": "1"})
-    assert out.returncode == 2 and "max-epsilon" in out.stderr and "Traceback" not in out.stderr
+    # in this process: the command line's own handler prints such an error in one line, exit status 2
+    # (tests/test_cli.py, test_user_errors_print_one_line_and_exit_2, runs it in a process of its own)
+    out = CliRunner().invoke(get_app(), args)
+    assert isinstance(out.exception, BudgetExceededError) and "max-epsilon" in str(out.exception)
+    assert not (tmp_path / "r" / "student.safetensors").exists()
 
 
 def test_python_api_returns_the_released_models_and_report(tiny_npz, tmp_path, cache):

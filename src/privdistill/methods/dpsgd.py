@@ -49,7 +49,13 @@ from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import accuracy
 from privdistill.errors import BudgetExceededError, ConfigError, RunError
 from privdistill.methods.common import MethodAPI, RunRequest
-from privdistill.methods.dpsgd_plan import OPACUS_ACCOUNTANTS, epsilons, plan_dpsgd, steps_per_epoch  # noqa: F401
+from privdistill.methods.dpsgd_plan import (  # noqa: F401
+    OPACUS_ACCOUNTANTS,
+    accountant_epsilon,
+    epsilons,
+    plan_dpsgd,
+    steps_per_epoch,
+)
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.models.scatternet import LINEAR_SCATTERNETS, ScatterNet
@@ -282,7 +288,7 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
     base_lrs = [g["lr"] for g in p.optimizer.param_groups]
 
     def evaluate_epoch() -> dict:  # on what dp_model reads (scattering features are not recomputed every epoch)
-        eps_now = float(p.engine.accountant.get_epsilon(delta=budget.delta))
+        eps_now = accountant_epsilon(p.engine.accountant, budget.delta)
         return {"test_accuracy": accuracy(p.dp_model._module, p.test_inputs, ctx.data.test.labels, env),
                 f"epsilon_{cfg.accountant}": round(eps_now, 4)}
 

@@ -8,6 +8,7 @@ pricing is for the other methods.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any
@@ -27,17 +28,10 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 def epsilons(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> dict[str, float]:
     """ε of `steps` Poisson-sampled Gaussian steps under Opacus's RDP and PRV accountants (add/remove-one)
     and dp-accounting's PLD with the replace-one relation (the project's strict relation)."""
-    from opacus.accountants import create_accountant
-
-    out: dict[str, float] = {}
     if steps == 0:
         return {"rdp": 0.0, "prv": 0.0, "replace_one": 0.0}
-    for name in OPACUS_ACCOUNTANTS:
-        acc = create_accountant(name)
-        acc.history = [(noise_multiplier, sample_rate, steps)]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "optimal order is the largest alpha" at tiny ε
-            out[name] = float(acc.get_epsilon(delta=delta))
+    out = {name: opacus_epsilon(name, float(noise_multiplier), float(sample_rate), int(steps), float(delta))
+           for name in OPACUS_ACCOUNTANTS}
     out["replace_one"] = pld_poisson_gaussian_replace_one(float(noise_multiplier), float(sample_rate), int(steps),
                                                            float(delta))
     return out
@@ -51,14 +45,59 @@ def noise_multiplier(accountant: str, budget: Budget, sample_rate: float, steps:
     if budget.accounting == "strict":
         return strict_noise_multiplier(target_epsilon=budget.epsilon, delta=budget.delta, sample_rate=sample_rate,
                                        steps=steps)
+    return opacus_noise_multiplier(accountant, float(budget.epsilon), float(budget.delta), float(sample_rate),
+                                   int(steps))
+
+
+# Both Opacus searches below are memoised: a plan is made more than once in a process (the plan judge, a dry run
+# then the run, the Python API), and Opacus's RDP at fractional orders is pure Python (1-3 s a call, ten or more
+# calls a search, on these CPUs).
+@functools.lru_cache(maxsize=256)
+def opacus_epsilon(accountant: str, noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """ε of `steps` Poisson-sampled Gaussian steps under Opacus's `accountant` (add/remove-one)."""
+    from opacus.accountants import create_accountant
+
+    acc = create_accountant(accountant)
+    acc.history = [(noise_multiplier, sample_rate, steps)]
+    return accountant_epsilon(acc, delta)
+
+
+def accountant_epsilon(accountant: Any, delta: float) -> float:
+    """What Opacus's `accountant.get_epsilon(delta)` returns, the same float; for its RDP accountant from one
+    step's RDP per (σ, q) computed once (RDP composes by a sum: Opacus multiplies that step's values by the step
+    count just so), so that the ε a DP-SGD run reports after each epoch costs no new RDP computation."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as analysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "optimal order is the largest alpha" at tiny ε
+        if not isinstance(accountant, RDPAccountant) or not accountant.history:
+            return float(accountant.get_epsilon(delta=delta))
+        rdp = sum([_rdp_one_step(float(sigma), float(rate)) * steps for sigma, rate, steps in accountant.history])
+        eps, _ = analysis.get_privacy_spent(orders=accountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+        return float(eps)
+
+
+@functools.lru_cache(maxsize=64)
+def _rdp_one_step(noise_multiplier: float, sample_rate: float):
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as analysis
+
+    return analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
+                                orders=RDPAccountant.DEFAULT_ALPHAS)
+
+
+@functools.lru_cache(maxsize=64)
+def opacus_noise_multiplier(accountant: str, epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """Opacus's own σ search under `accountant`, given the steps."""
     try:
         from opacus.accountants.utils import get_noise_multiplier
     except ImportError as err:  # pragma: no cover - opacus is an optional extra
         raise ConfigError("DP-SGD needs Opacus: pip install 'privdistill[dpsgd]'") from err
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "optimal order is the largest alpha" at tiny ε
-        return float(get_noise_multiplier(target_epsilon=budget.epsilon, target_delta=budget.delta,
-                                          sample_rate=sample_rate, steps=steps, accountant=accountant))
+        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                          steps=steps, accountant=accountant))
 
 
 def plan_dpsgd(cfg: Any, budget: Budget, records: int) -> Plan:
