@@ -22,6 +22,23 @@ def _run(tiny_npz, tmp_path, name, extra=(), resume=False):
                                 resume=resume)).summary
 
 
+def test_the_per_epoch_epsilon_is_opacus_s_own_float():
+    """methods/dpsgd_plan.accountant_epsilon composes one step's RDP (computed once per σ and q) instead of
+    Opacus recomputing it at every epoch: the same ε to the last bit, for one phase and for several."""
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    from privdistill.methods.dpsgd_plan import accountant_epsilon
+
+    for history in ([(1.1, 0.01, 300)], [(0.8, 0.2, 10)], [(1.1, 0.01, 300), (2.0, 0.05, 7), (1.1, 0.01, 3)]):
+        rdp = RDPAccountant()
+        rdp.history = list(history)
+        assert accountant_epsilon(rdp, 1e-5) == rdp.get_epsilon(delta=1e-5)
+        assert accountant_epsilon(rdp, 1e-5) == accountant_epsilon(rdp, 1e-5)  # the memoised step
+    prv = PRVAccountant()
+    prv.history = [(1.1, 0.01, 300)]
+    assert accountant_epsilon(prv, 1e-5) == pytest.approx(prv.get_epsilon(delta=1e-5), rel=1e-9)
+
+
 def test_epsilon_matches_the_target_within_opacus_tolerance(tiny_npz, tmp_path):
     s = _run(tiny_npz, tmp_path, "rdp", ["budget.epsilon=4"])
     a = s["dpsgd_accounting"]
