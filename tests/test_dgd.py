@@ -205,12 +205,20 @@ E2E = ["budget.privacy=end-to-end", "dp_source.model=small-cnn", "dp_source.epoc
 
 @pytest.mark.slow
 def test_end_to_end_mode_covers_every_pathway_within_the_target(tiny_npz, tmp_path):
+    import warnings
+
+    from privdistill.methods.common import ReproducibleNoiseWarning
     from privdistill.privacy import both
     from privdistill.privacy.ledger import PrivacyLedger
 
     run_dir = tmp_path / "e2e"
-    s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir),
-                           overrides=TINY + E2E + ["budget.epsilon=8", "dgd.laplace_scale=4"])).summary
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        s = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(run_dir),
+                               overrides=TINY + E2E + ["budget.epsilon=8", "dgd.laplace_scale=4"])).summary
+    # secure noise throughout: the DP source (a nested DP-SGD run given the parent's seed) says nothing else
+    assert not [w for w in seen if issubclass(w.category, ReproducibleNoiseWarning)]
+    assert json.loads((run_dir / "dp-source" / "summary.json").read_text())["noise_secure"] is True
     assert s["not_covered"] == [] and s["privacy_scope"] == "end-to-end"
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert all(p["covered"] for art in privacy["artifacts"].values() for p in art), "generator covered too"
