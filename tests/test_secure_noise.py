@@ -203,3 +203,25 @@ def test_the_stream_is_fresh_every_call():
     stream = S.SecureStream()
     a, b = stream.words(4), stream.words(4)
     assert not np.array_equal(a, b)
+
+
+def test_a_seed_makes_noise_reproducible_unless_every_secure_flag_is_set():
+    """methods/common.apply_noise_policy: --seed alone makes the privacy noise reproducible (and warns); a run
+    whose secure flags are all set (a nested end-to-end DP source: its parent's seed and flag) is secure."""
+    import warnings as w
+
+    from privdistill.config import RunOptions
+    from privdistill.methods.common import ReproducibleNoiseWarning, apply_noise_policy
+    from privdistill.methods.dpsgd import DPSGDConfig
+
+    def policy(secure_mode, chosen):
+        resolved = {"run": RunOptions(), "dpsgd": DPSGDConfig(secure_mode=secure_mode)}
+        with w.catch_warnings(record=True) as seen:
+            w.simplefilter("always")
+            secure = apply_noise_policy(resolved, chosen)
+        return secure, resolved["dpsgd"].secure_mode, any(s.category is ReproducibleNoiseWarning for s in seen)
+
+    assert policy(None, set()) == (True, True, False)
+    assert policy(None, {"run.seed"}) == (False, False, True)
+    assert policy(True, {"run.seed", "dpsgd.secure_mode"}) == (True, True, False)
+    assert policy(False, {"dpsgd.secure_mode"}) == (False, False, True)

@@ -153,15 +153,20 @@ SECURE_FLAGS = ("secure_noise", "secure_mode")
 def apply_noise_policy(resolved: dict[str, Any], chosen: set[str]) -> bool:
     """Secure noise unless reproducible noise is asked for by name: run.noise=reproducible, or an explicit seed
     (--seed, run.seed) without run.noise. Every method's secure flag left unset follows; returns whether the run's
-    noise is secure. A reproducible run is said in a warning before anything trains."""
+    noise is secure: whether its secure flags, set or followed, all are (a run nested in another, an end-to-end
+    DP source, is given the seed and its flag by its parent). A reproducible run is said in a warning before
+    anything trains."""
     options = resolved["run"]
     if "run.seed" in chosen and "run.noise" not in chosen:
         options.noise = "reproducible"
-    secure = options.noise == "secure"
+    flags = []
     for section in resolved.values():
         for flag in SECURE_FLAGS:
-            if hasattr(section, flag) and getattr(section, flag) is None:
-                setattr(section, flag, secure)
+            if hasattr(section, flag):
+                if getattr(section, flag) is None:
+                    setattr(section, flag, options.noise == "secure")
+                flags.append(getattr(section, flag))
+    secure = all(flags) if flags else options.noise == "secure"
     if not secure:
         warnings.warn("reproducible privacy noise: every draw is regenerated from the run's seed, so the stated ε "
                       "holds only while the seed stays secret; `export` refuses this run unless "

@@ -26,7 +26,6 @@ runs. SRR's label-DP setting uses the private images directly and cannot be end 
 from __future__ import annotations
 
 import hashlib
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -40,7 +39,7 @@ from privdistill.engine.datafree import WithFeatureStatistics
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import file_digest
 from privdistill.errors import ConfigError, RunError
-from privdistill.methods.common import ReproducibleNoiseWarning, RunRequest
+from privdistill.methods.common import RunRequest
 from privdistill.methods.dpsgd import run_dpsgd, steps_per_epoch
 from privdistill.methods.runner import Plan, Report
 from privdistill.methods.srr_plan import srr_end_to_end_pathways
@@ -210,13 +209,8 @@ def train_source(ctx, ledger: PrivacyLedger, event: SubsampledGaussian, *, secur
 
     def train() -> str:
         resume = (run_dir / "config.yaml").is_file()
-        with warnings.catch_warnings():
-            # the nested run is handed the seed (its batches and stages follow the parent's) and its noise flag,
-            # dpsgd.secure_mode, from the parent's policy: the noise is as secure as the parent's, which already
-            # warned if it is not; the seed alone would make the nested run warn "reproducible noise" wrongly
-            warnings.simplefilter("ignore", ReproducibleNoiseWarning)
-            result = run_dpsgd(RunRequest(dataset=ctx.dataset, preset=ctx.request.preset, overrides=overrides,
-                                          run_dir=str(run_dir), resume=resume))
+        result = run_dpsgd(RunRequest(dataset=ctx.dataset, preset=ctx.request.preset, overrides=overrides,
+                                      run_dir=str(run_dir), resume=resume))
         acc = result.summary["dpsgd_accounting"]
         if abs(acc["noise_multiplier"] - event.noise_multiplier) > 1e-3 or acc["steps"] != event.steps:
             raise RunError(f"the DP source trained with sigma {acc['noise_multiplier']} and {acc['steps']} steps, "
