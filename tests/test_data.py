@@ -143,6 +143,18 @@ def test_npz_any_size_channels_classes(tmp_path, channels, size, classes):
     assert splits.num_classes == classes
 
 
+def test_npz_channels_last_images_are_read_as_channels_first(tmp_path):
+    """N x H x W x C (how PIL, TensorFlow and matplotlib lay images out) gives the same images as N x C x H x W."""
+    x = np.random.default_rng(0).integers(0, 256, (30, 3, 12, 10), dtype=np.uint8)
+    y = np.arange(30) % 3
+    np.savez(tmp_path / "first.npz", x=x, y=y)
+    np.savez(tmp_path / "last.npz", x=x.transpose(0, 2, 3, 1), y=y)
+    first = load_data(f"npz:{tmp_path / 'first.npz'}", test_fraction=0.2)
+    last = load_data(f"npz:{tmp_path / 'last.npz'}", test_fraction=0.2)
+    assert last.train.images.shape[1:] == (3, 12, 10)
+    assert torch.equal(first.train.images, last.train.images) and torch.equal(first.test.images, last.test.images)
+
+
 def test_npz_float_images_and_holdout(tmp_path):
     x = np.random.default_rng(0).random((50, 8, 8)).astype(np.float32)
     np.savez(tmp_path / "f.npz", x=x, y=np.arange(50) % 3)

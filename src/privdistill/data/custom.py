@@ -16,7 +16,8 @@ from privdistill.data.dataset import DataSplits, ImageDataset
 from privdistill.errors import DataError
 
 NPZ_HELP = (
-    "A .npz needs arrays 'x' (N x H x W or N x C x H x W, C in {1, 3}; uint8 0..255 or float 0..1) and 'y' "
+    "A .npz needs arrays 'x' (N x H x W, N x C x H x W or N x H x W x C, C in {1, 3}; uint8 0..255 or float 0..1) "
+    "and 'y' "
     "(N integer labels 0..K-1); optional 'x_test', 'y_test', and 'value_range' ([lo, hi], for pixels on "
     "another scale; or write npz:PATH?range=LO,HI)."
 )
@@ -39,9 +40,13 @@ def _as_uint8_images(x: np.ndarray, path: Path | str, key: str,
     """The images as uint8 0..255, and the scale they were given on (mapped linearly onto 0..255)."""
     if x.ndim == 3:
         x = x[:, None]
+    if x.ndim == 4 and x.shape[1] not in (1, 3) and x.shape[3] in (1, 3):
+        # channels last (PIL, TensorFlow, matplotlib write images so). Where both readings fit (images 1 or 3
+        # pixels high) channels first wins, as torchvision stores them.
+        x = x.transpose(0, 3, 1, 2)
     if x.ndim != 4 or x.shape[1] not in (1, 3):
-        raise DataError(f"{path}: array {key!r} has shape {x.shape}; expected N x H x W or N x C x H x W "
-                        f"with C in {{1, 3}}. {NPZ_HELP}")
+        raise DataError(f"{path}: array {key!r} has shape {x.shape}; expected N x H x W, N x C x H x W or "
+                        f"N x H x W x C with C in {{1, 3}}. {NPZ_HELP}")
     if len(x) == 0:
         raise DataError(f"{path}: array {key!r} holds no images. {NPZ_HELP}")
     if x.dtype == np.uint8 and value_range is None:
@@ -300,8 +305,8 @@ def _as_pair(data: Any, labels: Any, what: str) -> tuple[np.ndarray, np.ndarray]
 def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, float] | None = None,
                     name: str | None = None, test: Any = None) -> str | None:
     """A dataset given as data rather than by name, as the `arrays:NAME` that `load_data` reads: arrays (`data`
-    images N x H x W or N x C x H x W with `labels` N), a pair `(images, labels)`, or a torch Dataset of (image,
-    label) items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and `npz:`/`folder:` strings pass
+    images N x H x W, N x C x H x W or N x H x W x C with `labels` N), a pair `(images, labels)`, or a torch
+    Dataset of (image, label) items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and `npz:`/`folder:` strings pass
     through. `test`: the held-out split the test accuracy is measured on, in the same forms (default: 10 % of the
     records held out at random, which are then not trained on).
 
