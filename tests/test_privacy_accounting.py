@@ -508,3 +508,20 @@ def test_strict_calibration_guided_by_the_coarse_pld_finds_the_fine_search_s_sig
     assert epsilon - 0.005 <= pricing.pld_poisson_gaussian_replace_one(guided, q, steps, 1e-5) <= epsilon
     monkeypatch.setattr(acc, "pld_poisson_gaussian_coarse", pricing.pld_poisson_gaussian_replace_one)
     assert acc.strict_noise_multiplier(target_epsilon=epsilon, delta=1e-5, sample_rate=q, steps=steps) == guided
+
+
+
+def test_strict_calibration_stops_at_its_noise_floor_for_a_target_no_noise_needs():
+    """ε 1e6 searched for minutes towards σ 0.01 (the PLD's grid widens as σ shrinks, and each read slows): the search
+    returns the floor σ without reading below it; a target the floor overshoots still gets its calibrated σ."""
+    read = []
+
+    def eps(sigma):  # decreasing in σ, as a PLD ε is
+        read.append(sigma)
+        return 10 / sigma ** 2
+
+    assert acc._bisect_noise(eps, 1e6, 0.005, 1e-5) == acc.MIN_NOISE_MULTIPLIER
+    assert min(read) == acc.MIN_NOISE_MULTIPLIER
+    read.clear()
+    sigma = acc._bisect_noise(eps, 100.0, 0.005, 1e-5)
+    assert eps(sigma) <= 100 and sigma == pytest.approx(0.1 ** 0.5, abs=1e-3) and min(read) >= acc.MIN_NOISE_MULTIPLIER

@@ -306,9 +306,9 @@ def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, 
                     name: str | None = None, test: Any = None) -> str | None:
     """A dataset given as data rather than by name, as the `arrays:NAME` that `load_data` reads: arrays (`data`
     images N x H x W, N x C x H x W or N x H x W x C with `labels` N), a pair `(images, labels)`, or a torch
-    Dataset of (image, label) items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and `npz:`/`folder:` strings pass
-    through. `test`: the held-out split the test accuracy is measured on, in the same forms (default: 10 % of the
-    records held out at random, which are then not trained on).
+    Dataset of (image, label) items (e.g. torchvision's, with `transforms.PILToTensor()`). Names and
+    `npz:`/`folder:` strings pass through. `test`: the held-out split the test accuracy is measured on, in the same
+    forms (default: 10 % of the records held out at random, which are then not trained on).
 
     The arrays stay in this process's memory (a copy, held for the process's lifetime so that a later audit or
     resumed fit finds them); nothing is written to disk. NAME is `name` (letters, digits, '.', '_', '-'), or else

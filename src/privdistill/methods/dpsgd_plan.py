@@ -15,7 +15,11 @@ from typing import Any
 
 from privdistill.errors import ConfigError
 from privdistill.methods.runner import Budget, Plan
-from privdistill.privacy.accounting import pld_poisson_gaussian_replace_one, strict_noise_multiplier
+from privdistill.privacy.accounting import (
+    MIN_NOISE_MULTIPLIER,
+    pld_poisson_gaussian_replace_one,
+    strict_noise_multiplier,
+)
 
 OPACUS_ACCOUNTANTS = ("rdp", "prv")
 
@@ -113,6 +117,11 @@ def plan_dpsgd(cfg: Any, budget: Budget, records: int) -> Plan:
              "describe": f"DP-SGD (Opacus): {total} steps ({cfg.epochs} epochs of {per_epoch}), Poisson rate "
                          f"{rate:.4g}, noise multiplier {sigma:.6g}, C = {cfg.max_grad_norm:g}, expected batch "
                          f"{cfg.batch_size}"}
-    return Plan(remaining=[], details={"per_epoch": per_epoch, "total": total, "sample_rate": rate, "sigma": sigma,
+    notes = []
+    if budget.accounting == "strict" and sigma == MIN_NOISE_MULTIPLIER and eps["replace_one"] < budget.epsilon:
+        notes.append(f"the noise multiplier is at its floor {MIN_NOISE_MULTIPLIER:g} (privacy/accounting.py): this "
+                     f"plan spends strict ε {eps['replace_one']:.4g}, less than the target {budget.epsilon:g}")
+    return Plan(remaining=[], notes=notes,
+                details={"per_epoch": per_epoch, "total": total, "sample_rate": rate, "sigma": sigma,
                                        "epsilons": eps},
                 spends=[spend], epsilon={"paper": eps[cfg.accountant], "strict": eps["replace_one"]})
