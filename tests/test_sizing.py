@@ -5,6 +5,7 @@ a value the user chose never is, and every method runs end to end with the defau
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +19,7 @@ from privdistill.methods.pate import PATEMethod
 from privdistill.methods.runner import Budget
 from privdistill.methods.sizing import (
     GENERATOR_FLOOR,
+    MAX_STUDENT_PASSES,
     MAX_TEACHER_PASSES,
     MIN_DPSGD_STEPS,
     MIN_PARTITION,
@@ -114,6 +116,17 @@ def test_pate_partitions_only_the_private_part_and_scales_the_threshold():
     assert pate.threshold == pytest.approx(200 * 12 / 250) and pate.sigma1 == pytest.approx(150 * 12 / 250)
     assert pate.sigma2 < 40
     assert pate.sigma == 40  # GNMax's sigma is not what confident-gnmax reads: left as it was
+
+
+def test_pate_s_student_reads_its_small_public_slice_at_most_max_student_passes_times():
+    sections, notes = fitted("pate", 5000)
+    student, pool = sections["pate_student"], 5000 - (5000 - round(5000 / 6))
+    assert student.steps == math.ceil(MAX_STUDENT_PASSES * pool / student.unlabeled_batch_size) < 1500
+    assert any("pate_student.steps 1500 ->" in n for n in notes)
+    sections, _ = fitted("pate", 1400)  # 233 public images: the floor
+    assert sections["pate_student"].steps == MIN_STEPS
+    sections, _ = fitted("pate", 1400, overrides=["pate_student.steps=1200"])
+    assert sections["pate_student"].steps == 1200
 
 
 def test_chosen_values_are_never_refitted():
