@@ -14,6 +14,7 @@ from privdistill.methods.dpdfd import run_dpdfd
 from privdistill.methods.dpsgd import run_dpsgd
 from privdistill.methods.pate import run_pate
 from privdistill.methods.plan_judge import (
+    R_REFUSE_DPDFD,
     REFUSE_PER_CLASS,
     WEAK_PER_CLASS,
     PlanRefused,
@@ -39,6 +40,7 @@ def test_the_rules():
     assert _labels_verdict(WEAK_PER_CLASS * 10, 10, "x").level == "ok"
     assert _ratio_verdict(3.1, "x").level == "refuse" and _ratio_verdict(1.0, "x").level == "weak"
     assert _ratio_verdict(0.01, "x").level == "ok"
+    assert _ratio_verdict(1.01, "x", refuse=R_REFUSE_DPDFD).level == "refuse"
     assert f"refused below {REFUSE_PER_CLASS * 10} informative labels" in _labels_verdict(50, 10, "x").rule
 
 
