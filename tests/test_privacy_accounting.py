@@ -510,7 +510,6 @@ def test_strict_calibration_guided_by_the_coarse_pld_finds_the_fine_search_s_sig
     assert acc.strict_noise_multiplier(target_epsilon=epsilon, delta=1e-5, sample_rate=q, steps=steps) == guided
 
 
-
 def test_strict_calibration_stops_at_its_noise_floor_for_a_target_no_noise_needs():
     """ε 1e6 searched for minutes towards σ 0.01 (the PLD's grid widens as σ shrinks, and each read slows): the search
     returns the floor σ without reading below it; a target the floor overshoots still gets its calibrated σ."""

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from privdistill.config import chosen_values, resolve_sections
+from privdistill.engine.holdout import holdout_size
 from privdistill.methods.dgd import DGDMethod
 from privdistill.methods.dpdfd import DPDFDMethod
 from privdistill.methods.dpsgd import DPSGDMethod
@@ -120,7 +121,7 @@ def test_pate_partitions_only_the_private_part_and_scales_the_threshold():
 
 def test_pate_s_student_reads_its_small_public_slice_at_most_max_student_passes_times():
     sections, notes = fitted("pate", 5000)
-    student, pool = sections["pate_student"], 5000 - (5000 - round(5000 / 6))
+    student, pool = sections["pate_student"], holdout_size(sections["pate"].holdout, 5000)
     assert student.steps == math.ceil(MAX_STUDENT_PASSES * pool / student.unlabeled_batch_size) < 1500
     assert any("pate_student.steps 1500 ->" in n for n in notes)
     sections, _ = fitted("pate", 1400)  # 233 public images: the floor

@@ -17,8 +17,7 @@ from privdistill.errors import DataError
 
 NPZ_HELP = (
     "A .npz needs arrays 'x' (N x H x W, N x C x H x W or N x H x W x C, C in {1, 3}; uint8 0..255 or float 0..1) "
-    "and 'y' "
-    "(N integer labels 0..K-1); optional 'x_test', 'y_test', and 'value_range' ([lo, hi], for pixels on "
+    "and 'y' (N integer labels 0..K-1); optional 'x_test', 'y_test', and 'value_range' ([lo, hi], for pixels on "
     "another scale; or write npz:PATH?range=LO,HI)."
 )
 # Pixels whose largest value is below this are not read as 0..255 without being told: 0..16 digits (sklearn's)
