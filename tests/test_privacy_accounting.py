@@ -524,3 +524,16 @@ def test_strict_calibration_stops_at_its_noise_floor_for_a_target_no_noise_needs
     read.clear()
     sigma = acc._bisect_noise(eps, 100.0, 0.005, 1e-5)
     assert eps(sigma) <= 100 and sigma == pytest.approx(0.1 ** 0.5, abs=1e-3) and min(read) >= acc.MIN_NOISE_MULTIPLIER
+
+
+def test_an_end_to_end_event_at_the_noise_floor_is_named_in_the_plan():
+    """An end-to-end share whose σ stopped at the floor spends less than its share: the plan says which; a calibrated
+    one gets no note."""
+    from privdistill.methods.end_to_end import floor_notes
+    from privdistill.privacy.events import SubsampledGaussian
+
+    floor = SubsampledGaussian(noise_multiplier=acc.MIN_NOISE_MULTIPLIER, sample_rate=1.0, steps=1, delta=1e-6,
+                               what="DP feature statistics")
+    calibrated = SubsampledGaussian(noise_multiplier=1.3, sample_rate=0.01, steps=300, delta=1e-6, what="DP source")
+    notes = floor_notes({"statistics": floor, "source": calibrated})
+    assert len(notes) == 1 and notes[0].startswith("DP feature statistics: the noise multiplier is at its floor")

@@ -126,7 +126,8 @@ class DGDMethod(Method):
                                                          clip=cfg.latent_clip)
         private = ctx.data.train if cfg.inputs == "generator" else holdout_split(ctx.data, cfg.holdout, ctx.env)[0]
         notes = [plan_teachers(private, ctx.section("teachers"), distribution=cfg.aggregation, option="dgd noise",
-                               scale=vote.scale if cfg.aggregation == "laplace" else vote.sigma)]
+                               scale=vote.scale if cfg.aggregation == "laplace" else vote.sigma),
+                 *e2e.floor_notes(source)]
         if cfg.query_selection == "clusters":
             notes.append(f"cluster votes: {queries} clusters of {cfg.spread_pool:,} pool samples, each teacher voting "
                          f"its majority over {cfg.cluster_members} members; noise "

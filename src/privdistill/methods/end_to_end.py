@@ -44,7 +44,7 @@ from privdistill.methods.dpsgd import run_dpsgd, steps_per_epoch
 from privdistill.methods.runner import Plan, Report
 from privdistill.methods.srr_plan import srr_end_to_end_pathways
 from privdistill.models.scatternet import LINEAR_SCATTERNETS
-from privdistill.privacy.accounting import strict_noise_multiplier
+from privdistill.privacy.accounting import MIN_NOISE_MULTIPLIER, strict_noise_multiplier
 from privdistill.privacy.events import SubsampledGaussian
 from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
 from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
@@ -225,6 +225,14 @@ def train_source(ctx, ledger: PrivacyLedger, event: SubsampledGaussian, *, secur
     return model, str(digest), ref
 
 
+def floor_notes(events: dict[str, SubsampledGaussian]) -> list[str]:
+    """A plan note for each end-to-end event whose σ stopped at the calibration's floor (a share of ε above about
+    25): it spends less than its share, and the run reports the smaller ε it spent."""
+    return [f"{event.what}: the noise multiplier is at its floor {MIN_NOISE_MULTIPLIER:g} (privacy/accounting.py), "
+            "so it spends less than its share of ε" for event in events.values()
+            if event.noise_multiplier == MIN_NOISE_MULTIPLIER]
+
+
 def split_delta(delta: float, share: float) -> tuple[float, float]:
     """(share of δ, the rest), adding up to δ exactly in floating point: the larger part is a product, the smaller
     the difference, which is exact because the larger part lies in [δ/2, δ] (Sterbenz); a plain δ·s + δ·(1 − s)
@@ -311,7 +319,8 @@ def srr_plan(ctx, recorded, total: int, schedule):
     events = {SOURCE_KEY: source_event(ctx, share=rest, delta=teacher_delta),
               STATISTICS_KEY: statistics_event(ctx, statistics, statistics_delta)}
     notes = [f"end to end: the DP teacher gets {rest:g} of epsilon {ctx.budget.epsilon:g} (and of delta), the "
-             f"feature statistics {statistics:g}; its labels of the synthetic samples are post-processing"]
+             f"feature statistics {statistics:g}; its labels of the synthetic samples are post-processing",
+             *floor_notes(events)]
     return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
                 details={"epsilon_per_label": None, "num_labels": total, "threshold": None, "schedule": schedule,
                          "events": [], "end_to_end": events})
