@@ -1,6 +1,13 @@
 import pytest
 
-from privdistill.config import ClassifierTraining, RunOptions, build_section, parse_overrides, resolve_sections
+from privdistill.config import (
+    RETIRED,
+    ClassifierTraining,
+    RunOptions,
+    build_section,
+    parse_overrides,
+    resolve_sections,
+)
 from privdistill.errors import ConfigError
 
 SECTIONS = {"run": RunOptions, "baseline": ClassifierTraining}
@@ -143,4 +150,20 @@ def test_every_option_of_every_section_counts_in_its_key():
                                       for cls in method.sections.values()}
     for cls in classes:
         assert not hasattr(cls, "KEYED_WHEN_SET"), cls.__name__
-        assert set(keyed_config(cls())) == {f.name for f in dataclasses.fields(cls)}, cls.__name__
+        retired = set(RETIRED.get(cls.__name__, {}))
+        assert set(keyed_config(cls())) == {f.name for f in dataclasses.fields(cls)} | retired, cls.__name__
+
+
+def test_a_retired_option_keeps_its_place_in_the_key_and_is_refused_at_any_other_value(tmp_path):
+    """An option that left the package (config.RETIRED) is still recorded at the value the code always uses, where
+    it was (so that runs started before resume and their stages are found); asking for another value is refused."""
+    from privdistill.audits.inversion import InversionConfig
+    from privdistill.config import keyed_config
+
+    assert list(keyed_config(InversionConfig()))[4:6] == ["l2_weight", "start"]
+    assert keyed_config(InversionConfig())["start"] == "blank"
+    sections = {"run": RunOptions, "inversion": InversionConfig}
+    (tmp_path / "old.yaml").write_text("inversion:\n  start: blank\n")  # the value it had: accepted
+    resolve_sections(sections, preset="quick", config_file=tmp_path / "old.yaml", overrides=["inversion.start=blank"])
+    with pytest.raises(ConfigError, match="inversion.start is retired: always blank"):
+        resolve_sections(sections, preset="quick", overrides=["inversion.start=grey"])

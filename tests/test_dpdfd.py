@@ -97,27 +97,22 @@ def test_dkd_matches_the_reference_formula():
 
 
 def test_l2_student_loss_backpropagates_exactly_gamma_times_the_noisy_gradient():
-    draw = torch.Generator().manual_seed(0)  # seeded: the ce check's float32 tolerance must hold, not usually hold
+    draw = torch.Generator().manual_seed(0)
     s = torch.randn(8, 10, generator=draw).requires_grad_(True)
     noisy = torch.randn(8, 10, generator=draw) * 1e-3
     gamma = 0.7
-    loss = student_loss(s, s.detach(), gamma * noisy, "l2")
+    loss = student_loss(s, s.detach(), gamma * noisy)
     (g,) = torch.autograd.grad(loss, s)
     assert torch.equal(g, gamma * noisy)
     naive = 0.5 * (s - (s.detach() - gamma * noisy)).pow(2).sum()  # forming y_s first rounds g~ away
     assert math.isclose(float(loss.detach()), float(naive.detach()), rel_tol=1e-2)
-    (gce,) = torch.autograd.grad(student_loss(s, s.detach(), gamma * noisy, "ce"), s)
-    # the exact gradient (float64) within float32 rounding of two softmaxes: the largest error over 3000 draws
-    # was 1.9e-7, against gradients of 1e-4 and more
-    exact = torch.softmax(s.detach().double(), 1) - torch.softmax((s.detach() - gamma * noisy).double(), 1)
-    assert torch.allclose(gce.double(), exact, atol=5e-7)
 
 
 def test_mechanism_normalise_matches_privacy_module_and_clip_bounds_norms():
     grads = torch.randn(16, 10) * torch.logspace(-4, 1, 16)[:, None]
     cfg = DPDFDConfig()
     a = privatise(grads, operation=cfg.operation, clip_norm=1e-3, sigma=100.0, stability=cfg.stability,
-                  granularity=cfg.granularity, generator=make_generator(3))
+                  granularity="per_sample", generator=make_generator(3))
     b = normalize_and_noise(grads, clip_norm=1e-3, sigma=100.0, stability=1e-4, generator=make_generator(3))
     assert torch.equal(a, b)
     # clipping: tiny gradients keep their size, big ones are cut to C; with negligible noise we see them

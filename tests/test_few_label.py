@@ -146,8 +146,7 @@ def test_dgd_with_medoid_queries_spends_what_random_queries_spend(tiny_npz, tmp_
 
 def test_dgd_cluster_votes_spend_one_query_a_cluster_at_the_target_epsilon(tiny_npz, tmp_path):
     base = DGD_TINY + ["budget.epsilon=4", "dgd.aggregation=gaussian", "dgd.release=histogram",
-                       "student.unsupervised=false", "dgd.spread_pool=150", "dgd.query_selection=clusters",
-                       "dgd.cluster_members=20"]
+                       "student.unsupervised=false", "dgd.spread_pool=150", "dgd.query_selection=clusters"]
     run = run_dgd(RunRequest(dataset=f"npz:{tiny_npz}", overrides=base, run_dir=str(tmp_path / "c")))
     summary = run.summary
     classes = summary["clusters"]["classes"]

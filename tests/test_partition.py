@@ -3,6 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from privdistill.config import build_section
 from privdistill.data import ImageDataset, missing_classes, partition_indices
 from privdistill.engine.ensemble import TeacherTraining, make_partitions
 from privdistill.errors import ConfigError, DataError
@@ -41,8 +42,8 @@ def test_replacing_one_record_changes_one_teacher_only():
 
 
 def test_label_dependent_partitions_are_refused():
-    with pytest.raises(ConfigError, match="stratified"):
-        TeacherTraining(stratified=True).validate()
+    with pytest.raises(ConfigError, match="teachers.stratified is retired: always False"):
+        build_section(TeacherTraining, {"stratified": True}, "teachers")
 
 
 def test_missing_classes_are_reported():

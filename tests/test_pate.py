@@ -132,7 +132,7 @@ def test_vat_direction_changes_the_prediction_far_more_than_a_random_one(precisi
     """The power iteration must find the adversarial direction at the default xi, under autocast too (a probe
     lost in rounding gives a direction no better than a random one, which a loss > 0 check does not catch)."""
     from privdistill.engine.manifold import _kl, _unit
-    from privdistill.methods.pate import PATEStudentConfig
+    from privdistill.methods.pate_student import VAT_XI
 
     torch.manual_seed(0)
     model = create_model("paper-cnn", in_channels=1, num_classes=10, image_size=28)
@@ -145,7 +145,7 @@ def test_vat_direction_changes_the_prediction_far_more_than_a_random_one(precisi
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else None
     with autocast() if autocast else torch.no_grad():
         logits = model(x).float()
-    adversarial = vat_loss(model, x, logits.detach(), eps=2.0, xi=PATEStudentConfig().vat_xi,
+    adversarial = vat_loss(model, x, logits.detach(), eps=2.0, xi=VAT_XI,
                            generator=torch.Generator().manual_seed(0), autocast=autocast)
     with torch.no_grad():
         random = _kl(model(x), model(x + 2.0 * _unit(torch.randn(x.shape, generator=torch.Generator().manual_seed(1)))))

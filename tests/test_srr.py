@@ -132,7 +132,7 @@ def test_events_stage_sizes_and_config_checks():
         stage_sizes(2, 3)
     with pytest.raises(ConfigError):  # the epsilon is the budget section's
         Budget(epsilon=0).validate()
-    for bad in (dict(setting="x"), dict(mechanism="x"), dict(stages=0), dict(finetune="x")):
+    for bad in (dict(setting="x"), dict(mechanism="x"), dict(stages=0), dict(finetune_steps=-1)):
         with pytest.raises(ConfigError):
             SRRConfig(**bad).validate()
 

@@ -241,7 +241,7 @@ def test_adversarial_student_disagreement_and_training(tmp_path, monkeypatch):
     assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
 
     base = dict(loss="dgd", rounds=6, steps_per_round=10, batch_size=32, width=16, latent_dim=8, lr=0.01,
-                lr_decay=1.0, adversarial_weight=1.0, adversarial_lr=3e-3)
+                lr_decay=1.0, adversarial_weight=1.0)
     with pytest.raises(ConfigError, match="adversarial"):
         train_generator(Fixed(), GeneratorTraining(**base), Env.cpu(), channels=1, image_size=8)
     cfg = GeneratorTraining(**base, checkpoint_every=10)

@@ -17,12 +17,8 @@ import os as _os
 
 __version__ = "0.1.0"
 
-# PyTorch's OpenMP threads (GNU libgomp) spin about 300,000 times waiting for work before they sleep. Where another
-# process holds one of the cores, a run with a thread per core then crawls: the 8 x 8 digits' baseline at 2 steps/s
-# instead of 50 on this project's 2-core VM. A 10,000-spin wait measured 12.7 steps/s there (0: 33/s) and, on the
-# idle machine, 47 steps/s against 50-62 with the long spin (0: 39-43), the generator 13.7 against 13.9 a second.
-# Read when torch first loads libgomp, so only where this package is imported first (the command line); a wait
-# policy of the user's own is kept.
+# libgomp's threads spin ~300,000 times before sleeping, which crawls where another process holds a core (research
+# log, "Notes that left the code: __init__.py"). Read when torch loads libgomp; a wait policy of the user's is kept.
 if "GOMP_SPINCOUNT" not in _os.environ and "OMP_WAIT_POLICY" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "10000"
 

@@ -237,6 +237,7 @@ def _layers(base: dict[str, Any], dataset: str | None, user: dict[str, Any], ove
 
 def build_section(cls: type[T], values: dict[str, Any], section: str) -> T:
     """Instantiate a section dataclass from a mapping, coercing types and rejecting unknown keys."""
+    values = _drop_retired(cls, values, section)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
@@ -363,6 +364,36 @@ def _check_user_sections(user: dict[str, Any], sections: dict[str, type], base: 
                               f"reads {sorted(sections)}, other commands {others}")
 
 
+# Options that left the package (docs/research-log.md, "Code that left the package"): {class: {option: (the value the
+# code always uses now, the option it followed)}}. config.yaml and stage keys still record each at that value
+# (to_plain), so older runs resume and their stages are found; --config / --set may give that value, no other.
+RETIRED: dict[str, dict[str, tuple[Any, str]]] = {
+    "DPDFDConfig": {"granularity": ("per_sample", "batch_size"), "teacher_loss": ("dkd", "operation"),
+                    "student_loss": ("l2", "dkd_beta"), "student_optimizer": ("adam", "student_model")},
+    "DGDConfig": {"cluster_members": (100, "spread_pool")},
+    "DPSourceConfig": {"delta_share": (0.5, "share"), "momentum": (0.9, "lr"), "max_grad_norm": (0.1, "momentum")},
+    "GeneratorTraining": {"adversarial_student": ("paper-cnn", "adversarial_weight"),
+                          "adversarial_lr": (1e-3, "adversarial_student")},
+    "InversionConfig": {"start": ("blank", "l2_weight"), "start_noise": (0.1, "start")},
+    "PATEStudentConfig": {"vat_xi": (1e-2, "vat_eps")},
+    "SRRConfig": {"optimizer": ("adam", "batch_size"), "momentum": (0.9, "lr"), "weight_decay": (0.0, "momentum"),
+                  "finetune": ("kd", "student_ema"), "keep_synthetic": (False, "eval_every_stages")},
+    "StudentConfig": {"perturbation": ("adversarial", "normal"), "xi": (1e-2, "normal_eps")},
+    "TeacherTraining": {"stratified": (False, "lr_schedule"), "partition_seed": (0, "chunk_size")},
+    "VAETraining": {"kl_weight": (1.0, "lr")},
+}
+
+
+def _drop_retired(cls: type, values: dict[str, Any], section: str) -> dict[str, Any]:
+    """`values` without the retired options (RETIRED), each checked to be at the value the code always uses."""
+    retired = RETIRED.get(cls.__name__, {})
+    for key in sorted(set(values) & set(retired)):
+        fixed = retired[key][0]
+        if _coerce(values[key], type(fixed), f"{section}.{key}") != fixed:
+            raise ConfigError(f"{section}.{key} is retired: always {fixed} (docs/research-log.md, options removed)")
+    return {k: v for k, v in values.items() if k not in retired}
+
+
 def keyed_config(cfg) -> dict:
     """A config section as it enters a stage key (engine/stages.py) or a run's config.yaml: every field, set or
     not. When options are added or change meaning, the stage versions (engine/stages.py: VERSIONS) and the
@@ -373,7 +404,10 @@ def keyed_config(cfg) -> dict:
 
 def to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
+        plain = [(f.name, to_plain(getattr(obj, f.name))) for f in fields(obj)]
+        for name, (value, after) in RETIRED.get(type(obj).__name__, {}).items():  # in their old places
+            plain.insert([k for k, _ in plain].index(after) + 1, (name, value))
+        return dict(plain)
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -2,22 +2,13 @@
 
 A run directory mixes what may be released (the classifier) with what must not (checkpoints, the ledger's vote
 counts, config.yaml with the noise seed, a generator fitted to a non-private model). `export_run` writes only
-the releasable part into a new directory:
+the releasable part: model.safetensors (weights, with metadata enough to rebuild and use it), README.md (a model
+card: method, data, accuracy, ε under each accounting, what it covers), privacy.json, and generator.safetensors
+only when asked for and covered by the ε.
 
-    model.safetensors    the classifier's weights; their metadata name the architecture, the preprocessing, the
-                         classes and the privacy guarantee, so the file alone is enough to rebuild and use it
-    README.md            a model card (Hugging Face format): method, data, accuracy, epsilon under each
-                         accounting, what it covers and what it does not, audits, intended use, preprocessing
-    privacy.json         the run's privacy report (the pathways and what each epsilon covers)
-    generator.safetensors  only when asked for (`generator=True`) and covered by the epsilon
-
-A model that is not differentially private as a whole (privacy.report.guarantee) is refused unless the caller
-passes `allow_non_private=True`; its card then says so in its first line. A label-DP model is exported: its
-card states that only the labels are protected. A model at chance (methods/chance.py: its held-out accuracy within
-max(3 points, 2 standard errors) of the largest class's share, or one class answered for most inputs) is refused
-unless the caller passes `allow_chance=True`; its card then says so in its first lines.
-
-`load(path)` gives back the model (a plain `torch.nn.Module`), its preprocessing and its card.
+A model that is not DP as a whole is refused unless `allow_non_private=True` (its card's first line says so); a
+label-DP model is exported, its card saying only the labels are protected; a model at chance (methods/chance.py) is
+refused unless `allow_chance=True`. `load(path)` gives back the model, its preprocessing and its card.
 """
 
 from __future__ import annotations
@@ -40,7 +31,8 @@ from privdistill.data.dataset import known_class_names
 from privdistill.engine.run import RunDir
 from privdistill.errors import PrivacyError, RunError
 from privdistill.methods.runner import generator_is_covered
-from privdistill.privacy.report import _fmt, guarantee, is_label_dp
+from privdistill.privacy.report import fmt_num as _fmt
+from privdistill.privacy.report import guarantee, is_label_dp
 
 #: What every classifier here reads: images scaled from [0, 255] to [-1, 1] (data.dataset.to_float), NCHW.
 PREPROCESSING = {"input": "uint8 images in [0, 255], or floats already in [-1, 1]",

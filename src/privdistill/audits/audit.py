@@ -1,15 +1,8 @@
 """`privdistill audit RUN_DIR`: membership inference and model inversion against a run's released model.
 
-Writes into the run directory:
-
-    audit/mia.json         every attack's AUC, TPR at 1 % / 0.1 % FPR (95 % bootstrap intervals), the split
-    audit/mia_scores.npz   per-example scores and membership labels (for ROC plots across models)
-    audit/mia_roc.png      ROC curves (log-log, as in LiRA)
-    audit/inversion.png    model-inversion grid (one column per class)
-
-and adds to the run's summary.json: `mia_auc`, `mia_tpr_at_1pct_fpr` (the headline attack: LiRA online),
-`mia_attack`, and an `audit` block with the per-attack details and the inversion numbers. With
-`record=True` the updated summary replaces the run's file under results/<preset>/.
+Writes audit/mia.json (every attack's AUC and TPR at 1 % / 0.1 % FPR with 95 % bootstrap intervals), mia_scores.npz,
+mia_roc.png and inversion.png into the run directory, and adds `mia_auc`, `mia_tpr_at_1pct_fpr` (LiRA online),
+`mia_attack` and an `audit` block to its summary.json (with `record=True`, also under results/<preset>/).
 """
 
 from __future__ import annotations

@@ -20,11 +20,8 @@ def train_audit_control(request: RunRequest) -> dict[str, Any]:
     """A positive control for the membership audits: a classifier trained ONLY on the audit's members, long
     enough to overfit them (section `audit_control`).
 
-    Every audited model of a dataset shares one member/non-member split; at the quick scale the attacks find
-    little in any of them, the non-private baseline included. Audited like the others, this model says whether
-    that is the attack's weakness or the models' privacy: an attack that cannot tell its members (which it
-    memorised) from non-members is too weak at this scale to speak for anything.
-    """
+    At the quick scale the attacks find little in any audited model, the baseline included: this one says whether
+    that is the attack's weakness (it cannot find members the model memorised) or the models' privacy."""
     prep = prepare_run("audit-control", request, {"audit": AuditConfig, "audit_control": ClassifierTraining})
     cfg: ClassifierTraining = prep.sections["audit_control"]
     data = prep.data

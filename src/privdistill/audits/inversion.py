@@ -1,14 +1,10 @@
-"""Model inversion (Fredrikson et al. 2015; the papers' DGD Fig. 9 / DPDFD Fig. 5): for each class, gradient
-ascent on the INPUT of a released classifier to maximise its confidence in that class, from a blank start
-(black, the background of MNIST-like images, plus a little noise), with a total-variation and an L2 prior.
-What comes out is what the model "believes" a class looks like; a model that memorised its training
-images tends to give recognisable digits / garments, a well-regularised or private one noise-like patterns.
+"""Model inversion (Fredrikson et al. 2015; DGD Fig. 9 / DPDFD Fig. 5): for each class, gradient ascent on the
+INPUT of a released classifier to maximise its confidence in that class, from a blank start, with total-variation
+and L2 priors; a model that memorised its images tends to give recognisable ones, a private one noise-like patterns.
 
     x = tanh(w)  (images stay in [-1, 1]),   w ← Adam on   CE(f(x), c) + λ_tv TV(x) + λ_l2 mean(((x + 1) / 2)²)
 
-Reported per class: the model's final confidence in the class, and the Pearson correlation of the
-inverted image with the mean training image of the class (a crude "how much of the data does it reveal"
-number: higher = closer to what the private images look like on average).
+Reported per class: the final confidence, and the Pearson correlation with the class's mean training image.
 """
 
 from __future__ import annotations
@@ -36,16 +32,12 @@ class InversionConfig:
     restarts: int = 4  # images per class (rows of the grid)
     tv_weight: float = 0.05
     l2_weight: float = 0.01
-    start: str = "blank"  # black, the background of MNIST-like data (the only start; kept so earlier runs resume)
-    start_noise: float = 0.1  # std of the noise added to the start (in tanh space)
 
     def validate(self) -> None:
         if self.steps < 1 or self.restarts < 1 or self.lr <= 0:
             raise ConfigError("inversion.steps and restarts must be >= 1, lr > 0")
-        if self.tv_weight < 0 or self.l2_weight < 0 or self.start_noise < 0:
-            raise ConfigError("inversion weights and start_noise must be >= 0")
-        if self.start != "blank":
-            raise ConfigError("inversion.start must be blank (the grey and noise starts left the package)")
+        if self.tv_weight < 0 or self.l2_weight < 0:
+            raise ConfigError("inversion weights must be >= 0")
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +58,7 @@ def invert(model: nn.Module, *, num_classes: int, shape: tuple[int, int, int], c
     target = torch.arange(num_classes).repeat(cfg.restarts).to(device)
     g = env.generator(streams.INVERSION_START)
     base = torch.full((n, *shape), float(torch.atanh(torch.tensor(-0.9))))
-    w = (base + cfg.start_noise * torch.randn(n, *shape, generator=g)).to(device).requires_grad_(True)
+    w = (base + 0.1 * torch.randn(n, *shape, generator=g)).to(device).requires_grad_(True)  # noise std 0.1 (tanh space)
     optimizer = torch.optim.Adam([w], lr=cfg.lr)
     for _ in range(cfg.steps):
         x = torch.tanh(w)

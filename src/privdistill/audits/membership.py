@@ -2,12 +2,8 @@
 "Membership inference attacks from first principles", IEEE S&P 2022), on one member/non-member split
 shared by every model of a dataset.
 
-The split (`audit_split`)
-    members      a seeded subset of the private training set, drawn outside the held-out "public" slice
-                 that PATE and DGD's Fig. 7 variant use (so that every audited model had them as PRIVATE
-                 data: the baseline and DP-SGD trained on them directly; DGD, DPDFD, SRR and PATE reach them
-                 only through their teachers / baseline);
-    non-members  a seeded subset of the test set (never used for training by anything here), equal size.
+The split (`audit_split`): members a seeded subset of the private training set outside the held-out "public"
+slice (private data of every audited model), non-members an equal seeded subset of the test set.
 
 Attacks (higher score = "member")
     loss         -CE(model(x), y)                      (Yeom et al. 2018; no shadow models)
@@ -15,19 +11,10 @@ Attacks (higher score = "member")
     lira-offline (φ - μ_out) / σ_out                  (one-sided test against the OUT distribution)
     φ = log p_y - log(1 - p_y), computed stably from the logits as z_y - logsumexp_{k≠y} z_k.
 
-Shadow models (the cached stage `shadows`, trained once per dataset and reused for every audited model).
-The pool is the whole training set plus the non-members. Each audit example (member or non-member) is IN
-the training set of exactly half of the shadows (a balanced random assignment per example), and every other
-training example is in each shadow's set with probability 1/2, so each shadow trains on about half the
-pool, as in LiRA. μ_in / μ_out are per-example means over the shadows that did / did not train on the
-example; with few shadows (quick: 16, so 8 IN and 8 OUT per example) the variances are global (LiRA's
-"fixed variance", which the paper recommends below 64 shadows). The online variant uses both; the offline
-one only the OUT models.
-
-Caveat: the shadows are direct-training classifiers (the threat model "the attacker can train like the
-target"). For the distilled students that is a mismatch on purpose: the question asked is whether their
-outputs on private records look like those of a model that saw them; a stronger attack against a specific
-method would replicate its whole pipeline per shadow (too costly at this scale).
+Shadow models (cached stage `shadows`, one set per dataset): each audit example is IN exactly half of them, every
+other training example in each with probability 1/2; below 64 shadows the variances are global (LiRA's "fixed
+variance"). They train directly, a mismatch for the distilled students on purpose (do their outputs on private
+records look like those of a model that saw them?); research log, "Notes that left the code: audits/membership.py".
 """
 
 from __future__ import annotations

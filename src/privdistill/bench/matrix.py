@@ -9,22 +9,12 @@ A matrix is a YAML file (`bench/matrix/<preset>.yaml`, or any path) of declarati
         args: [dgd, -d, "{dataset}", --epsilon, "{epsilon}", --queries, "{queries}", --preset, "{preset}"]
         grid: [{epsilon: 10, queries: 1300}, {epsilon: 1, queries: 27}]   # one cell per row (× datasets)
         audit: true                            # membership inference + inversion of its released model
-        owner: lead                            # who maintains the entry (informational)
 
-or `cells_from: quick` instead of `cells` (the paper matrix: the same cells at another preset). Lines several
-cells share are YAML anchors under `sets:` (`staged_prior: &staged_prior [--set, srr.stages=2, ...]`); an alias
-among a cell's args (`*staged_prior`) is spliced in where it stands.
-
-Running a cell: `privdistill <args> --record --no-progress --run-dir <runs_dir>/<name>` (plus `--resume`
-when that run directory holds an unfinished run), under the shared CPU lock, its output in
-`<runs_dir>/<name>.log`. A cell whose result file exists is skipped; a cell whose run finished but was
-not recorded is recorded from its summary. Then every auditable cell whose result lacks `mia_auc` is
-audited (`privdistill audit RUN_DIR --record`). Interrupting the bench loses at most the cell in flight,
-which resumes from its own checkpoints next time.
-
-Locks: the CPU lock (`/tmp/privdistill-cpu.lock`, shared with everyone's jobs) and a per-cell lock are
-taken by this process and inherited by the child, so a child orphaned by a killed bench keeps them until it
-exits and a second bench never runs the same cell twice.
+or `cells_from: quick` (the same cells at another preset); shared args are YAML anchors under `sets:`, spliced in
+where an alias stands. A cell runs as `privdistill <args> --record --run-dir <runs_dir>/<name>` (`--resume` for an
+unfinished run) under the shared CPU lock (`/tmp/privdistill-cpu.lock`) and a per-cell lock, both inherited by the
+child; a recorded cell is skipped, then every auditable cell without `mia_auc` is audited. An interrupted bench
+loses at most the cell in flight.
 """
 
 from __future__ import annotations

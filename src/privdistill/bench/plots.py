@@ -1,17 +1,7 @@
-"""Figures of the reproduction benchmark (matplotlib, Agg), written to docs/figures/:
-
-    accuracy-vs-epsilon-<preset>.png   test accuracy against ε per method, one column per dataset: models that
-                                       are DP as a whole at their strict ε (top), the others at their target ε
-                                       (bottom); from results/<preset>/*.json, the non-private baseline a line
-    dgd-accuracy-vs-queries-<preset>.png  DGD Fig. 3: accuracy against the number of labelled queries
-    privacy-vs-queries.png             ε against the number of answered queries (DGD Fig. 8, bottom right):
-                                       DGD's printed formula vs the strict RDP bound for LNMax (b = 40), and
-                                       GNMax (σ = 40); from the accountants alone, no training
-    mia-roc-<preset>-<dataset>.png     LiRA ROC curves (log-log) of every audited model of a dataset
-    inversion-<preset>-<dataset>.png   the audited models' model-inversion grids side by side
-    samples-<preset>-<dataset>.png     the synthetic-sample grids (samples.png) of the generator runs
-    srr-stages-<preset>-<dataset>.png  SRR / RR / RRWithPrior runs at ε <= 1: candidate-set size, correctness of
-                                       the released labels and the student's test accuracy, stage by stage
+"""Figures of the reproduction benchmark (matplotlib, Agg), written to docs/figures/: accuracy against ε per method
+(`accuracy-vs-epsilon-<preset>.png`: models DP as a whole at their strict ε on top, the others at their target ε),
+DGD's accuracy against queries (Fig. 3), ε against answered queries (Fig. 8, from the accountants alone), LiRA ROC
+curves, model-inversion grids, synthetic-sample grids, and SRR's stage-by-stage runs at ε <= 1.
 """
 
 from __future__ import annotations

@@ -106,18 +106,37 @@ def _fmt(value, spec: str = "g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _col(title: str, key: str, fmt: Callable[[Any], str] = _fmt) -> tuple[str, Callable[[dict], str]]:
+    """A column showing each row's `key` through `fmt`."""
+    return title, lambda r: fmt(r.get(key))
+
+
+def _variant_label(r: dict) -> str:
+    return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
+
+
+def _file(r: dict) -> str:
+    return f"[{Path(r['_file']).name}](../{r['_file']})"
+
+
+# The columns most tables share.
+DATASET, MODEL = ("dataset", lambda r: r["dataset"]), ("model", lambda r: r.get("model", "-"))
+TARGET_EPS, ACCURACY = _col("target ε", "target_epsilon", _eps), _col("accuracy %", "test_accuracy", _pct)
+EPS_PAPER, EPS_STRICT = _col("ε paper", "epsilon_paper", _eps), _col("ε strict", "epsilon_strict", _eps)
+DELTA, MINUTES = _col("δ", "delta"), _col("minutes", "wall_seconds", _minutes)
+COMMAND, FILE = ("command", _cmd), ("result file", _file)
+
 # Per-method columns beside the common ones: what explains each number (evaluation-only statistics included).
 METHOD_COLUMNS = {
-    "dgd": [("queries", lambda r: _fmt(r.get("queries"))),
+    "dgd": [_col("queries", "queries"),
             ("query labels = baseline's % (eval only)",
              lambda r: _pct((r.get("query_agreement_with_baseline") or {}).get("noisy_label")))],
-    "dpdfd": [("steps", lambda r: _fmt(r.get("steps"))), ("σ", lambda r: _fmt(r.get("sigma"), ".3g")),
-              ("C", lambda r: _fmt(r.get("clip_norm")))],
+    "dpdfd": [_col("steps", "steps"), _col("σ", "sigma", lambda v: _fmt(v, ".3g")), _col("C", "clip_norm")],
     "srr": [("setting", lambda r: r.get("setting") or "-"), ("mechanism", lambda r: r.get("mechanism") or "-"),
             ("stages T", lambda r: _fmt(r.get("stages") if isinstance(r.get("stages"), int) else None)),
             ("correct labels % (eval only)",
              lambda r: _pct(r.get("label_accuracy_vs_teacher", r.get("label_accuracy_vs_truth")))),
-            ("mean candidate set", lambda r: _fmt(r.get("mean_candidate_set_size"), ".2f"))],
+            _col("mean candidate set", "mean_candidate_set_size", lambda v: _fmt(v, ".2f"))],
 }
 
 
@@ -136,19 +155,8 @@ def method_table(results: list[dict], methods: tuple[str, ...]) -> str:
     rows.sort(key=lambda r: (r.get("method"), r.get("dataset"), -(r.get("target_epsilon") or 0),
                              r.get("variant") or ""))
 
-    return table(rows, [
-        ("method", lambda r: r["method"] + (f" ({r['variant']})" if r.get("variant") else "")),
-        ("dataset", lambda r: r["dataset"]),
-        ("target ε", lambda r: _eps(r.get("target_epsilon"))),
-        ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
-        ("paper %", _paper_pct),
-        ("ε paper", lambda r: _eps(r.get("epsilon_paper"))),
-        ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
-        ("δ", lambda r: "-" if r.get("delta") is None else f"{r['delta']:g}"),
-        ("minutes", lambda r: _minutes(r.get("wall_seconds"))),
-        *METHOD_COLUMNS.get(methods[0], []),
-        ("result file", lambda r: f"[{Path(r['_file']).name}](../{r['_file']})"),
-    ])
+    return table(rows, [("method", _variant_label), DATASET, TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER,
+                        EPS_STRICT, DELTA, MINUTES, *METHOD_COLUMNS.get(methods[0], []), FILE])
 
 
 def update_block(text: str, name: str, content: str) -> str:
@@ -184,27 +192,21 @@ def update_results_doc(doc: str | Path, blocks: dict[str, str], *, others: Itera
 def baseline_table(results: list[dict]) -> str:
     rows = [r for r in results if r.get("method") == "baseline"]
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]), ("model", lambda r: r.get("model", "-")),
-        ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
-        ("paper %", lambda r: _pct(PAPER.get(("baseline", r["dataset"], None)))),
-        ("training minutes", lambda r: _minutes(r.get("wall_seconds"))), ("device", lambda r: r.get("device", "-")),
-        ("command", _cmd), ("result file", lambda r: f"[{Path(r['_file']).name}](../{r['_file']})"),
+        DATASET, MODEL, ACCURACY, ("paper %", lambda r: _pct(PAPER.get(("baseline", r["dataset"], None)))),
+        _col("training minutes", "wall_seconds", _minutes), ("device", lambda r: r.get("device", "-")), COMMAND, FILE,
     ])
 
 
 def generator_table(results: list[dict]) -> str:
     rows = [r for r in results if r.get("method") == "generator"]
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]),
-        ("loss", lambda r: r.get("loss", "-") + (f" ({r['variant']})" if r.get("variant") else "")),
+        DATASET, ("loss", lambda r: r.get("loss", "-") + (f" ({r['variant']})" if r.get("variant") else "")),
         ("samples", lambda r: str(r.get("num_samples", "-"))),
-        ("student on synthetic only %", lambda r: _pct(r.get("test_accuracy"))),
-        ("teacher %", lambda r: _pct(r.get("baseline_accuracy"))),
+        _col("student on synthetic only %", "test_accuracy", _pct), _col("teacher %", "baseline_accuracy", _pct),
         ("class-histogram entropy (of max)",
          lambda r: str(r.get("synthetic_quality", {}).get("histogram_entropy_normalised", "-"))),
         ("mean teacher confidence", lambda r: str(r.get("synthetic_quality", {}).get("mean_confidence", "-"))),
-        ("minutes (generator + student)", lambda r: _minutes(r.get("wall_seconds"))),
-        ("command", _cmd), ("result file", lambda r: f"[{Path(r['_file']).name}](../{r['_file']})"),
+        _col("minutes (generator + student)", "wall_seconds", _minutes), COMMAND, FILE,
     ])
 
 
@@ -212,22 +214,13 @@ def teachers_table(results: list[dict]) -> str:
     rows = sorted((r for r in results if r.get("method") == "teachers"),
                   key=lambda r: (r["dataset"], r.get("num_teachers", 0)))
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]), ("teachers", lambda r: str(r.get("num_teachers"))),
-        ("plurality vote %", lambda r: _pct(r.get("ensemble_accuracy"))),
-        ("Laplace b=40 vote %", lambda r: _pct(r.get("noisy_ensemble_accuracy"))),
-        ("mean single teacher %", lambda r: _pct(r.get("mean_teacher_accuracy"))),
-        ("training minutes", lambda r: _minutes(r.get("training_seconds"))),
-        ("teachers/min", lambda r: "-" if r.get("teachers_per_minute") is None else str(r["teachers_per_minute"])),
-        ("command", _cmd), ("result file", lambda r: f"[{Path(r['_file']).name}](../{r['_file']})"),
+        DATASET, ("teachers", lambda r: str(r.get("num_teachers"))),
+        _col("plurality vote %", "ensemble_accuracy", _pct),
+        _col("Laplace b=40 vote %", "noisy_ensemble_accuracy", _pct),
+        _col("mean single teacher %", "mean_teacher_accuracy", _pct),
+        _col("training minutes", "training_seconds", _minutes),
+        _col("teachers/min", "teachers_per_minute", lambda v: "-" if v is None else str(v)), COMMAND, FILE,
     ])
-
-
-def _variant_label(r: dict) -> str:
-    return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
-
-
-def _file(r: dict) -> str:
-    return f"[{Path(r['_file']).name}](../{r['_file']})"
 
 
 def _num(x: Any, digits: int = 3) -> str:
@@ -249,22 +242,17 @@ def dpsgd_table(results: list[dict]) -> str:
     """DP-SGD: ε under Opacus's RDP and PRV accountants (add/remove-one) and replace-one (strict)."""
     rows = sorted((r for r in results if r.get("method") == "dpsgd"), key=_order)
 
-    def acc(r: dict, key: str) -> str:
-        return _eps((r.get("dpsgd_accounting") or {}).get(key))
+    def acc(title: str, key: str) -> tuple[str, Callable[[dict], str]]:
+        return title, lambda r: _eps((r.get("dpsgd_accounting") or {}).get(key))
 
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]), ("model", lambda r: r.get("model", "-")),
-        ("target ε", lambda r: _eps(r.get("target_epsilon"))),
-        ("σ calibrated on", lambda r: "strict" if r.get("accounting") == "strict" else "Opacus RDP"),
-        ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
+        DATASET, MODEL, TARGET_EPS,
+        ("σ calibrated on", lambda r: "strict" if r.get("accounting") == "strict" else "Opacus RDP"), ACCURACY,
         ("paper %", lambda r: _pct(PAPER.get(("dpsgd", r["dataset"], r.get("target_epsilon")))
                                    if r.get("model", "paper-cnn") == "paper-cnn" else None)),
-        ("σ", lambda r: acc(r, "noise_multiplier")), ("steps", lambda r: acc(r, "steps")),
-        ("ε Opacus RDP", lambda r: acc(r, "epsilon_opacus_rdp")),
-        ("ε Opacus PRV", lambda r: acc(r, "epsilon_opacus_prv")),
-        ("ε strict (replace-one)", lambda r: _eps(r.get("epsilon_strict"))),
-        ("δ", lambda r: "-" if r.get("delta") is None else f"{r['delta']:g}"),
-        ("minutes", lambda r: _minutes(r.get("wall_seconds"))), ("command", _cmd), ("result file", _file),
+        acc("σ", "noise_multiplier"), acc("steps", "steps"), acc("ε Opacus RDP", "epsilon_opacus_rdp"),
+        acc("ε Opacus PRV", "epsilon_opacus_prv"), _col("ε strict (replace-one)", "epsilon_strict", _eps), DELTA,
+        MINUTES, COMMAND, FILE,
     ])
 
 
@@ -272,19 +260,15 @@ def pate_table(results: list[dict]) -> str:
     """PATE: data-independent ε (headline) with the data-dependent bound beside it (not releasable)."""
     rows = sorted((r for r in results if r.get("method") == "pate"), key=_order)
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]),
+        DATASET,
         ("aggregator", lambda r: r.get("aggregation", "-") + (", RDP filter" if r.get("filter_budget") else "")),
-        ("target ε", lambda r: _eps(r.get("target_epsilon"))), ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
+        TARGET_EPS, ACCURACY,
         ("queries", lambda r: str(r.get("queries", "-")) + (f" (budget {r['filter_budget']})"
                                                             if r.get("filter_budget") else "")),
-        ("answered", lambda r: str(r.get("answered", "-"))),
-        ("label accuracy %", lambda r: _pct(r.get("label_accuracy"))),
-        ("ε paper", lambda r: _eps(r.get("epsilon_paper"))), ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
-        ("ε strict, answered only (odometer, not a guarantee)",
-         lambda r: _eps(r.get("epsilon_realised_answered_only"))),
-        ("ε data-dependent (not releasable)", lambda r: _eps(r.get("epsilon_data_dependent"))),
-        ("δ", lambda r: "-" if r.get("delta") is None else f"{r['delta']:g}"),
-        ("minutes", lambda r: _minutes(r.get("wall_seconds"))), ("command", _cmd), ("result file", _file),
+        ("answered", lambda r: str(r.get("answered", "-"))), _col("label accuracy %", "label_accuracy", _pct),
+        EPS_PAPER, EPS_STRICT,
+        _col("ε strict, answered only (odometer, not a guarantee)", "epsilon_realised_answered_only", _eps),
+        _col("ε data-dependent (not releasable)", "epsilon_data_dependent", _eps), DELTA, MINUTES, COMMAND, FILE,
     ])
 
 
@@ -302,9 +286,7 @@ def audit_table(results: list[dict]) -> str:
         return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
     return table(rows, [
-        ("model", _variant_label), ("dataset", lambda r: r["dataset"]),
-        ("target ε", lambda r: _eps(r.get("target_epsilon"))),
-        ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
+        ("model", _variant_label), DATASET, TARGET_EPS, ACCURACY,
         ("LiRA AUC [95% CI]", lambda r: attack(r, "lira-online", "auc")),
         ("LiRA TPR@1%FPR [95% CI]", lambda r: attack(r, "lira-online", "tpr_at_1pct_fpr")),
         ("LiRA offline AUC", lambda r: attack(r, "lira-offline", "auc")),
@@ -312,7 +294,7 @@ def audit_table(results: list[dict]) -> str:
         ("loss TPR@1%FPR", lambda r: attack(r, "loss", "tpr_at_1pct_fpr")),
         ("inversion: corr. with class mean", lambda r: _num(((r.get("audit") or {}).get("inversion") or {})
                                                             .get("mean_correlation_with_class_mean"))),
-        ("result file", _file),
+        FILE,
     ])
 
 
@@ -340,13 +322,9 @@ def bench_table(results: list[dict]) -> str:
                   key=_order)
 
     return table(rows, [
-        ("dataset", lambda r: r["dataset"]), ("method", _variant_label),
-        ("target ε", lambda r: _eps(r.get("target_epsilon"))), ("accuracy %", lambda r: _pct(r.get("test_accuracy"))),
-        ("paper %", _paper_pct), ("ε paper", lambda r: _eps(r.get("epsilon_paper"))),
-        ("ε strict", lambda r: _eps(r.get("epsilon_strict"))),
-        ("released model fully covered by ε", _covered),
-        ("MIA AUC", lambda r: _num(r.get("mia_auc"))), ("MIA TPR@1%FPR", lambda r: _num(r.get("mia_tpr_at_1pct_fpr"))),
-        ("minutes", lambda r: _minutes(r.get("wall_seconds"))), ("result file", _file),
+        DATASET, ("method", _variant_label), TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER, EPS_STRICT,
+        ("released model fully covered by ε", _covered), _col("MIA AUC", "mia_auc", _num),
+        _col("MIA TPR@1%FPR", "mia_tpr_at_1pct_fpr", _num), MINUTES, FILE,
     ])
 
 

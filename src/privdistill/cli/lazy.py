@@ -1,13 +1,11 @@
 """The one place the command line defers importing the package's own modules.
 
-What the commands call (methods, engine, data, audits, bench, release) imports torch, 1.5-2 s of every start;
-`privdistill --help`, a mistyped option and the one-line errors need none of it (tests/test_cli.py checks that
---help imports no torch). A command module therefore names what it calls at its top, as
+What the commands call imports torch, which `--help` and the one-line errors need not (tests/test_cli.py checks
+that --help imports no torch). A command module names what it calls at its top,
 
     dgd = lazy_module("privdistill.methods.dgd")  # imported when the command runs
 
-and the module is imported when an attribute is first read (`dgd.run_dgd(...)`), inside the command. Modules the
-commands need that import no torch (privacy, config, recipes, errors, the models registry) are imported plainly.
+and the module is imported when an attribute is first read. Modules that import no torch are imported plainly.
 """
 
 from __future__ import annotations

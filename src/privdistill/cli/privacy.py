@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import math
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -31,7 +30,7 @@ from privdistill.privacy.events import (
     RandomizedResponse,
     RandomizedResponseWithPrior,
 )
-from privdistill.privacy.report import privacy_report, render_text, run_report
+from privdistill.privacy.report import fmt_num, privacy_report, render_text, run_report
 
 # each method's pathways live with the method (they import torch: imported when `estimate` runs)
 dgd = lazy_module("privdistill.methods.dgd_plan")
@@ -117,19 +116,6 @@ def _pathways_for(mechanism: Mechanism, algorithm: int, srr_setting: o.SRRSettin
     if mechanism is Mechanism.srr:
         return f"SRR ({srr_setting.value})", srr_plan.srr_pathways(setting=srr_setting.value)
     return None, None
-
-
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    x = float(x)
-    if math.isinf(x):
-        return "inf"
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.4g}"
 
 
 @app.command("estimate")
@@ -246,16 +232,16 @@ def _print_estimate(report: dict[str, Any], calibration: dict[str, Any] | None) 
     table.add_column("accounting", style="bold")
     table.add_column("epsilon", justify="right")
     table.add_column("what it covers")
-    table.add_row("paper", _fmt(report["epsilon"]["paper"]),
+    table.add_row("paper", fmt_num(report["epsilon"]["paper"]),
                   "the formula the paper prints: " + "; ".join(paper["notes"]))
     strict_notes = [n for m in report["mechanisms"] for n in m["strict_notes"]] + list(strict["notes"])
-    table.add_row("strict", _fmt(report["epsilon"]["strict"]),
+    table.add_row("strict", fmt_num(report["epsilon"]["strict"]),
                   "a correct bound on every recorded use of the private data (which released artifacts it "
                   "covers: below): " + "; ".join(strict_notes))
     console.print(table)
     details = {k: v for m in report["mechanisms"] for k, v in m["details"].items()}
     if details:
-        console.print("details: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in details.items()), highlight=False)
+        console.print("details: " + ", ".join(f"{k} = {fmt_num(v)}" for k, v in details.items()), highlight=False)
     if report["artifacts"]:
         console.print(f"\n[bold]Pathways from the private data ({report['method']}):[/]")
         for name, art in report["artifacts"].items():
@@ -272,8 +258,8 @@ def _print_estimate(report: dict[str, Any], calibration: dict[str, Any] | None) 
         cal.add_column(f"{calibration['noise_field']} (at the given count)", justify="right")
         for acc in ("paper", "strict"):
             e = calibration[acc]
-            cal.add_row(acc, _fmt(e[cf]),
-                        _fmt(e[calibration["noise_field"]]) + (f"  ({e['note']})" if e.get("note") else ""))
+            cal.add_row(acc, fmt_num(e[cf]),
+                        fmt_num(e[calibration["noise_field"]]) + (f"  ({e['note']})" if e.get("note") else ""))
         console.print(cal)
 
 

@@ -15,13 +15,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
     """Stop glibc from handing freed tensor memory back to the OS after every step.
 
-    PyTorch's CPU allocator does not cache, so each step's activations and gradients (a few MiB each) are
-    malloc'ed and freed anew. With glibc's defaults many of them are mmap'ed or trimmed on free and
-    page-faulted back in on the next step, which can cost half the CPU time (docs/research-log.md). Keeping up to
-    `trim_threshold` bytes of freed heap costs that much resident memory at most. Returns False where this is not
-    glibc (nothing changed).
-    Process-wide, so only the command line calls it; `GLIBC_TUNABLES` with malloc settings wins, and
-    PRIVDISTILL_KEEP_FREED_MEMORY=0 turns it off."""
+    PyTorch's CPU allocator does not cache; with glibc's defaults each step's freed activations are trimmed and
+    page-faulted back in, which can cost half the CPU time (research log). Keeping up to `trim_threshold` bytes costs
+    that much resident memory at most. Returns False where this is not glibc. Process-wide, so only the command line
+    calls it; `GLIBC_TUNABLES` with malloc settings wins, and PRIVDISTILL_KEEP_FREED_MEMORY=0 turns it off."""
     if not sys.platform.startswith("linux") or os.environ.get("PRIVDISTILL_KEEP_FREED_MEMORY") == "0":
         return False
     if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):

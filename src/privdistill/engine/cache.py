@@ -1,12 +1,10 @@
 """Stage cache: expensive stages (baseline, teachers, generator, synthetic set, VAE) stored by a hash of
 everything they depend on, so a sweep over ε trains its teachers and generator once.
 
-A stage's key hashes: the stage name and its code version (bump `version` when a stage's semantics or the
-options of its configuration change), its whole configuration, the dataset fingerprint, the seed, and the keys of
-the stages it consumes. A stage is
-built in `<root>/<name>-<key>.partial/` (a run directory, so an interrupted build resumes from its own
-checkpoint) and renamed to `<root>/<name>-<key>/` only after its `stage.json` is written: a half-written
-stage is never reused. A file lock keeps two processes from building the same stage at once.
+A stage's key hashes its name and code `version` (bump it when a stage's semantics or options change), its whole
+configuration, the dataset fingerprint, the seed and its upstream stages' keys. It is built in
+`<root>/<name>-<key>.partial/` (resumable) and renamed only once `stage.json` is written; a file lock keeps two
+processes from building the same stage.
 """
 
 from __future__ import annotations

@@ -2,21 +2,13 @@
 
     L(x) = CE(f(x), argmax f(x)) + α · Σ_k p̄_k log p̄_k + β · A(x),   x = G(z), z ~ N(0, I)
 
-- the one-hot term pushes samples into regions the classifier is confident about;
-- p̄ is the batch mean of the softmax: minimising Σ p̄ log p̄ maximises its entropy (class balance);
-- A(x) differs per paper:
-    dgd   (DGD Eq. 2, α=5, β=0.1):   an L1 activation term on the backbone features;
-    dpdfd (DPDFD Eq. 5, α=β=1):      an L2 norm of the backbone features;
-    srr   (SRR, α=5, β=10):          BatchNorm-statistics matching (DeepInversion): Σ_l ‖μ_l − μ̂_l‖₂ + ‖σ²_l − σ̂²_l‖₂.
+    A(x): dgd   (DGD Eq. 2, α=5, β=0.1):   an L1 activation term on the backbone features;
+          dpdfd (DPDFD Eq. 5, α=β=1):      an L2 norm of the backbone features;
+          srr   (SRR, α=5, β=10):          BatchNorm-statistics matching (DeepInversion)
 
-Ambiguities and the readings chosen:
-- DGD and DPDFD write "+β‖f‖" for the activation term, but their text (real images "tend to receive higher
-  activation") and DAFL, which both cite, REWARD high activation: we use −β·mean|f| (dgd) and
-  −β·RMS(f) = −β·‖f‖₂/√d (dpdfd). Dividing the L2 norm by √d keeps β = 1 on the same scale as the other
-  terms for any feature width; without it the term of a 6272-wide feature would swamp the others.
-- The generator architecture is not given by any paper: DAFL's (see `models.generator`).
-- DGD's "200 rounds, lr 0.2, ÷10 every 80 rounds" follows DAFL, whose round is an epoch of 120 iterations
-  of batch 512 against Adam; `steps_per_round` and `batch_size` make that explicit and configurable.
+Readings chosen: DGD and DPDFD write "+β‖f‖" but their text and DAFL REWARD high activation: −β·mean|f| (dgd),
+−β·‖f‖₂/√d (dpdfd; the √d keeps β = 1 on scale for any width). The generator is DAFL's (no paper gives one);
+DGD's "200 rounds" follow DAFL's epochs of 120 iterations (`steps_per_round`, `batch_size`).
 """
 
 from __future__ import annotations
@@ -62,9 +54,9 @@ class GeneratorTraining:
     # --- beyond the papers' literal losses (ours; off: the papers' generator): the adversarial synthesis of the
     # recipes (recipes/__init__.py: ADVERSARIAL_GENERATOR; docs/research-log.md, "Samples that teach")
     class_targets: bool = False  # a class-conditional generator: each sample is made for a class it is told
-    adversarial_weight: float = 0.0  # a student in the loop (DFAD): reward samples on which it and the source differ
-    adversarial_student: str = "paper-cnn"  # that student's architecture (discarded after the stage)
-    adversarial_lr: float = 1e-3  # its Adam rate; it learns the source's soft labels on each fresh batch
+    # a student in the loop (DFAD; a paper CNN, Adam at 1e-3, discarded after the stage, learning the source's soft
+    # labels on each fresh batch): reward samples on which it and the source differ
+    adversarial_weight: float = 0.0
 
     def validate(self) -> None:
         if self.loss not in LOSS_DEFAULTS:
@@ -75,8 +67,8 @@ class GeneratorTraining:
             raise ConfigError("generator.lr must be > 0 and lr_decay in (0, 1]")
         if self.num_samples < 0:
             raise ConfigError("generator.num_samples must be >= 0")
-        if self.adversarial_weight < 0 or self.adversarial_lr <= 0:
-            raise ConfigError("generator.adversarial_weight must be >= 0 and adversarial_lr > 0")
+        if self.adversarial_weight < 0:
+            raise ConfigError("generator.adversarial_weight must be >= 0")
 
     @property
     def weights(self) -> tuple[float, float]:
@@ -223,8 +215,8 @@ class GeneratorCollapseWarning(UserWarning):
     """A data-free generator whose samples the classifier spreads over few classes (mode collapse)."""
 
 
-# A balanced generator's samples give a mean softmax (over a batch) near the uniform one (measured: 0.90-0.99 of the
-# maximum entropy ln K; a collapsed one 0.64). Below this share, warn.
+# A balanced generator's samples give a mean softmax (over a batch) near the uniform one; below this share, warn
+# (research log, "Notes that left the code: engine/datafree.py")
 COLLAPSE_ENTROPY_SHARE = 0.8
 
 
@@ -279,9 +271,9 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
             raise ConfigError("generator.adversarial_weight needs the number of classes "
                               "(train_generator(num_classes=K))")
         torch.manual_seed(env.generator(streams.GENERATOR_ADVERSARY).initial_seed())
-        modules["adversary"] = env.place(create_model(cfg.adversarial_student, kind="classifier", in_channels=channels,
+        modules["adversary"] = env.place(create_model("paper-cnn", kind="classifier", in_channels=channels,
                                                       num_classes=num_classes, image_size=image_size)).train()
-        optimizers["adversary"] = make_optimizer(modules["adversary"].parameters(), "adam", lr=cfg.adversarial_lr)
+        optimizers["adversary"] = make_optimizer(modules["adversary"].parameters(), "adam", lr=1e-3)
     alpha, beta = cfg.weights
     bn = BatchNormStatistics(classifier) if cfg.loss == "srr" else None
     decay_every = cfg.lr_decay_every * cfg.steps_per_round  # steps
@@ -350,10 +342,8 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
     should be fed the floats. The latent codes are drawn from stream SYNTHETIC (`stream`, batch), or are the
     caller's `latents` [n, latent_dim] (a method that keeps its own latent stream, SRR's stage codes).
 
-    The generator stays in train mode, as while it was trained: its BatchNorm layers normalise with batch
-    statistics. Their running statistics, which train mode would update, are put back afterwards: sampling
-    leaves the generator as it was, so a released generator does not depend on whether its samples were drawn
-    in the same run or read from the stage cache."""
+    The generator stays in train mode (BatchNorm on batch statistics), its running statistics put back afterwards:
+    sampling leaves it as it was, whether its samples were drawn in this run or read from the stage cache."""
     generator.train()
     buffers = {name: b.clone() for name, b in generator.named_buffers()}
     out = []

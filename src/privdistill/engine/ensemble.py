@@ -1,11 +1,9 @@
 """Teacher ensembles: n classifiers trained on n disjoint partitions, and their batched votes.
 
-Training many small networks one after the other wastes most of a GPU (and, on a CPU, pays Python and
-dispatch overhead per tiny step). The vectorised trainer stacks the teachers' parameters
-(`torch.func.stack_module_state`) and runs one `vmap(functional_call)` step for a whole chunk of teachers,
-each on its own batch from its own partition. Adam is element-wise, so one Adam over stacked parameters
-is exactly n independent Adams; the plain loop trainer is kept as the reference and the two give the
-same teachers for equal seeds (up to floating-point summation order).
+The vectorised trainer stacks the teachers' parameters (`torch.func.stack_module_state`) and runs one
+`vmap(functional_call)` step for a chunk of teachers, each on its own batch (many small networks one after the other
+waste a GPU). Adam is element-wise, so one Adam over stacked parameters is exactly n independent Adams; the plain
+loop trainer is the reference, giving the same teachers for equal seeds (up to summation order).
 """
 
 from __future__ import annotations
@@ -56,12 +54,9 @@ class TeacherTraining:
     batch_size: int = 128
     lr: float = 0.05
     lr_schedule: str = "linear"  # linear | constant
-    # Kept so that asking for a label-dependent split is refused with its reason (see validate).
-    stratified: bool = False
     # auto: vectorised on CUDA, the plain loop on a CPU, where oneDNN runs vmap's convolutions slowly (benchmarks.md)
     trainer: str = "auto"  # auto | vectorized | loop
     chunk_size: int = 0  # teachers per vectorised step; 0: automatic (memory-bounded)
-    partition_seed: int = 0
     # each teacher's batches augmented (its own stream): on MNIST affine copies make teachers that read synthetic
     # samples alike (DGD's default recipe; docs/research-log.md, "Synthesis engine"). Off: the papers' teachers.
     augment: str = "none"  # one of config.AUGMENTATIONS (engine/augment.py)
@@ -78,10 +73,6 @@ class TeacherTraining:
             raise ConfigError(f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
         if self.chunk_size < 0:
             raise ConfigError("chunk_size must be >= 0")
-        if self.stratified:
-            raise ConfigError("teachers.stratified is no longer supported: a partition that depends on the labels "
-                              "changes for more than one teacher when one record is replaced, which breaks the "
-                              "ensemble's privacy analysis. Partitions are by index only.")
 
 
 # ------------------------------------------------------------------------------------------ the ensemble
@@ -212,7 +203,7 @@ def make_partitions(train: ImageDataset, cfg: TeacherTraining) -> list[torch.Ten
     if cfg.num_teachers > len(train):
         raise DataError(f"{cfg.num_teachers} teachers need at least {cfg.num_teachers} training examples; "
                         f"{train.name} has {len(train)}")
-    parts = partition_indices(len(train), cfg.num_teachers, seed=cfg.partition_seed)
+    parts = partition_indices(len(train), cfg.num_teachers, seed=0)
     smallest = min(len(p) for p in parts)
     if smallest < cfg.batch_size:
         raise ConfigError(f"teachers.batch_size {cfg.batch_size} exceeds the smallest partition ({smallest} "
@@ -291,9 +282,7 @@ def _gather(train: ImageDataset, partitions: torch.Tensor, positions: torch.Tens
 
 
 # a teacher's batch, in pixels, up to which vmap's grouped convolutions beat the loop on a CPU, where the loop pays
-# one dispatch per tiny step (paper-cnn, 100 steps, 2 threads, AMD EPYC): 15 images of 8 x 8 (960 pixels, 100
-# teachers) 31.8 s against the loop's 57.4 s; 15 of 12 x 12 (2,160, 80 teachers) 46.5 against 47.6 s; 128 of
-# 28 x 28 2.6 times slower (docs/benchmarks.md)
+# one dispatch per tiny step (timings: research log, "Notes that left the code: engine/ensemble.py")
 VMAP_CPU_PIXELS = 2048
 
 
@@ -308,9 +297,8 @@ def auto_trainer(cfg: TeacherTraining, train: ImageDataset, env: Env, *, has_buf
 
 
 def auto_chunk_size(cfg: TeacherTraining, train: ImageDataset, env: Env) -> int:
-    """Teachers per vectorised step: bounded by activation memory (about 1 MiB per image for the paper
-    CNN at 28x28 with autocast copies and gradients, measured: 250 x 128 images peaked at 14 GB; scaled by
-    image area), all teachers at once when they fit."""
+    """Teachers per vectorised step: bounded by activation memory (about 1 MiB per image for the paper CNN at
+    28x28, scaled by image area; research log), all teachers at once when they fit."""
     if cfg.chunk_size > 0:
         return min(cfg.chunk_size, cfg.num_teachers)
     h, w = train.image_size

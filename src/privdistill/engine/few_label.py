@@ -1,37 +1,19 @@
 """A few noisy labels, spread over an unlabelled pool (ours, not a paper's).
 
-At a strict ε of 1 a vote channel buys tens of labels. A student that learns from those alone answers one class
-(DGD) or stays near 60 % (PATE). The pool the queries come from carries structure the labels can follow:
+At a strict ε of 1 a vote channel buys tens of labels; the pool the queries come from carries structure they can
+follow. Two ways, each post-processing of the released answers and of the pool (the ledger prices the queries as it
+would random ones; tests/test_few_label.py checks that nothing new is recorded):
 
-    embedding     the pool in a feature space that costs no ε, projected by a PCA fitted to the pool itself and
-                  standardised. Either data-independent: normalised ScatterNet coefficients (J = 2, L = 8,
-                  models/scatternet.py: a fixed wavelet transform, no parameter fitted to any data); or a `reader`'s
-                  backbone features, where the method already reads that model on a pathway its report names (DGD:
-                  the model its generator was fitted to, the non-private baseline under the paper's accounting, the
-                  DP source end to end). It reads only the pool, which every method using it already holds outside
-                  the ε (PATE's public slice, DGD's synthetic samples), and that reader: no ε is spent
-    medoid query  k-means with k = the label budget in that space; each cluster's member nearest its centre is
-                  queried, so that each bought label speaks for a cluster rather than for one sample
-    spreading     label spreading over the pool's k-NN graph (Zhou et al. 2004, scikit-learn's LabelSpreading):
-                  the answers diffuse along the graph, each sample gets a distribution over the classes
-    student       trained on the whole pool with the spread labels (the method's own student loop)
+    medoids + spreading   the pool embedded at no ε cost (normalised ScatterNet coefficients, or the backbone features
+                          of a `reader` already on a pathway the method's report names), PCA'd; k-means with k = the
+                          label budget, each cluster's medoid queried; the answers spread over the pool's k-NN graph
+                          (Zhou et al. 2004, LabelSpreading); the student trains on the whole pool
+    cluster votes         k-means with k = K in the reader's class probabilities; each teacher votes its majority over
+                          a cluster's members (one changed teacher moves a histogram by (+1, -1), as in an ordinary
+                          query); the noisy histograms name the clusters by an assignment giving every class a cluster
 
-Or, where single samples are misread but whole clusters are not (DGD's synthetic pools), cluster votes:
-
-    clusters      k-means with k = the number of classes in the class probabilities of the model the pool was made
-                  for (a reader, as above)
-    cluster vote  one query per cluster: each teacher votes its majority label over the cluster's members, so one
-                  changed teacher moves a cluster's histogram by (+1, -1), as in an ordinary query
-    naming        the noisy histograms name the clusters by an assignment that gives every class a cluster
-                  (scipy's linear_sum_assignment); every member is labelled by its cluster's name
-
-Where each works: spreading on real pools (PATE's public slice); on DGD's synthetic pools cluster votes, the clusters
-formed in the source's class probabilities (DGD's default at a small ε; docs/research-log.md, "Few labels"). DGD's
-end-to-end recipe queries medoids in the DP source's features, whose own labels teach the rest.
-
-All of it is post-processing of the released answers and of the pool: the ledger prices the queries exactly as
-it would for randomly chosen ones (tests/test_few_label.py checks that nothing new is recorded).
-The measured curve (experiments/few_label_proxy.py, docs/research-log.md "Few labels") chose the constants below.
+Spreading works on real pools (PATE's public slice), cluster votes on DGD's synthetic pools (research log, "Few
+labels"; the constants below come from experiments/few_label_proxy.py).
 """
 
 from __future__ import annotations
@@ -131,6 +113,9 @@ def cluster_pool(embedding: np.ndarray, count: int, *, seed: int = 0) -> torch.T
     from sklearn.cluster import KMeans
 
     return torch.as_tensor(KMeans(n_clusters=count, n_init=3, random_state=seed).fit(embedding).labels_).long()
+
+
+CLUSTER_MEMBERS = 100  # members of a cluster each teacher reads for its vote (DGD's cluster votes)
 
 
 def cluster_votes(teachers, images: torch.Tensor, clusters: torch.Tensor, count: int, num_classes: int, env: Env, *,

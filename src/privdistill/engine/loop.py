@@ -9,16 +9,8 @@
         loop.update(loss, parts)      # backward, optimiser and schedule step, then `loop.record(parts)`
     result = loop.finish()            # LoopResult(steps, wall_seconds, history); writes the final checkpoint
 
-A loop that updates several models in its own order calls `loop.optimize(loss, name=...)` for each (or the
-optimisers itself, as DPDFD's noisy student step must) and then `loop.record(parts)` once. `record` keeps the
-mean of each part since the last evaluation, and at the evaluation cadence (and the last step) appends
-{"step", entry_fields(step)..., means..., evaluate()...} to the history and the run's metrics.jsonl
-(`entry_fields`: what the step number alone gives, e.g. the epoch); at the checkpoint cadence it writes,
-atomically, everything the loop was given (modules, optimisers, schedules), the step, the elapsed time, the
-history, `loop.extra` (a method's own resumable state: JSON-able values or tensors) and, with `save_rng`,
-torch's global RNG (and the CUDA device's). A run killed at any point and resumed continues from the last
-checkpoint and, because the random draws are recomputed from the step counter, ends with the same weights as
-an uninterrupted run (tests: test_engine.py, test_*_resume).
+Several models: `loop.optimize(loss, name=...)` for each, then `loop.record(parts)`. Checkpoints hold everything the
+loop was given and `loop.extra`, so a run killed and resumed ends with the same weights as an uninterrupted one.
 """
 
 from __future__ import annotations

@@ -2,17 +2,9 @@
 (TNAR, Yu et al. CVPR 2019), used by DGD's student, and virtual adversarial training (VAT, Miyato et al. 2018),
 used by PATE's.
 
-For a latent code z and its decoding x̂ = dec(z):
-- tangent: perturb the code and decode, x̂∥ = dec(z + η) ≈ x̂ + J η (J = ∂dec/∂z): a move ALONG the data
-  manifold that the VAE has learned;
-- normal: perturb in input space orthogonally to the tangent space (the column space of J),
-  x̂⊥ = x̂ + r with r ⊥ span(J): a move OFF the manifold.
-
-Adversarial directions (the TNAR default) come from one power iteration that maximises the student's
-feature change; "random" draws them uniformly (what the DGD text says). The distance is the one DGD's
-unsupervised energy (Eq. 6) uses: the squared L2 distance between the student's backbone features.
-The Jacobian is computed exactly with forward-mode autodiff (`torch.func.jacfwd`, vectorised over the
-batch with `vmap`): c forward-mode passes of the small decoder per batch.
+For x̂ = dec(z): tangent x̂∥ = dec(z + η), a move ALONG the learned manifold; normal x̂⊥ = x̂ + r with r ⊥ span(J),
+J = ∂dec/∂z (exact, `torch.func.jacfwd` under `vmap`), a move OFF it. Directions are adversarial (one power
+iteration, TNAR; the DGD text draws them at random); the distance is DGD's Eq. 6: squared L2 between backbone features.
 """
 
 from __future__ import annotations
@@ -63,7 +55,6 @@ class PerturbationConfig:
     tangent_eps: float = 1.0  # L2 size of the latent perturbation η
     normal_eps: float = 2.0  # L2 size of the input-space perturbation r (images in [-1, 1])
     xi: float = 1e-2  # finite-difference step of the power iteration
-    mode: str = "adversarial"  # adversarial | random
 
 
 class ManifoldPerturber:
@@ -83,9 +74,8 @@ class ManifoldPerturber:
     def tangent(self, student: nn.Module, z: torch.Tensor, x_hat: torch.Tensor,
                 generator: torch.Generator) -> torch.Tensor:
         eta = _unit(torch.randn(z.shape, generator=generator).to(z.device))
-        if self.cfg.mode == "adversarial":
-            with self.autocast():
-                eta = self._power_step(student, x_hat, eta, lambda e: self.decode(z + self.cfg.xi * e))
+        with self.autocast():
+            eta = self._power_step(student, x_hat, eta, lambda e: self.decode(z + self.cfg.xi * e))
         with torch.no_grad():
             return self.decode(z + self.cfg.tangent_eps * eta)
 
@@ -93,10 +83,9 @@ class ManifoldPerturber:
                generator: torch.Generator) -> torch.Tensor:
         basis = decoder_tangent_basis(self.decoder, z)
         d = _unit(project_normal(torch.randn(x_hat.shape, generator=generator).to(x_hat.device), basis))
-        if self.cfg.mode == "adversarial":
-            with self.autocast():
-                d = self._power_step(student, x_hat, d, lambda r: x_hat + self.cfg.xi * r,
-                                     project=lambda g: project_normal(g.float(), basis))
+        with self.autocast():
+            d = self._power_step(student, x_hat, d, lambda r: x_hat + self.cfg.xi * r,
+                                 project=lambda g: project_normal(g.float(), basis))
         return (x_hat + self.cfg.normal_eps * d).detach()
 
     @staticmethod

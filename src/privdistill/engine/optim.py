@@ -3,10 +3,8 @@
     optimizer = make_optimizer(model.parameters(), "adam", lr=1e-3, weight_decay=0.0)
     schedule = make_schedule(optimizer, "linear", total_steps)   # a torch LambdaLR: step() after each update
 
-A schedule is a torch.optim.lr_scheduler.LambdaLR over `lr_factor`, so its state travels in checkpoints
-(`schedule.state_dict()`) and a resumed loop continues the same curve. Loops that set the rate by hand
-(`set_lr`) use the same factor and so the same floating-point learning rates. The data-free generators'
-step decay (DAFL's: × 0.1 every 80 rounds) is `make_step_schedule`, a LambdaLR as well.
+Schedules are LambdaLRs over `lr_factor`, so their state travels in checkpoints and a resumed loop continues the same
+curve; `set_lr` uses the same factor. DAFL's step decay (× 0.1 every 80 rounds) is `make_step_schedule`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Which synthetic samples to spend a label budget on (ours, not a paper's).
 
-DGD queries |D̂s| samples of its pool, drawn at random by the paper; its strict ε fixes how many (2,547 Gaussian
-votes at ε ≈ 9.3) but not which. Between random draws of the same size a student moves by several points
-(docs/research-log.md, "DGD+"), so the choice is a lever that costs no privacy when it reads only what is already
-outside the ε: the pool and the model the generator was fitted to (the non-private baseline under DGD's
-accounting, on the same uncovered pathway as the generator; in end-to-end mode the DP source, so the choice is
-post-processing and the guarantee is unchanged). The private teachers are never read here.
+DGD's strict ε fixes how many pool samples are queried, not which; the choice costs no privacy when it reads only
+what is already outside the ε: the pool and the model the generator was fitted to (the DP source end to end). The
+private teachers are never read here (research log, "DGD+").
 
-Rules (`dgd.query_selection`):
-    random     a uniform draw (the paper)
-    diverse    count / K samples of each class as the reader labels them, within a class the reader's feature-space
-               k-center greedy cover (Sener & Savarese 2018, "Active learning for CNNs: a core-set approach"): samples
-               that differ from those already chosen
+Rules (`dgd.query_selection`): `random` (the paper); `diverse`, count / K samples of each class as the reader labels
+them, within a class a k-center greedy cover in the reader's features (Sener & Savarese 2018).
 """
 
 from __future__ import annotations

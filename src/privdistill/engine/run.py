@@ -40,10 +40,8 @@ SUMMARY_KEYS = ("method", "dataset", "preset", "test_accuracy", "baseline_accura
 # progress display; runs_dir, unused once --run-dir names the run); everything else would mix two experiments.
 CHANGEABLE_ON_RESUME = frozenset({"budget.max_epsilon", "run.progress", "run.runs_dir"})
 
-# The format of the configuration a run's config.yaml records. 2: every option of every section, set or not; 1 (no
-# config_version in the file): an option added after its section first shipped was recorded only when set, and the
-# run's stages were keyed the same way (engine/stages.py: VERSIONS). A run written in another format whose
-# configuration differs from this code's is not resumed: option by option, the two cannot be told apart.
+# The format of the configuration a run's config.yaml records (2: every option of every section, set or not). A run
+# written in another format whose configuration differs from this code's is not resumed: the two cannot be told apart.
 CONFIG_VERSION = 2
 
 
@@ -120,11 +118,9 @@ def unlock_run_dir(path: str | os.PathLike) -> None:
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """safetensors.torch.save, with the header's metadata in sorted key order. safetensors writes the metadata in
-    the order of a Rust HashMap, which changes from process to process, so the same weights saved twice got two file
-    digests, and every stage keyed by a digest (e.g. the generator fitted to an end-to-end run's DP source) was
-    rebuilt. The format: an 8-byte little-endian header length, the JSON header (padded with spaces to a multiple
-    of 8), then the data, whose offsets are relative to the data's start and so unchanged."""
+    """safetensors.torch.save, with the header's metadata in sorted key order (safetensors writes a Rust HashMap's
+    order, which changes per process, so equal weights got two digests and stages keyed by them were rebuilt). The
+    format: an 8-byte little-endian header length, the JSON header (space-padded to a multiple of 8), the data."""
     from safetensors.torch import save
 
     raw = save(tensors, metadata=metadata)
@@ -153,9 +149,8 @@ class RunDir:
         cfg_path = run.path / "config.yaml"
         abandoned = cfg_path.exists() and _abandoned_before_doing_anything(run.path)
         if abandoned:
-            # An earlier attempt stopped at a check before doing anything: nothing to protect or resume, so
-            # a corrected command (or the same one with --resume, as the bench retries a failed cell) starts
-            # here afresh.
+            # An earlier attempt stopped at a check before doing anything: nothing to protect or resume, so a
+            # corrected command (or the same one with --resume, as the bench retries a failed cell) starts afresh.
             for leftover in ("config.yaml", "ledger.jsonl"):
                 (run.path / leftover).unlink(missing_ok=True)
         if cfg_path.exists():

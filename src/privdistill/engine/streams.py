@@ -1,12 +1,9 @@
 """The table of random streams: every random draw of a run comes from `Env.generator(STREAM, *counters)`.
 
-A stream id names one purpose (the batches of an epoch, the latent codes of a step, ...); together with the
-run's seed and counters (epoch, step, stage) it fixes the draw, so a resumed run replays the same batches
-without saving any RNG state. Two purposes that can meet in one run must never share an id, or their draws
-would be correlated. The engine's ids are unique across the whole table; a method's ids are unique within
-that method and never collide with the engine's. Methods that never run in the same process or run directory
-(DPDFD and DP-SGD, SRR and PATE) reuse numbers: the values are kept as they were first recorded, because
-changing one changes every result that depends on it. `tests/test_streams.py` checks these rules.
+A stream id names one purpose; with the run's seed and counters (epoch, step, stage) it fixes the draw, so a resumed
+run replays the same batches without saving any RNG state. Two purposes that can meet in one run must never share
+an id (their draws would be correlated); methods that never share a run (DPDFD and DP-SGD, SRR and PATE) reuse
+numbers, kept as first recorded because changing one changes every result. `tests/test_streams.py` checks the rules.
 """
 
 from __future__ import annotations

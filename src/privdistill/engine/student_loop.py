@@ -1,15 +1,13 @@
 """The student loop of DGD and PATE: a TrainingLoop with Adam, the papers' linear decay and test evaluation.
 
-A method writes only its loss; the loop does the rest:
-
     loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, title="DGD student", log_stage="student", ...)
     for step in loop:                     # restores `student-checkpoint` first
         loss, parts = ...                 # every random draw derives from (seed, step)
         loop.update(loss, parts)          # backward, optimiser and schedule step, eval/log, checkpoint, progress
     student, stats = loop.finish()
 
-Its history entries hold the parts of the evaluated step itself, not window means (`mean_parts=False`), as
-they did before TrainingLoop, so that DGD's and PATE's summaries stay as they were.
+History entries hold the evaluated step's own parts (`mean_parts=False`), so DGD's and PATE's summaries stay as
+they were.
 """
 
 from __future__ import annotations

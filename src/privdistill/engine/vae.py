@@ -26,12 +26,11 @@ class VAETraining:
     steps: int = 500
     batch_size: int = 128
     lr: float = 1e-3
-    kl_weight: float = 1.0
     checkpoint_every: int = 200
 
     def validate(self) -> None:
-        if min(self.latent_dim, self.steps, self.batch_size) < 1 or self.lr <= 0 or self.kl_weight < 0:
-            raise ConfigError("vae latent_dim, steps, batch_size must be >= 1, lr > 0, kl_weight >= 0")
+        if min(self.latent_dim, self.steps, self.batch_size) < 1 or self.lr <= 0:
+            raise ConfigError("vae latent_dim, steps, batch_size must be >= 1, lr > 0")
 
 
 def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir | None = None) -> tuple[nn.Module, dict]:
@@ -55,7 +54,7 @@ def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir |
         perm = torch.randperm(n, generator=env.generator(streams.VAE_EPOCH, epoch))
         x = env.place_batch(to_float(images[perm[pos * cfg.batch_size:(pos + 1) * cfg.batch_size]]))
         recon, mu, logvar = vae(x)
-        loss = vae_loss(recon.float(), x, mu.float(), logvar.float(), beta=cfg.kl_weight)
+        loss = vae_loss(recon.float(), x, mu.float(), logvar.float())
         loop.update(loss)
     result = loop.finish()
     vae.eval()

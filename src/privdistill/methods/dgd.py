@@ -7,37 +7,17 @@
                             the rest D̂u   -> codes, clipped + Lap(2c/ε1), decoded into triples (x̂, x̂∥, x̂⊥)
     student                 CE on (D̂s, l)  +  ‖h(x̂)−h(x̂⊥)‖² + ‖h(x̂)−h(x̂∥)‖² + Σ φs(x̂) log φs(x̂)   (Eq. 1, 5, 6)
 
-Readings of what the paper leaves open (each configurable):
-- "normalized latent codes" + "mapping operator M": codes (the VAE means) are clamped to [−clip, clip] per
-  coordinate, perturbed with Lap(2·clip·c/ε1), and M clamps the result back into [−clip, clip] before
-  decoding. With ε1 = 0.01 the noise (scale 6400) dominates every code, so the decoded x̂ are essentially
-  random decodings of corners of the latent box; `dgd.latent_noise=false` is the ablation without it.
-- Perturbations follow TNAR (adversarial, one power iteration) by default; `student.perturbation=random`
-  follows the DGD text ("random perturbation noise"). Distances are squared L2 on backbone features with the
-  clean features held fixed (as in VAT/TNAR). The entropy term is MINIMISED (mean entropy of φs(x̂)), as
-  the text says ("more determinate predictions") and TNAR does; Eq. 6 prints +Σ φs log φs, whose
-  minimisation would instead maximise the entropy (a sign slip).
-- Eq. 1 adds the energies unweighted and Eq. 6 sums squared feature differences over the backbone width
-  (6272 for the paper CNN), which would make the regulariser hundreds of times larger than the CE term. We
-  average over feature dimensions (a per-feature mean squared distance), each term weighted 1.
+Readings of what the paper leaves open (each configurable; in full: research log, "Notes that left the code:
+methods/dgd.py"):
+- "normalized latent codes" + "mapping operator M": codes clamped to [−clip, clip], Lap(2·clip·c/ε1) added, then
+  clamped back before decoding.
+- Perturbations follow TNAR (adversarial) by default; the entropy term is MINIMISED, as the text says (Eq. 6's
+  printed sign would maximise it); the energies are per-feature means, each term weighted 1.
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
-- The student (Eq. 1) is in methods/dgd_student.py.
-- The paper draws D̂s at random from the pool (the default); `dgd.query_selection` chooses it instead, reading only
-  the generator's source (engine/query_selection.py; ours: a k-center cover teaches more for the same ε).
-- The paper releases each query's noisy argmax. `dgd.release=histogram` (ours) releases the whole noisy vote
-  histogram votes + noise instead, and the student fits its supervised term to the noisy vote share (counts /
-  teachers) by squared error. The data-independent analyses of LNMax and GNMax already price that histogram (one
-  changed teacher moves it by (+1, -1); the argmax is post-processing of it), so every ε is unchanged; PATE's
-  data-dependent bounds, which price the argmax only, do not apply. The squared error is unbiased for the noise
-  (it averages out over the queries); cross-entropy to a target with negative entries would be unbounded.
-- Few labels (ours; engine/few_label.py), in the source model's backbone features or class probabilities (on the
-  generator's pathway): `dgd.query_selection=medoids` queries the medoids of `dgd.spread_pool` samples;
-  `dgd.query_selection=clusters` (the default at ε <= 2) asks one query per k-means cluster, each teacher voting its
-  majority over the cluster's members, and every member learns its cluster's name.
-- End to end (`-r end-to-end`), the generator can match DP statistics of the DP source's features
-  (`dp_source.statistics_share`, methods/end_to_end.py), as SRR's does: else its samples teach only the source.
-- Fig. 7 variant (`dgd.inputs=private-holdout`): a held-out slice of the private training set replaces the
-  generator's data (teachers are trained on the rest); compare with PATE.
+Ours: `dgd.release=histogram` releases the whole noisy vote histogram, which the data-independent LNMax/GNMax
+analyses already price (so every ε is unchanged; PATE's data-dependent bounds do not apply); few labels
+(`dgd.query_selection=medoids|clusters`, engine/few_label.py); `dgd.inputs=private-holdout` (Fig. 7). The student
+is methods/dgd_student.py.
 """
 
 from __future__ import annotations
@@ -53,6 +33,7 @@ from privdistill.engine.context import Env
 from privdistill.engine.datafree import GeneratorTraining
 from privdistill.engine.ensemble import TeacherTraining, plan_teachers
 from privdistill.engine.few_label import (
+    CLUSTER_MEMBERS,
     cluster_pool,
     cluster_votes,
     embed_pool,
@@ -130,7 +111,7 @@ class DGDMethod(Method):
                  *e2e.floor_notes(source)]
         if cfg.query_selection == "clusters":
             notes.append(f"cluster votes: {queries} clusters of {cfg.spread_pool:,} pool samples, each teacher voting "
-                         f"its majority over {cfg.cluster_members} members; noise "
+                         f"its majority over {CLUSTER_MEMBERS} members; noise "
                          f"{vote.scale if cfg.aggregation == 'laplace' else vote.sigma:.4g} spends the target ε")
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
         return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
@@ -158,8 +139,7 @@ class DGDMethod(Method):
             source = baseline  # the model the generator was fitted to: what a query selection rule reads
             teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
             baseline_accuracy = evaluate(baseline, data.test, env)
-            # on 500 samples (a share to about 2 points): the whole ensemble reads each, 7 s of a 2-minute run on
-            # 1,500 records at 2,000
+            # on 500 samples (a share to about 2 points): the whole ensemble reads each
             diagnostics["synthesis_quality"] = synthesis_agreement(pool[:500], source, baseline, teachers, env,
                                                                    data.num_classes)
             refs.update(generator=gen_stage.ref(), synthetic=pool_stage.ref())
@@ -272,7 +252,7 @@ def _choose_queries(pool: torch.Tensor, queries: int, cfg: DGDConfig, source: nn
 def _votes(teachers, images: torch.Tensor, cfg: DGDConfig, grouping: tuple | None, queries: int, num_classes: int,
            env: Env) -> torch.Tensor:
     """The teachers' vote counts: per queried sample, or with cluster votes per cluster of `grouping`."""
-    return (cluster_votes(teachers, images, grouping[1], queries, num_classes, env, members=cfg.cluster_members,
+    return (cluster_votes(teachers, images, grouping[1], queries, num_classes, env, members=CLUSTER_MEMBERS,
                           seed=env.seed) if cfg.query_selection == "clusters"
             else torch.cat(list(teachers.iter_votes(images, env))))
 

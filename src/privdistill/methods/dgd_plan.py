@@ -36,16 +36,11 @@ class DGDConfig:
     secure_noise: Optional[bool] = None  # None: run.noise decides (methods/common.py)
     variant: Optional[str] = None  # the label --record adds to the result's name (ablations)
     source_labels: bool = False  # end to end only: the DP source labels the unqueried samples (post-processing)
-    # which samples of the pool are queried: random (paper) | diverse (a k-center cover per class: reads the model
-    # the generator was fitted to; engine/query_selection.py, ours)
-    # ... | medoids (one per k-means cluster of the spread pool in the source's backbone features; engine/few_label.py)
-    # | clusters (one query per k-means cluster of the spread pool in the source's class probabilities, one cluster a
-    # class, each teacher voting its majority over the cluster's members; the noisy histograms name the clusters and
-    # every member learns its cluster's name; the noise is calibrated to the target ε)
+    # which samples of the pool are queried: random (paper) | diverse (a k-center cover per class; ours,
+    # engine/query_selection.py) | medoids | clusters (few labels; ours, engine/few_label.py, which says how)
     query_selection: str = "random"
     release: str = "argmax"  # argmax (paper: the noisy label) | histogram (the noisy vote histogram; ours)
     spread_pool: int = 20_000  # samples of the pool the medoids (clusters) are chosen from
-    cluster_members: int = 100  # members of a cluster each teacher reads for its vote
 
     def validate(self) -> None:
         if self.queries < 0:
@@ -64,8 +59,6 @@ class DGDConfig:
             raise ConfigError(f"dgd.query_selection must be one of {', '.join(DGD_QUERY_SELECTIONS)}")
         if self.spread_pool < 2:
             raise ConfigError("dgd.spread_pool must be at least 2")
-        if self.cluster_members < 1:
-            raise ConfigError("dgd.cluster_members must be >= 1")
         if self.query_selection == "clusters" and (self.source_labels or self.queries):
             raise ConfigError("dgd.query_selection=clusters labels every clustered sample by its cluster's name: it "
                               "takes neither dgd.source_labels nor dgd.queries (one cluster a class)")

@@ -30,15 +30,8 @@ class StudentConfig(StudentTraining):
     unsupervised: bool = True  # False: the "supervised part only" ablation
     tangent: bool = True
     normal: bool = True
-    perturbation: str = "adversarial"  # adversarial (TNAR) | random (DGD text)
     tangent_eps: float = 1.0
     normal_eps: float = 2.0
-    xi: float = 1e-2
-
-    def validate(self) -> None:
-        super().validate()
-        if self.perturbation not in ("adversarial", "random"):
-            raise ConfigError("student.perturbation must be adversarial or random")
 
     @property
     def reads_latent_codes(self) -> bool:  # Eq. 1's unlabelled part: the VAE and its noisy latent codes
@@ -60,7 +53,7 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
     loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, env=env, title="DGD student", log_stage="student",
                        eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, run=run, test=test)
     student = loop.student
-    perturber = ManifoldPerturber(vae, PerturbationConfig(cfg.tangent_eps, cfg.normal_eps, cfg.xi, cfg.perturbation),
+    perturber = ManifoldPerturber(vae, PerturbationConfig(cfg.tangent_eps, cfg.normal_eps),
                                   autocast=env.autocast) if vae is not None else None
     codes = codes.to(env.device)
     use_codes = cfg.unsupervised and len(codes) > 0 and perturber is not None

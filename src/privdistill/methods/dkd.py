@@ -1,19 +1,15 @@
 """DPDFD's losses: the distillation loss L_T and its per-sample gradients with respect to the student's logits,
 the student's L_S and the generator's L_G (Eq. 5).
 
-DPDFD (Sec. 4.2) takes the teacher's argmax as the target label and computes "the distillation loss L_T
-same as [Zhao et al., 2022]", i.e. decoupled knowledge distillation (DKD, CVPR 2022):
+L_T is "the distillation loss ... same as [Zhao et al., 2022]": decoupled knowledge distillation (DKD) with the
+teacher's argmax as the target, p = softmax(logits / T):
 
-    DKD = alpha * TCKD + beta * NCKD, both multiplied by T^2 (temperature T)
+    DKD = alpha * TCKD + beta * NCKD, both multiplied by T^2
     TCKD = KL(b_t || b_s),  b = [p_target, 1 - p_target]           (target vs. all non-target classes)
     NCKD = KL(p~_t || p~_s), p~ = softmax over the non-target logits  (how the rest is distributed)
 
-with p = softmax(logits / T). Losses are per sample (no batch reduction): DPDFD's mechanism A_{C,sigma}
-normalises each sample's gradient and does the batch averaging itself.
-
-The per-sample gradients come from ``torch.func.vmap(grad(...))`` over samples (tested equal to autograd of the
-batch sum, whose row i depends only on sample i). No Python loop over samples anywhere. Multi-teacher gradients
-[n, B, K] broadcast the student logits [B, K] against teacher logits [n, B, K].
+Losses are per sample (A_{C,sigma} normalises and averages); the per-sample gradients are ``vmap(grad(...))``
+(tested equal to autograd of the batch sum); multi-teacher gradients are [n, B, K].
 """
 
 from __future__ import annotations
@@ -60,17 +56,14 @@ def logit_gradients(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
 
 
 # ----------------------------------------------------------------------------------- L_S and L_G
-def student_loss(logits: torch.Tensor, anchor: torch.Tensor, step: torch.Tensor, kind: str) -> torch.Tensor:
+def student_loss(logits: torch.Tensor, anchor: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """L_S(s, y_s) with y_s = anchor - step (anchor: the detached logits s of the step's first forward pass,
     step: gamma * g~), summed over the batch.
 
-    l2: 1/2 ||s - y_s||^2, written as 1/2 ||(s - anchor) + step||^2 so that at s = anchor its gradient is
-    exactly gamma * g~ (forming y_s first would round g~ against logits ~10^3 times larger).
-    ce: the soft cross-entropy -sum_k softmax(y_s)_k log softmax(s)_k (the paper's choice)."""
-    anchor, step = anchor.detach(), step.detach()
-    if kind == "l2":
-        return 0.5 * ((logits - anchor) + step).pow(2).sum()
-    return -(torch.softmax(anchor - step, -1) * torch.log_softmax(logits, -1)).sum()
+    1/2 ||s - y_s||^2 (the paper's choice is the soft cross-entropy), written as 1/2 ||(s - anchor) + step||^2 so
+    that at s = anchor its gradient is exactly gamma * g~ (forming y_s first would round g~ against logits ~10^3
+    times larger)."""
+    return 0.5 * ((logits - anchor.detach()) + step.detach()).pow(2).sum()
 
 
 def generator_loss(logits: torch.Tensor, feats: torch.Tensor, *, one_hot_weight: float, entropy_weight: float,

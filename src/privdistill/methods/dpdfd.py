@@ -12,21 +12,11 @@ Alg. 2: n teachers on disjoint partitions, g~_i = (1/n)(sum_j normalised g_ij + 
 Alg. 3: private data directly (real inputs, real labels, CE), Poisson sampling with rate B/N, no generator.
 The configuration, T and sigma from the budget, the ledger's chunks and what epsilon covers: methods/dpdfd_plan.py.
 
-Readings and choices (see docs/privacy.md for the privacy side):
-
-* L_S. The paper's text says cross-entropy; the default is L2, 1/2 sum_i ||s_i - y_s,i||^2, whose gradient
-  w.r.t. s_i is exactly gamma * g~_i, so the student update is the noisy gradient back-propagated. "ce" is the
-  soft cross-entropy against softmax(y_s).
-* Alternation: the student is updated first; L_S + L_G for the generator are then computed with the UPDATED
-  student on the same synthetic batch and the same (noisy) target y_s. The student's weights are frozen during
-  the generator step (the student is the discriminator); the teacher is never consulted by the generator step,
-  so student AND generator are post-processing of the noisy gradients.
-* L_G (Eq. 5) = w_ce * CE(s, argmax s) + alpha * sum_k pbar_k log pbar_k - beta * RMS(student features), the
-  activation term REWARDING high activation (see methods.dkd.generator_loss). w_ce, alpha, beta = 1 (paper);
-  setting one to 0 is the Table 5 ablation.
-* The generator (the paper gives none; it builds on DAFL) is DAFL's; ``generator_output_norm`` adds DAFL's final
-  non-affine BatchNorm, set per dataset by the presets (why: methods/dpdfd_plan.py). Beyond the paper:
-  ``generator_init=teacher`` (a generator fitted to the teacher first, NOT covered).
+Readings (in full: research log, "Notes that left the code: methods/dpdfd.py"; privacy side: docs/privacy.md):
+* L_S: L2 by default (its gradient w.r.t. s_i is exactly gamma * g~_i), though the text says cross-entropy ("ce").
+* The student steps first; the generator's step reads the UPDATED, frozen student and never the teacher, so student
+  AND generator are post-processing of the noisy gradients.
+* L_G (Eq. 5) REWARDS high activation (methods.dkd.generator_loss); the generator is DAFL's (the paper gives none).
 """
 
 from __future__ import annotations
@@ -100,7 +90,7 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
     torch.manual_seed(env.generator(streams.DPDFD_STUDENT_INIT, -1).initial_seed())
     student = env.place(create_model(cfg.student_model, kind="classifier", in_channels=channels,
                                      num_classes=num_classes, image_size=image_size)).train()
-    opt_s = make_optimizer(student.parameters(), cfg.student_optimizer, lr=cfg.student_lr)  # SGD: momentum 0.9
+    opt_s = make_optimizer(student.parameters(), "adam", lr=cfg.student_lr)
     # the released student: its weights' moving average where dpdfd.student_ema is set (post-processing of the
     # noisy gradients, like the student itself: it spends nothing), else the last iterate as in the paper
     average = weight_average(student, cfg.student_ema)
@@ -163,9 +153,9 @@ def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Modul
     grads = logit_gradients(s_logits, t_logits, temperature=cfg.temperature, alpha=cfg.dkd_alpha, beta=cfg.dkd_beta)
     # line 12: normalise and add noise; nothing else of the teacher reaches the student or the generator
     noisy = noisy_gradients(grads, cfg, plan, chunk_seed, step)
-    # line 13: y_s = s - gamma * g~ ([K] broadcasts: batch_sum), and a student step on L_S(s, y_s)
+    # line 13: y_s = s - gamma * g~, and a student step on L_S(s, y_s)
     anchor = s_logits.detach()
-    ls = student_loss(s_logits, anchor, (cfg.gamma * noisy.to(s_logits.dtype)).expand_as(anchor), cfg.student_loss)
+    ls = student_loss(s_logits, anchor, (cfg.gamma * noisy.to(s_logits.dtype)).expand_as(anchor))
     opt_s.zero_grad(set_to_none=True)
     ls.backward()  # student weights, and dL_S/dx for the generator
     opt_s.step()
@@ -210,7 +200,7 @@ def _direct_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Module,
     grads = (torch.softmax(s_logits.detach(), -1) - F.one_hot(y, s_logits.shape[-1]).float())  # dCE/ds, per sample
     # privatise divides by the sampled batch size B_t; use the expected batch size B instead
     noisy = noisy_gradients(grads, cfg, plan, chunk_seed, step) * (len(idx) / cfg.batch_size)
-    ls = student_loss(s_logits, s_logits.detach(), (cfg.gamma * noisy).expand_as(s_logits), cfg.student_loss)
+    ls = student_loss(s_logits, s_logits.detach(), (cfg.gamma * noisy).expand_as(s_logits))
     opt_s.zero_grad(set_to_none=True)
     ls.backward()
     opt_s.step()
@@ -290,7 +280,7 @@ class DPDFDMethod(Method):
                     "variant": (auto_variant(cfg, budget.accounting) if ctx.section("run").recipe == "paper"
                                 else cfg.variant), "algorithm": cfg.algorithm,
                     "sigma": round(steps.sigma, 6), "clip_norm": steps.clip_norm, "batch_size": cfg.batch_size,
-                    "granularity": cfg.granularity, "operation": cfg.operation, "generator_init": generator_init,
+                    "granularity": "per_sample", "operation": cfg.operation, "generator_init": generator_init,
                     "privacy": statement, "total_seconds": round(time.perf_counter() - ctx.started, 1)})
 
 

@@ -1,24 +1,15 @@
 """DPDFD's configuration (section `dpdfd`) and its privacy plan: the steps T the budget allows (and sigma), how the
 steps are charged to the ledger, and what the epsilon covers. The algorithm itself is methods/dpdfd.py.
 
-* Iterations. T = the largest number of steps whose epsilon, under the budget's accounting (section `budget`,
-  default strict), fits the target (privacy.calibration.max_steps); optionally capped (CPU presets). With
-  ``calibrate_sigma`` the cap is the step count and sigma is the least noise that fits the target in that many
-  steps: the budget is then spent exactly, with fewer, less noisy steps than the paper's sigma = 100.
-* Privacy ledger. One record per chunk of ``ledger_chunk`` steps, written BEFORE the chunk runs, so a crash
-  never loses budget (a chunk is charged in full even if it was interrupted). Its recorded answer is the
-  seed of the chunk's Gaussian noise, drawn from the run's privacy stream; the noise of step t is drawn from
-  a generator seeded by (that seed, t). A resumed run gets the recorded seed back, so the noise of every step
-  is reused, never redrawn. (Recording the noise itself would take B*K floats per step: gigabytes for the
-  paper's ~10^6 steps.)
-* ``secure_noise``: every step's noise comes from OpenDP (privacy/secure.py) and no seed is recorded (one would
-  let anyone regenerate the noise from the run directory). A resumed run therefore cannot reuse the noise of
-  the steps it repeats: the rest of the interrupted chunk is charged again, under its own ledger key, before
-  it is redrawn (and the budget cap may then end the run early, which it says).
-* ``generator_output_norm`` adds DAFL's final non-affine BatchNorm to the generator. The presets set it per
-  dataset: Fashion-MNIST needs it, MNIST is hurt by it (models/generator.py says why; docs/research-log.md).
-* The clip option (Fig. 2) replaces normalisation C g/(||g|| + e) by clipping g min(1, C/||g||); both give
-  vectors of norm <= C, so the event and both accountings are unchanged.
+* Iterations: T = the most steps whose epsilon fits the target under the budget's accounting (optionally capped);
+  with ``calibrate_sigma`` the cap is T and sigma the least noise that fits it.
+* Ledger: one record per chunk of ``ledger_chunk`` steps, written BEFORE the chunk runs (charged in full even if
+  interrupted); its answer is the seed of the chunk's noise (step t's from (seed, t)), so a resumed run reuses the
+  noise, never redraws it. The noise itself would be gigabytes at the paper's ~10^6 steps.
+* ``secure_noise``: OpenDP noise and no seed recorded (a seed would let anyone regenerate the noise); a resumed run
+  charges the rest of an interrupted chunk again, under its own key, before redrawing it.
+* ``generator_output_norm`` (DAFL's final non-affine BatchNorm) is set per dataset (models/generator.py says why).
+* The clip option (Fig. 2) clips instead of normalising: both give norm <= C, so the event and ε are unchanged.
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ import torch
 from privdistill.config import check, check_model_name
 from privdistill.engine import streams
 from privdistill.engine.context import Env
-from privdistill.engine.optim import OPTIMIZERS, SCHEDULES
+from privdistill.engine.optim import SCHEDULES
 from privdistill.errors import PrivacyError
 from privdistill.methods.runner import Budget
 from privdistill.privacy import calibration
@@ -57,17 +48,13 @@ class DPDFDConfig:
     clip_norm: Optional[float] = None  # C; None: the paper's rule, 1e-3 for epsilon <= 1, else 5e-3
     stability: float = 1e-4  # e
     batch_size: int = 256
-    granularity: str = "per_sample"  # per_sample | batch_sum (the literal Eq. 4, see docs/privacy.md)
     operation: str = "normalize"  # normalize (the paper) | clip (Fig. 2's comparison)
-    teacher_loss: str = "dkd"  # the only choice (kl and ce left the package); kept so that earlier runs resume
     temperature: float = 4.0
     dkd_alpha: float = 1.0
     dkd_beta: float = 8.0
-    student_loss: str = "l2"  # l2 | ce
     gamma: float = 1.0
     student_model: str = "paper-cnn"
-    student_optimizer: str = "adam"  # adam | sgd
-    student_lr: float = 1e-3
+    student_lr: float = 1e-3  # Adam
     student_lr_schedule: str = "constant"  # constant | linear | cosine
     student_ema: float = 0.0  # > 0: release an exponential moving average of the student's weights (post-processing)
     generator_init: str = "scratch"  # scratch (covered) | teacher (warm start from dpdfd_generator: NOT covered)
@@ -91,12 +78,8 @@ class DPDFDConfig:
         check(self.sigma > 0 and self.stability > 0 and self.gamma > 0, "sigma, stability and gamma must be > 0")
         check(self.clip_norm is None or self.clip_norm > 0, "clip_norm must be > 0")
         check(self.batch_size >= 1, "batch_size must be >= 1")
-        check(self.granularity in ("per_sample", "batch_sum"), f"unknown granularity {self.granularity!r}")
         check(self.operation in ("normalize", "clip"), f"operation must be normalize or clip, got {self.operation!r}")
-        check(self.teacher_loss == "dkd", f"teacher_loss must be dkd, got {self.teacher_loss!r}")
         check(self.temperature > 0, "temperature must be > 0")
-        check(self.student_loss in ("l2", "ce"), f"student_loss must be l2 or ce, got {self.student_loss!r}")
-        check(self.student_optimizer in OPTIMIZERS, "student_optimizer must be adam or sgd")
         check(self.student_lr > 0 and self.generator_lr > 0, "learning rates must be > 0")
         check(self.student_lr_schedule in SCHEDULES, "unknown student_lr_schedule")
         check(0 <= self.student_ema < 1, f"student_ema must lie in [0, 1), got {self.student_ema}")
@@ -155,9 +138,8 @@ def resolved_clip_norm(cfg: DPDFDConfig, budget: Budget) -> float:
 def make_event(cfg: DPDFDConfig, *, steps: int, sigma: float, clip_norm: float, num_teachers: int = 1,
                num_classes: int | None = None, dataset_size: int | None = None) -> NormalisedGaussian:
     return NormalisedGaussian(clip_norm=clip_norm, sigma=sigma, batch_size=cfg.batch_size, steps=steps,
-                              num_teachers=num_teachers if cfg.algorithm == 2 else 1, granularity=cfg.granularity,
-                              algorithm=cfg.algorithm, dataset_size=dataset_size if cfg.algorithm == 3 else None,
-                              num_classes=num_classes)
+                              num_teachers=num_teachers if cfg.algorithm == 2 else 1, algorithm=cfg.algorithm,
+                              dataset_size=dataset_size if cfg.algorithm == 3 else None, num_classes=num_classes)
 
 
 def plan_steps(cfg: DPDFDConfig, budget: Budget, *, num_teachers: int = 1, num_classes: int | None = None,
@@ -253,7 +235,7 @@ def noisy_gradients(grads: torch.Tensor, cfg: DPDFDConfig, plan: StepPlan, chunk
         digest = hashlib.blake2b(f"dpdfd-noise:{chunk_seed}:{step}".encode(), digest_size=8).digest()
         generator = make_generator(int.from_bytes(digest, "little") & (2**63 - 1), device=grads.device)
     return privatise(grads, operation=cfg.operation, clip_norm=plan.clip_norm, sigma=plan.sigma,
-                     stability=cfg.stability, granularity=cfg.granularity, generator=generator)
+                     stability=cfg.stability, granularity="per_sample", generator=generator)
 
 
 # ========================================================================================== report

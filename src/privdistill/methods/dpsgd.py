@@ -1,31 +1,20 @@
 """DP-SGD baseline (Abadi et al. 2016) through Opacus: the paper CNN trained directly on the private data
 with per-sample gradient clipping and Gaussian noise, Poisson sampling, at a target (ε, δ).
 
-    noise multiplier σ   calibrated to the target ε under the budget's accounting: `strict` (the default) on
-                         dp-accounting's replace-one PLD ε; `paper` by Opacus's search (that of
-                         `make_private_with_epsilon`) under `dpsgd.accountant` ("rdp" by default, or "prv"), on
-                         the run's T steps; computed in the plan, so a dry run prints the σ and ε of the run
+    noise multiplier σ   calibrated in the plan to the target ε: `strict` (default) on dp-accounting's replace-one
+                         PLD ε; `paper` by Opacus's search under `dpsgd.accountant` ("rdp" or "prv")
     per step             Poisson batch (rate q = 1 / steps per epoch), clip each example's gradient to C,
                          add N(0, σ²C²), optimiser step
-    reported             ε of the same (σ, q, T) under Opacus's RDP and PRV accountants (add/remove-one, the
-                         relation DP-SGD is usually stated under), and under dp-accounting's PLD accountant
-                         with the REPLACE-ONE relation every other method of this project uses ("strict")
+    reported             `epsilon_paper`: the calibration accountant's (Opacus, add/remove-one, what DP-SGD papers
+                         report); `epsilon_strict`: replace-one PLD ε of the same noise, comparable with the other
+                         methods' strict ε
 
-Which ε is which (written into summary.json and privacy.json):
-- `epsilon_paper`  = the calibration accountant's ε (Opacus, add/remove-one): what DP-SGD papers report;
-- `epsilon_strict` = replace-one ε of the same noise (dp-accounting PLD), comparable with the strict ε of
-  DGD/DPDFD/SRR/PATE. It is slightly above the target at ε = 1 (e.g. 1.10 for a 1.0 RDP target) and below
-  it at ε = 10 (RDP's conversion is loose there). `budget.accounting=strict` calibrates σ on it.
+Every pathway from the private data to the model goes through the clipped, noised gradients: the released model is
+covered. Opacus's accountant history, saved with each checkpoint, is the record (not the ledger); the sampling and
+noise generators are re-seeded from (seed, epoch), so a resumed run equals an uninterrupted one.
 
-Every pathway from the private data to the model goes through the clipped, noised gradients: the
-released model is covered (unlike the data-free methods' students). The noise is not recorded in the
-privacy ledger step by step: Opacus's accountant (its history of (σ, q, steps)) is the record, saved
-with each checkpoint. Resume: checkpoints at epoch boundaries; the sampling and noise generators are
-re-seeded from (seed, epoch), so a resumed run equals an uninterrupted one.
-
-Precision: DP-SGD always runs in fp32 (whatever --precision says). Under bf16 autocast Opacus computes the
-per-sample gradients, their norms and the clipping in bf16, so a clipped gradient can exceed C by about
-0.4 % (bf16 has 8 significant bits): the sensitivity the accountant assumes would not hold.
+DP-SGD always runs in fp32: under bf16 autocast Opacus clips in bf16, so a clipped gradient can exceed C by about
+0.4 % and the sensitivity the accountant assumes would not hold.
 """
 
 from __future__ import annotations

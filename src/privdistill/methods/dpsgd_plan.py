@@ -53,9 +53,8 @@ def noise_multiplier(accountant: str, budget: Budget, sample_rate: float, steps:
                                    int(steps))
 
 
-# Both Opacus searches below are memoised: a plan is made more than once in a process (the plan judge, a dry run
-# then the run, the Python API), and Opacus's RDP at fractional orders is pure Python (up to 0.65 s a call, 10-20
-# calls a search, on these CPUs).
+# Both Opacus searches below are memoised: a plan is made more than once in a process, and Opacus's RDP at
+# fractional orders is pure Python (slow; research log, "Notes that left the code: methods/dpsgd_plan.py")
 @functools.lru_cache(maxsize=256)
 def opacus_epsilon(accountant: str, noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
     """ε of `steps` Poisson-sampled Gaussian steps under Opacus's `accountant` (add/remove-one)."""

@@ -1,13 +1,9 @@
-"""What a dry run (`--dry-run`, RunRequest.dry_run) states before anything trains, from the plan the run itself
-spends: what it would spend (σ / noise scale and counts, merged as the ledger records them), ε under both accountings
-as the run's summary will state it, what that ε covers (the run's own pathways), and the budget check the run makes
-(methods/runner.py raises DryRunPlan with `dry_run_info` once every check has passed). DryRunPlan and the way a
-summary rounds ε are defined here, in a module that imports no torch: the command line catches DryRunPlan, and the
-runner imports this module.
+"""What a dry run (`--dry-run`) states before anything trains, from the plan the run itself spends: the noise and
+counts, ε under both accountings as the summary will state it, what it covers, and the budget check (the runner
+raises DryRunPlan once every check has passed). Imports no torch: the command line catches DryRunPlan.
 
-One source of truth: the ε of a method on the privacy ledger is the ledger's pricing of what it holds plus the plan's
-events (`PrivacyLedger.epsilon_both(planned=...)`, the very function its summary reads once they are spent); a method
-that keeps its own record (DP-SGD) states its ε in its plan (`Plan.epsilon`), which its report reuses.
+One source of truth: a ledger method's ε is `PrivacyLedger.epsilon_both(planned=...)`, the function its summary
+reads once spent; DP-SGD states its ε in its plan (`Plan.epsilon`), which its report reuses.
 """
 
 from __future__ import annotations

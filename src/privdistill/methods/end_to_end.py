@@ -1,26 +1,18 @@
 """End-to-end privacy (`--privacy end-to-end`, budget.privacy): every pathway from the private data to the released
 model priced, under one ledger, within one target (ε, δ).
 
-The papers' data-free methods feed their generator from a model trained on the private data without noise (DGD's
-baseline, SRR's teacher). In end-to-end mode that model is a DP source: a classifier trained by DP-SGD on the
-private data (a nested DP-SGD run in `<run>/dp-source`, methods/dpsgd.py), so the generator, its synthetic
-samples, the VAE trained on them and which samples are queried are all post-processing of a DP model. The
-method's own channel (DGD's noisy votes) is then priced as before, and the two compose:
+The model the papers' generators are fed from (DGD's baseline, SRR's teacher) becomes a DP source: a DP-SGD
+classifier trained in `<run>/dp-source` (methods/dpsgd.py), so generator, samples, VAE and query choice are
+post-processing of a DP model; the method's own channel (DGD's votes) composes with it:
 
-    split rule     the DP source gets `dp_source.share` of the target ε and `dp_source.delta_share` of δ; its σ
-                   is the least whose replace-one PLD ε fits that share (as `privdistill dpsgd` calibrates); the
-                   method's channel gets the most queries / steps whose ε, composed with the source's, fits the
-                   whole target (privacy.calibration with the source as a fixed event)
-    composition    the source's (ε_s, δ_s) by PLD, plus the channel's ε by RDP at δ − δ_s (basic composition of
-                   the two; privacy/accounting.py, SubsampledGaussian)
-    search         `--set dp_source.share=0.3` etc.; every split stays within the target
+    split rule     the source gets `dp_source.share` of ε and DELTA_SHARE of δ (σ: the least whose PLD
+                   ε fits); the channel the most queries / steps whose ε, composed with the source's, fits the target
+    composition    the source's (ε_s, δ_s) by PLD plus the channel's ε by RDP at δ − δ_s (basic composition)
 
-DPDFD needs no DP source: only noised output gradients ever leave its teacher, so with the strict accounting,
-Alg. 1 or 2 and a generator not warm-started against the teacher, it is end to end as it stands; the mode
-enforces exactly that. Data-free SRR's teacher is the DP source itself (it gets the whole target but for
-`dp_source.statistics_share`, which pays for the per-coordinate mean and variance of its scattering features, the
-BN-statistics target of SRR's generator): the teacher's labels are then post-processing and no label mechanism
-runs. SRR's label-DP setting uses the private images directly and cannot be end to end.
+DPDFD needs no DP source (only noised gradients leave its teacher; the mode enforces strict accounting, Alg. 1 or 2,
+no teacher warm start). Data-free SRR's teacher is the DP source, less `dp_source.statistics_share` for its features'
+DP mean and variance (its generator's BN-statistics target); its labels are then post-processing. SRR's label-DP
+setting reads the private images directly and cannot be end to end.
 """
 
 from __future__ import annotations
@@ -53,9 +45,11 @@ from privdistill.privacy.report import PRIVATE, Pathway
 END_TO_END = "end-to-end"
 SOURCE_KEY = "dp-source"
 STATISTICS_KEY = "dp-source/statistics"
-#: SRR's default share of the target for the feature statistics (docs/research-log.md, "Strict end to end": a fifth of
-#: ε = 1 leaves their noise well below the features' spread, and the teacher most of the budget)
+#: SRR's default share of the target for the feature statistics: a fifth of ε = 1 leaves their noise well below the
+#: features' spread, the teacher most of the budget (docs/research-log.md, "Strict end to end")
 STATISTICS_SHARE = 0.2
+#: DGD's DP source's share of δ (with feature statistics, split between the two as their ε is)
+DELTA_SHARE = 0.5
 #: SRR end to end runs no label mechanism: its labels are the DP teacher's own (summary and report say so)
 NO_MECHANISM = "none (DP teacher)"
 
@@ -65,29 +59,23 @@ class DPSourceConfig:
     """Config section `dp_source`: the DP-SGD model that replaces a non-private source in end-to-end mode (the
     defaults are the `--config scatternet` recipe, this project's strongest DP-SGD, docs/research-log.md)."""
 
-    share: float = 0.5  # of the target ε
-    delta_share: float = 0.5  # of δ
+    share: float = 0.5  # of the target ε (of δ: DELTA_SHARE)
     model: str = "scatter-linear"
     epochs: int = 5
     batch_size: int = 1024
-    lr: float = 4.0
-    momentum: float = 0.9
-    max_grad_norm: float = 0.1
-    # the share of the target ε (and of δ) spent on the per-coordinate mean and variance of the source's scattering
-    # features (one Gaussian sum, privacy.mechanisms.gaussian_feature_statistics): the BN-statistics target of a
-    # DeepInversion-style generator (SRR's loss) fitted to a source that has no BatchNorm. None: the method's
-    # default. SRR: STATISTICS_SHARE (its generator needs them), and its teacher takes the rest of ε and δ, so
-    # `share` and `delta_share` do not apply; DGD: none by default; with a share, the source keeps `share`, the
-    # statistics take theirs and the votes the rest (dgd_source_events)
+    lr: float = 4.0  # SGD, momentum 0.9, C = 0.1
+    # the share of the target ε (and of δ) spent on the DP mean and variance of the source's scattering features
+    # (gaussian_feature_statistics), the BN-statistics target of a generator fitted to a source without BatchNorm.
+    # None: the method's default (SRR: STATISTICS_SHARE, the teacher the rest, `share` and DELTA_SHARE unused;
+    # DGD: none; with a share, the source keeps `share`, the statistics take theirs, the votes the rest)
     statistics_share: Optional[float] = None
     # augmentation multiplicity of the source's DP-SGD (as dpsgd.augment / dpsgd.augment_copies)
     augment: str = "none"
     augment_copies: int = 1
 
     def validate(self) -> None:
-        if not (0 < self.share < 1 and 0 < self.delta_share < 1):
-            raise ConfigError("dp_source.share and dp_source.delta_share must lie in (0, 1): the rest of the budget "
-                              "is the method's own channel")
+        if not 0 < self.share < 1:
+            raise ConfigError("dp_source.share must lie in (0, 1): the rest of the budget is the method's own channel")
         if self.statistics_share is not None and not 0 <= self.statistics_share < 1:
             raise ConfigError("dp_source.statistics_share must lie in [0, 1)")
         check_augment(self.augment, "dp_source.augment")
@@ -96,8 +84,8 @@ class DPSourceConfig:
             raise ConfigError("dp_source.augment_copies must be >= 1; copies need a linear ScatterNet "
                               f"dp_source.model ({', '.join(LINEAR_SCATTERNETS)}) and an augment other than none "
                               "(as dpsgd.augment_copies)")
-        if min(self.epochs, self.batch_size) < 1 or min(self.lr, self.max_grad_norm) <= 0:
-            raise ConfigError("dp_source: epochs and batch_size must be >= 1, lr and max_grad_norm > 0")
+        if min(self.epochs, self.batch_size) < 1 or self.lr <= 0:
+            raise ConfigError("dp_source: epochs and batch_size must be >= 1, lr > 0")
         check_model_name(self.model, "dp_source.model")
 
     def statistics(self, default: float) -> float:
@@ -150,12 +138,12 @@ def add_statistics_pathway(pathways: dict) -> None:
 def dgd_source_events(ctx) -> dict[str, SubsampledGaussian]:
     """DGD's end-to-end events before its votes: the DP source at `dp_source.share` of ε, and with
     `dp_source.statistics_share` the DP feature statistics its generator matches. Their δ is the source's
-    `delta_share` of δ, split between them as their ε is; the votes get the rest of both."""
+    DELTA_SHARE of δ, split between them as their ε is; the votes get the rest of both."""
     cfg: DPSourceConfig = ctx.section("dp_source")
     statistics = cfg.statistics(0.0)
     if not statistics:
         return {SOURCE_KEY: source_event(ctx)}
-    source_delta, statistics_delta = split_delta(ctx.budget.delta * cfg.delta_share,
+    source_delta, statistics_delta = split_delta(ctx.budget.delta * DELTA_SHARE,
                                                  cfg.share / (cfg.share + statistics))
     return {SOURCE_KEY: source_event(ctx, delta=source_delta),
             STATISTICS_KEY: statistics_event(ctx, statistics, statistics_delta)}
@@ -182,7 +170,7 @@ def source_event(ctx, share: float | None = None, delta: float | None = None) ->
     share = cfg.share if share is None else share
     per_epoch = steps_per_epoch(len(ctx.data.train), cfg.batch_size)
     steps = per_epoch * cfg.epochs
-    delta = ctx.budget.delta * cfg.delta_share if delta is None else delta
+    delta = ctx.budget.delta * DELTA_SHARE if delta is None else delta
     sigma = strict_noise_multiplier(target_epsilon=ctx.budget.epsilon * share, delta=delta,
                                     sample_rate=1 / per_epoch, steps=steps)
     return SubsampledGaussian(noise_multiplier=sigma, sample_rate=1 / per_epoch, steps=steps, delta=delta,
@@ -197,11 +185,11 @@ def train_source(ctx, ledger: PrivacyLedger, event: SubsampledGaussian, *, secur
     cfg: DPSourceConfig = ctx.section("dp_source")
     run_dir = Path(ctx.run.path) / SOURCE_KEY
     options = ctx.section("run")
-    overrides = {f"dpsgd.{k}": getattr(cfg, k) for k in ("model", "epochs", "batch_size", "lr", "momentum",
-                                                         "max_grad_norm")}
+    overrides = {f"dpsgd.{k}": getattr(cfg, k) for k in ("model", "epochs", "batch_size", "lr")}
     overrides.update({f"dpsgd.{k}": getattr(cfg, k) for k in ("augment", "augment_copies")
                       if getattr(cfg, k) != getattr(DPSourceConfig, k)})  # as set: older runs resume unchanged
-    overrides.update({"dpsgd.optimizer": "sgd", "dpsgd.lr_schedule": "constant", "dpsgd.secure_mode": secure,
+    overrides.update({"dpsgd.momentum": 0.9, "dpsgd.max_grad_norm": 0.1, "dpsgd.optimizer": "sgd",
+                      "dpsgd.lr_schedule": "constant", "dpsgd.secure_mode": secure,
                       "budget.epsilon": ctx.budget.epsilon * (cfg.share if share is None else share),
                       "budget.delta": event.delta,
                       "budget.accounting": "strict", "run.seed": options.seed, "run.device": options.device,

@@ -2,33 +2,20 @@
 data answer queries on public unlabelled data through a noisy aggregator; a student learns from the
 answered queries and, semi-supervised, from the rest of the public data.
 
-    public slice       `pate.holdout` examples held out of the training set play PATE's public data
-                       (the same split as DGD's Fig. 7 variant, `dgd.inputs=private-holdout`, so the two
-                       share one teacher ensemble); the teachers see only the private rest
+    public slice       `pate.holdout` examples held out of the training set (DGD's Fig. 7 split: one ensemble)
     teachers           n teachers on disjoint partitions of the private part (cached stage `teachers`)
-    aggregation        LNMax (PATE 2017: argmax(votes + Lap(b))), GNMax (PATE 2018: argmax(votes + N(0, σ²))) or
-                       Confident-GNMax (PATE 2018 Alg. 1: answer only when max(votes) + N(0, σ1²) >= T)
-                       on `queries` public images, spent through the privacy ledger with the vote histograms
-    query choice       `pate.query_selection`: random public images (the papers), or the medoids of the public
-                       slice's k-means clusters in a data-independent feature space (engine/few_label.py), so
-                       that each bought label speaks for a cluster
-    student            cross-entropy on the answered queries + virtual adversarial training (VAT, Miyato et
-                       al. 2018, the semi-supervised method PATE 2018 uses for its student) and entropy
-                       minimisation on the whole public slice; with `pate_student.labels=spread` the answers are
-                       first spread over the whole slice (label spreading, engine/few_label.py) and the
-                       cross-entropy reads every public image with its spread label
+    aggregation        LNMax (argmax(votes + Lap(b))), GNMax (argmax(votes + N(0, σ²))) or Confident-GNMax
+                       (answer only when max(votes) + N(0, σ1²) >= T) on `queries` public images, via the ledger
+    query choice       random public images (the papers), or medoids of the slice's clusters (engine/few_label.py)
+    student            CE on the answers + VAT (Miyato et al. 2018, as PATE 2018) and entropy minimisation on the
+                       whole slice; `pate_student.labels=spread` spreads the answers over the slice first
 
-Privacy: the number of queries is calibrated from the target ε under the data-INDEPENDENT strict accounting
-(every Confident-GNMax query priced as answered, since the answered count is unknown beforehand); the headline
-ε is the data-independent bound fixed by that plan (Confident-GNMax: every query priced as answered, because the
-answered count is chosen by the mechanism itself; counting only the answered ones, as PATE 2018 and the paper
-accounting do, is an odometer reading, shown beside it, not a guarantee). With `pate.filter` the planned count is
-instead the budget of an RDP privacy filter (Feldman & Zrnic 2021): public images are asked until the realised
-cost, in which a refused query pays only its threshold check, would pass the RDP of that many answered queries;
-the guarantee is the same, and more queries are answered. The data-dependent bound (PATE 2017 Thm 3 /
-PATE 2018 Thm 6, from the recorded vote histograms) is reported beside it as `epsilon_data_dependent`: it is
-a function of the private votes and is NOT releasable without PATE 2018's smooth-sensitivity step (not
-implemented). The held-out slice's own records get no protection: the ε is for the private part.
+Privacy: the query count is calibrated from the target ε under the data-INDEPENDENT strict accounting, every
+Confident-GNMax query priced as answered (the answered count is chosen by the mechanism; counting only those, as
+PATE 2018 does, is an odometer reading, shown beside it, not a guarantee). `pate.filter`: an RDP privacy filter
+(Feldman & Zrnic 2021) asks until the realised cost would pass that of the planned answered queries: the same
+guarantee, more answers. The data-dependent bound (`epsilon_data_dependent`) is a function of the private votes and
+NOT releasable without PATE 2018's smooth sensitivity (not implemented). The public slice gets no protection.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """Judging a plan before anything trains: what the privacy budget buys, and whether that can teach anything.
 
-Every method's plan is priced (methods/runner.py); this module asks a second question, with a stated rule per kind
-of channel, in the same units for every method ("informative labels", or a noise-to-signal ratio):
+Every method's plan is priced (methods/runner.py); this module asks, with a stated rule per kind of channel:
 
-* vote channels (DGD, PATE): Q answered queries, each right with probability at most p (a unanimous vote through
-  the noise, privacy/vote_noise.py). A label carries s = (p - 1/K) / (1 - 1/K) of a clean one beyond chance, so
-  the budget buys about Q s informative labels.
-* randomized response (SRR): N labels at ε per label, each kept with probability p = e^ε / (e^ε + K - 1) (over all
-  K classes; a smaller candidate set only helps). A label's signal beyond chance is s as above, and a learner
-  needs about 1 / s^2 noisy labels for one clean one: N s^2 informative labels.
-* noisy gradients (DP-SGD, DPDFD): the noise on the mean gradient against its largest signal, averaged over the
-  T steps: r = sigma sqrt(d) / (B sqrt(T)) for DP-SGD (d parameters, expected batch B, noise multiplier sigma), and
-  r = sigma sqrt(K) / sqrt(B T) for DPDFD (each of B K-dimensional output gradients per step gets noise sigma C on
-  a norm C).
+* vote channels (DGD, PATE): Q answered queries, each right with probability at most p (a unanimous vote through the
+  noise, privacy/vote_noise.py), buy about Q s informative labels, s = (p - 1/K) / (1 - 1/K).
+* randomized response (SRR): N labels each kept with probability p = e^ε / (e^ε + K - 1) buy N s^2 (a learner
+  needs about 1 / s^2 noisy labels for one clean one).
+* noisy gradients (DP-SGD, DPDFD): noise to signal over the T steps, r = sigma sqrt(d) / (B sqrt(T)) for DP-SGD
+  (d parameters, batch B), r = sigma sqrt(K) / sqrt(B T) for DPDFD.
 
-A plan is refused when its budget buys fewer than REFUSE_PER_CLASS informative labels a class or r > R_REFUSE
-(DPDFD: R_REFUSE_DPDFD), and warned when it buys fewer than WEAK_PER_CLASS a class or r > R_WEAK. The thresholds are
-set from measured cells (docs/results.md, "Data of your own"): every recorded release above chance passes, the plans
-that released chance-level models on a 1,500-record dataset are refused. A refusal names the nearest plan that would
-pass: the smallest ε (by doubling) at which this method's plan does, and other methods.
+A plan is refused below REFUSE_PER_CLASS informative labels a class or above R_REFUSE (DPDFD: R_REFUSE_DPDFD), and
+warned below WEAK_PER_CLASS or above R_WEAK; the thresholds pass every recorded release above chance and refuse the
+chance-level ones (docs/results.md, "Data of your own"). A refusal names the smallest ε (by doubling) that passes.
 """
 
 from __future__ import annotations
@@ -67,9 +60,8 @@ OTHER_PLANS = {
     "dpdfd": ["the paper's accounting (--accounting paper), as the paper counts"],
 }
 R_REFUSE, R_WEAK = 3.0, 0.3  # gradient noise-to-signal ratios (module docstring)
-# DPDFD's student learns through a generator that the same noised gradients also steer: on 1,400 tinted RGB records
-# (experiments/tinted_rgb.py) its plan at r 0.012 released 49.7 % (76.9 % at step 1,500), at r 1.0 and 2.37 models
-# at chance (8 %); on MNIST r 0.17-0.26 gave 92-93 %, r 3.35 chance (docs/research-log.md, "Data of your own")
+# DPDFD's student learns through a generator the same noised gradients steer: chance from r 1.0 on (research log,
+# "Notes that left the code: methods/plan_judge.py")
 R_REFUSE_DPDFD = 1.0
 
 

@@ -1,40 +1,23 @@
 """Presets that fit the data: the sizes and vote noise a preset sets for MNIST, refitted to a run's dataset.
 
-The presets are written for the built-in datasets (60,000 records, 250 teachers). On a dataset of one's own with
-1,500 records the same numbers give PATE teachers with 5 records each that never reach its consensus threshold,
-60,000 synthetic labels composed under a strict ε, and a baseline trained for 47 steps. `fit_to_data` refits
-those values, before anything is planned or trained, by seven stated rules:
+The presets are written for 60,000 records and 250 teachers; on 1,500 records the same numbers give PATE teachers
+that never reach a consensus, 60,000 labels composed under a strict ε and a baseline of 47 steps. `fit_to_data`
+refits them, before anything is planned, by seven rules:
 
-  teachers          PATE's (its Confident-GNMax answers only a consensus) and DPDFD's: at most
-                    N_private / MIN_PARTITION, each trained on >= 100 records; DGD's (a plain noisy argmax): at
-                    most N_private / MIN_VOTER_RECORDS (15), as more, weaker voters buy more answers (the vote
-                    noise the rule below allows grows with the count, the answers with its square) and, down to
-                    about 15 records each, their plurality is right about as often; a batch no larger than the
-                    smallest partition, and then (each step a pass over the share) at most MAX_TEACHER_PASSES (100)
-                    steps;
-  vote noise        LNMax/GNMax noise is in vote units, set for the preset's number of teachers (b = 40 for
-                    250): with fewer teachers it is lowered to the largest noise at which a unanimous vote is
-                    still right 90 % of the time (privacy/vote_noise.py), and Confident-GNMax's threshold test
-                    is scaled by (teachers / preset's teachers). Each answer then costs more ε, so the plan's
-                    query count, derived from --epsilon, is smaller: the plan prints both;
-  synthetic labels  SRR draws at most N labels (the paper's 60,000 = MNIST's N); DGD chooses its queries from a
-                    pool of at most POOL_PER_RECORD (4) samples a record (its default recipe's 240,000 for 60,000);
-  generator         DGD's generator trains rounds in proportion to N / PRESET_RECORDS, at least GENERATOR_FLOOR
-                    (half) of them;
-  query choice      with fewer teachers than the preset's (the teachers rule lowered the count), DGD votes on
-                    clusters of the pool, as its default recipe does at ε <= 2;
-  short training    a classifier trained on the private data (the baseline, SRR's teacher) and SRR's student get
-                    at least MIN_STEPS optimiser steps, DP-SGD's network MIN_DPSGD_STEPS (its noise grows with its
-                    steps at a fixed ε): a few epochs of a small set are too few steps to learn anything;
-  long training     PATE's student at most MAX_STUDENT_PASSES over its public slice, or as many as the preset makes
-                    over MNIST's (at least MIN_STEPS steps).
+  teachers          PATE's and DPDFD's: each on >= MIN_PARTITION records; DGD's (a plain noisy argmax): on >=
+                    MIN_VOTER_RECORDS, a batch no larger than a share, at most MAX_TEACHER_PASSES steps;
+  vote noise        lowered with fewer teachers to the largest at which a unanimous vote is right 90 % of the time
+                    (privacy/vote_noise.py), Confident-GNMax's threshold scaled alike; the plan prints both;
+  synthetic labels  SRR draws at most N labels; DGD's pool holds at most POOL_PER_RECORD samples a record;
+  generator         DGD's rounds in proportion to N / PRESET_RECORDS, at least GENERATOR_FLOOR of them;
+  query choice      with fewer teachers than the preset's, DGD votes on clusters of the pool;
+  short training    at least MIN_STEPS optimiser steps (DP-SGD: MIN_DPSGD_STEPS);
+  long training     PATE's student at most MAX_STUDENT_PASSES over its public slice.
 
-A value chosen for the run (the preset's own `by_dataset` block, --config, --set) is never changed: only the
-preset's general values are, and a recipe's general values only by a rule for a case no recipe was measured in
-(teachers on shares smaller than a batch, DGD's pool, generator and query choice below 60,000 records). On MNIST and
-Fashion-MNIST every rule is a no-op (tested), so the papers' numbers and the cached stages stay as they were. Every
-change is a line of the plan's notes, printed by --dry-run and kept in summary.json. Nothing here reads a record's
-content: only N, which the release discloses anyway.
+A value chosen for the run (by_dataset, --config, --set) is never changed, a recipe's only by a rule for a case no
+recipe was measured in; on MNIST and Fashion-MNIST every rule is a no-op (tested). Every change is a line of the
+plan's notes. Nothing here reads a record's content: only N, which the release discloses anyway. The measurements
+behind each constant: research log, "Notes that left the code: methods/sizing.py".
 """
 
 from __future__ import annotations
@@ -48,29 +31,17 @@ from privdistill.engine.holdout import holdout_size
 from privdistill.methods.srr_schedule import StageSchedule
 from privdistill.privacy.vote_noise import scale_for_accuracy
 
+# Each constant's evidence (experiments/sizing_study.md): research log, "Notes that left the code: methods/sizing.py".
 MIN_PARTITION = 100  # records per PATE / DPDFD teacher: below ~100 records of 10 classes a small CNN is weak
-# records per teacher of a plain noisy-argmax vote (DGD), measured on 1,500 8 x 8 digits at ε 10 (one draw each):
-# 6 records (250 teachers) 48 %, 15 (100) 67 %, 30 (50) 66 %, 100 (15) 28 % (experiments/sizing_study.md)
-MIN_VOTER_RECORDS = 15
-# passes over its share for a teacher whose share is smaller than a batch (one pass a step): on the digits' 100
-# teachers of 15 records the noiseless plurality reached 76.8 / 78.5 / 79.1 / 79.5 / 78.8 / 80.1 % of 297 test
-# images after 45 / 72 / 90 / 135 / 180 / 270 steps, in a third of the time at 90 (experiments/sizing_study.md)
-MAX_TEACHER_PASSES = 100
-# DGD's synthetic pool, the queries chosen from it: on the digits (1,917 queries, ε 10) pools of 6,000 / 24,000 /
-# 240,000 samples gave 66.5 / 63.8 / 67.4 % (four draws each), the large one 27 s slower to build and cover
-POOL_PER_RECORD = 4
-# DGD's generator learns from the baseline alone, but its cost was the largest left on small data: in proportion to
-# N, at least half its rounds; on the digits 6 rounds of 100 steps gave 66.7 / 69.4 / 68.0 % against 66.0 / 66.0 /
-# 66.0 / 68.0 % for the recipe's 12 (ε 10, a 6,000-sample pool), 30 s less to build
+MIN_VOTER_RECORDS = 15  # records per DGD voter: more, weaker voters buy more answers, right about as often down to 15
+MAX_TEACHER_PASSES = 100  # a teacher whose share is under a batch: no gain past ~100 passes, a third of the time
+POOL_PER_RECORD = 4  # DGD's pool of queries: larger pools did not teach more on small data and cost build time
+# DGD's generator learns from the baseline alone, the largest cost left on small data: rounds in proportion to N
 PRESET_RECORDS = 60_000  # what the presets and recipes are written for (MNIST's training set)
 GENERATOR_FLOOR = 0.5
 MIN_STEPS = 500  # optimiser steps of a classifier trained on the private data (MNIST's quick baseline: 1,875)
-# DP-SGD's network gets fewer: at a fixed ε its noise grows with the steps (experiments/sizing_study.py)
-MIN_DPSGD_STEPS = 100
-# PATE's student reads its unlabelled public slice (VAT, entropy) every step: the preset's 1,500 steps are 19 passes
-# over MNIST's 10,000 public images but 820 over the 233 of a 1,400-record set. There (experiments/tinted_rgb.py, ε 10,
-# the same answers by seed) 500 steps gave 81.43 / 56.00 % against 81.43 / 55.43 % for 1,500, in half the wall time;
-# on 5,000 MNIST records 651 steps 82.85 % (1,500: 81.55 %, another draw) (experiments/sizing_study.md)
+MIN_DPSGD_STEPS = 100  # DP-SGD's network gets fewer: at a fixed ε its noise grows with the steps
+# PATE's student reads its public slice every step: 1,500 steps are 19 passes over MNIST's 10,000 but 820 over 233
 MAX_STUDENT_PASSES = 100
 
 # the vote-noise options each aggregator reads, with the noise they are the scale of ("votes": Confident-GNMax's
@@ -164,10 +135,9 @@ def fit_to_data(sections: dict[str, Any], data: DataSplits, *, preset_values: di
 
 
 def _fit_dgd_for_small_data(fitted: dict[str, Any], n: int, free, change, *, lowered: bool) -> None:
-    """DGD's query choice, pool and generator (measured: module docstring). `lowered`: the teachers rule lowered
+    """DGD's query choice, pool and generator (measured: the research log). `lowered`: the teachers rule lowered
     the teacher count, so their shares are at the MIN_VOTER_RECORDS floor."""
-    # teachers that small agree with the baseline on under half of single samples: on the digits at ε 10, cluster
-    # votes gave 83.84 % (86.53 % in two draws with 1,500 student steps) against 61-69 % for votes on 1,917 samples
+    # teachers that small misread single samples; cluster votes do better (research log)
     if lowered and free("dgd", "query_selection", over_recipe=True) and fitted["dgd"].query_selection == "diverse":
         teachers = fitted["teachers"].num_teachers
         change("dgd", "query_selection", "clusters", f"{teachers} teachers of "

@@ -1,59 +1,26 @@
 """SRR: label-DP data-free distillation with selective randomized response (paper 004, Alg. 1).
 
-    teacher φt trained on D (non-private, cached stage `baseline` with the `srr_teacher` section)
-    generator φg pre-trained against φt with the SRR loss (Eq. 2: one-hot CE + α·Σ p̄ log p̄ + β·BN-statistics,
-        α = 5, β = 10; cached stage `generator`, shared by every ε)
+    teacher φt trained on D (non-private; cached stage `baseline`, section `srr_teacher`)
+    generator φg pre-trained against φt (Eq. 2: one-hot CE + α·Σ p̄ log p̄ + β·BN statistics, α = 5, β = 10)
     for i = 1..T:
         D̃(i) = φg(z_i)                              (stage i's synthetic inputs, quantised like real images)
         y_t = φt(D̃(i)), y_s = softmax φs^(i-1)(D̃(i))  (the current student's prediction is the prior)
-        L_i = R(y_s, y_t, t), t = 1/(2K)               (selective randomized response; drawn ONCE, recorded in the
-                                                        ledger under key "stage-i" before use, reused on resume)
+        L_i = R(y_s, y_t, t), t = 1/(2K)               (drawn once, recorded under "stage-i" before use)
         train φs on (D̃(i), L_i) with L_kd (Eq. 3), fine-tune φg on (D̃(i), L_i)
     release φs^(T)
 
-Settings:
-- ``data-free`` (paper Table I): the labels are the teacher's answers on synthetic inputs.
-- ``label-dp`` (the label-sensitive setting of Table II): the student is trained on the REAL private inputs,
-  whose TRUE labels are protected by the mechanism; the private set is split into T disjoint chunks, chunk i
-  is labelled at stage i with the current student as prior. No teacher and no generator are involved (a
-  teacher trained on the labels would make every answer depend on every label).
+Settings: ``data-free`` (Table I: the teacher's labels on synthetic inputs) and ``label-dp`` (Table II: the real
+private inputs in T disjoint chunks, their true labels protected; no teacher, no generator). Mechanisms
+(``srr.mechanism``): ``srr``, ``rr`` (k-RR) and ``rr-prior`` (RRWithPrior, Ghazi et al. 2021), each k-RR on a
+candidate set chosen without the label, so each released label is ε-DP in the label it hides.
+Privacy: data-free, one record can change the teacher and so every label, so the strict ε composes over all labels
+(the paper's ε is per label); label-dp, each label is released once: ε-label-DP under "change one record's label".
+Under ``strict`` the per-label ε is the largest whose strict ε fits the target (pricing: methods/srr_plan.py).
 
-Mechanisms (``srr.mechanism``, in privacy/mechanisms.py): ``srr`` (the paper's R), ``rr`` (plain k-ary
-randomized response, no prior) and ``rr-prior`` (RRWithPrior, Ghazi et al., NeurIPS 2021, Alg. 2: k-RR
-restricted to the top-k* classes of the prior). All three are "k-RR on a candidate set I chosen without
-looking at the label, uniform on I if the label is not in I" (plain RR: I = all K classes), so each released
-label is ε-DP in the label it hides (docs/privacy.md, SRR strict). Pricing:
-- data-free: one private record can change the teacher, hence every label: the strict accounting composes
-  over ALL labels drawn from the one teacher (RandomizedResponseWithPrior / RandomizedResponse with the label
-  count); the paper's ε is the per-label ε, no composition.
-- label-dp: every record's label is released once: ε-label-DP under "change one record's label" (parallel
-  composition), priced as RandomizedResponseWithPrior(setting="label-dp") for all three mechanisms (plain RR and
-  RRWithPrior are members of the SRR family above; the ledger record says which mechanism ran).
-Budget (section ``budget``): under ``accounting: paper`` the target ε is the per-label ε (the paper's); under
-``strict`` the per-label ε is the largest whose strict ε for all the run's labels fits the target.
-The configuration (`SRRConfig`) and this pricing (`label_event`, `epsilon_per_label`) are in methods/srr_plan.py.
-
-Readings of the paper where it is ambiguous (see also docs/privacy.md):
-- "Return y_t": the one-hot teacher label argmax y_t (releasing the soft output would not be DP).
-- Eq. 3 uses ℓ_KL between the student output and the (one-hot) label: KL(onehot ‖ softmax) equals the
-  cross-entropy, which is what is computed.
-- Eq. 3 sums over D̂(i) only: at stage i the student trains on stage i's samples (``student_data: stage``);
-  ``cumulative`` (all samples labelled so far, as in Ghazi et al.'s multi-stage training) is an option, off in
-  the presets.
-- "fine-tune φg on D̂(i)" with "the loss function ... is L_kd": the generator is fine-tuned by minimising
-  Eq. 3 with respect to θg (the stage's latent codes z regenerated through φg, the student fixed, the stage's
-  recorded labels as targets): ``finetune: kd``. The paper gives no step count or learning rate. ``none``
-  disables fine-tuning. Either way the generator pathway is not covered by any ε.
-- Stage sizes: N synthetic samples split evenly over the T stages (the paper: "iff the size of dataset in
-  each stage is the same, their order will have no effect"); ``first_stage_fraction`` gives stage 1 a larger
-  share (Ghazi et al.'s multi-stage training), off in the presets.
-- Stage 1's prior: φs^(0) is untrained, its softmax noise: the uniform prior is used (`stage_prior`).
-- ``loss: likelihood`` (ours, off in the presets): instead of Eq. 3, the student maximises the probability
-  Σ_y p_s(y | x) P(released | y, I) it gives the released label through the mechanism (I and ε are known;
-  `released_label_likelihood`): post-processing of the release, no privacy cost.
-- Student: the paper uses DataLens' network for the data-free setting and ResNet-18 for the label-sensitive
-  one; we use the paper CNN (DGD/DPDFD's) for both in the quick preset and ResNet-18 for label-dp in the
-  paper preset.
+Readings where the paper is ambiguous (more: research log, "Notes that left the code: methods/srr.py"):
+- "Return y_t": the one-hot argmax (the soft output would not be DP); Eq. 3's ℓ_KL to it is the cross-entropy.
+- Eq. 3 sums over D̂(i) only (``student_data: stage``); φg is fine-tuned by Eq. 3 in θg (``finetune_steps``), on
+  no ε's pathway. Stage 1's prior is uniform; N synthetic samples split evenly over the T stages.
 """
 
 from __future__ import annotations

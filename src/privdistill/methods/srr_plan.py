@@ -39,10 +39,7 @@ class SRRConfig:
     student_model: str = "paper-cnn"
     student_model_label_dp: str = ""  # "" = student_model
     batch_size: int = 128
-    optimizer: str = "adam"  # adam | sgd
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    lr: float = 1e-3  # Adam
     lr_schedule: str = "linear"  # over all student steps of the run: linear | cosine | constant
     epochs_per_stage: float = 5.0
     student_data: str = "stage"  # stage (Eq. 3) | cumulative
@@ -53,14 +50,12 @@ class SRRConfig:
     # ours, off in the presets: an exponential moving average of the student's weights (this decay) is the prior
     # of every later stage and the released model; it reads only released labels, so every ε is unchanged
     student_ema: float = 0.0
-    # generator fine-tuning (data-free)
-    finetune: str = "kd"  # kd | none
+    # generator fine-tuning by Eq. 3 (data-free)
     finetune_steps: int = 5  # per stage
     finetune_lr: float = 1e-4
     finetune_batch_size: int = 128
     # bookkeeping
     eval_every_stages: int = 0  # 0: about 10 evaluations per run
-    keep_synthetic: bool = False  # keep each stage's synthetic images in the run directory
 
     def validate(self) -> None:
         check_model_name(self.student_model, "srr.student_model")
@@ -73,7 +68,6 @@ class SRRConfig:
             (self.num_samples >= 0, "num_samples must be >= 0"),
             (self.threshold is None or 0 <= self.threshold < 1, "threshold must lie in [0, 1)"),
             (self.batch_size >= 1 and self.finetune_batch_size >= 1, "batch sizes must be >= 1"),
-            (self.optimizer in ("adam", "sgd"), f"optimizer must be adam or sgd, got {self.optimizer!r}"),
             (self.lr > 0 and self.finetune_lr > 0, "learning rates must be > 0"),
             (self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}"),
             (self.epochs_per_stage > 0, "epochs_per_stage must be > 0"),
@@ -81,10 +75,8 @@ class SRRConfig:
             (self.loss in ("ce", "likelihood", "soft"), f"loss must be ce, likelihood or soft, got {self.loss!r}"),
             (0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)"),
             (0 <= self.student_ema < 1, "student_ema must lie in [0, 1)"),
-            (self.finetune in ("kd", "none"), f"finetune must be kd or none, got {self.finetune!r}"),
             (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
             (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
         ]:
             if not ok:
                 raise ConfigError(message)

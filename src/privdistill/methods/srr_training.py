@@ -109,12 +109,11 @@ class SRRTraining:
         torch.manual_seed(env.generator(streams.SRR_INIT).initial_seed())
         self.student = env.place(create_model(cfg.student_for_setting, kind="classifier", in_channels=data.channels,
                                               num_classes=data.num_classes, image_size=data.image_size[0]))
-        self.optimizer = make_optimizer(self.student.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
-                                        weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(self.student.parameters(), "adam", lr=cfg.lr)
         self.lr_schedule = make_schedule(self.optimizer, cfg.lr_schedule, sum(self.schedule.steps))
         # None unless srr.student_ema is set; with warm-up, as a stage's prior may be read after a few hundred steps
         self.average = weight_average(self.student, cfg.student_ema)
-        finetune = self.generator is not None and cfg.finetune != "none" and cfg.finetune_steps > 0
+        finetune = self.generator is not None and cfg.finetune_steps > 0
         self.generator_optimizer = (make_optimizer(self.generator.parameters(), "adam", lr=cfg.finetune_lr)
                                     if finetune else None)
 
@@ -243,9 +242,8 @@ class SRRTraining:
 
     # ---------------------------------------------------------------------------------- bookkeeping
     def remove_synthetic(self) -> None:
-        """The stage images are kept for a resume only (unless `keep_synthetic`)."""
-        if self.synthetic_dir.exists() and not self.cfg.keep_synthetic:
-            shutil.rmtree(self.synthetic_dir, ignore_errors=True)
+        """The stage images are kept for a resume only."""
+        shutil.rmtree(self.synthetic_dir, ignore_errors=True)
 
     def stage_trace(self) -> list[dict[str, Any]]:
         """Every stage's label statistics with the student's test accuracy after it, where evaluated (each stage

@@ -1,13 +1,10 @@
 """The DAFL generator (Chen et al., ICCV 2019), which the three papers build on without giving their own:
 linear -> BN -> (2x upsample -> conv3x3 -> BN -> LeakyReLU) x 2 -> conv3x3 -> tanh -> BN(affine=False).
 
-DAFL ends with a non-affine BatchNorm after tanh. By default we keep tanh as the last layer instead so that
-samples lie in [-1, 1], the range real images are mapped to (see `privdistill.data.to_float`), which lets the
-same classifier, VAE and audits consume real and synthetic images alike. ``output_norm=True`` restores DAFL's
-final BatchNorm(affine=False). It matters where the generator is trained without ever seeing the teacher
-(DPDFD): a freshly initialised tanh-last generator emits near-constant grey images, which a teacher may label as
-one class for every sample, so the student only ever hears one label (docs/research-log.md, DPDFD).
-Standardising the batch restores contrast.
+By default tanh is the last layer, so samples lie in [-1, 1] like real images and every model reads both alike.
+``output_norm=True`` restores DAFL's final BatchNorm(affine=False): a fresh tanh-last generator trained without the
+teacher (DPDFD) emits near-constant grey images a teacher may read as one class, and standardising restores
+contrast (research log, DPDFD).
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """A data-independent preconditioner for DP-SGD on ScatterNet features: whitening fitted to images of a random
 process ("dead leaves"), so it reads no private data and costs no privacy.
 
-Why: DP-SGD adds isotropic noise to every coordinate of the head's gradient, and a linear head on 3,969
-correlated scattering coefficients is badly conditioned, so within a private budget of steps the head converges
-slowly along the directions where the features vary little while the noise accumulates in all of them. Whitening
-the features makes the problem well conditioned and truncating them to the leading directions drops dimensions
-where the noise costs more than the signal pays. The same whitening estimated from the private data under DP (Dwork
-et al.'s "Analyze Gauss") is too noisy in 3,969 dimensions (measured: docs/research-log.md), hence images that
-read no data.
+Why: DP-SGD's isotropic noise on a linear head over 3,969 correlated scattering coefficients converges slowly along
+the low-variance directions; whitening conditions the problem and truncating drops dimensions where the noise costs
+more than the signal pays. Whitening estimated from the private data under DP is too noisy in 3,969 dimensions
+(research log, "Notes that left the code: models/random_prior.py").
 
-The way out follows Tang et al. 2023 ("Differentially private image classification by learning priors from random
-processes", DP-RandP) and Baradad et al. 2021 ("Learning to see by looking at noise"): images of a random process
-share much of natural images' second-order structure. Here the process is the dead-leaves model (Matheron 1968;
-Lee, Mumford & Huang 2001: occluding shapes of random size, position and intensity), drawn from a fixed public
-seed; the whitening is the principal directions of their scattering features, kept to `dims` and scaled to unit
-variance on them. Reading chosen (the papers pre-train a network on such images; this module only fits a linear
-map, the least that a linear head needs): shapes are ellipses or rectangles, radii 1 to 10 pixels (the scale of
-strokes and garment parts at 28 x 28), 4 to 15 of them on a dark background, intensities uniform in [-1, 1] (the
-data's range); one colour per shape and channel for colour images. A textured variant (`texture`, textured())
-follows Baradad et al.'s finding that textured dead leaves are a better prior than flat ones (docs/research-log.md).
+Following Tang et al. 2023 (DP-RandP) and Baradad et al. 2021, the process is the dead-leaves model (Matheron 1968;
+Lee, Mumford & Huang 2001), drawn from a fixed public seed; the whitening is the principal directions of their
+scattering features, kept to `dims`, unit variance. Reading chosen (the papers pre-train a network; a linear head
+needs only a linear map): ellipses or rectangles of radius 1-10 pixels, 4-15 on a dark background, intensities
+uniform in [-1, 1], one colour per shape and channel; `texture` (textured()) follows Baradad et al.'s finding
+that textured dead leaves are the better prior.
 """
 
 from __future__ import annotations
@@ -90,10 +83,8 @@ def whitening_projection(features: torch.Tensor, dims: int, shrink: float = 0.0)
     """A [d, dims] map z = u @ P from unit-norm features u (features [m, d], each row scaled to norm 1 here) onto
     their `dims` leading principal directions (uncentred second moment), each scaled to unit variance on these
     features, then all scaled so that the projected features' median norm is sqrt(d): the norm of a GroupNorm'd
-    ScatterNet feature vector, which the DP-SGD recipe's clip norm and rate were chosen on. Exact eigenvectors of
-    the d x d moment below 8,192 dimensions (from the rows' SVD when there are fewer rows than dimensions); a
-    randomised SVD (torch.svd_lowrank) above. `shrink` > 0 whitens only partly: each direction is scaled by
-    1 / sqrt(λ + shrink · mean λ) (experiments/dpsgd_whitening_probe.py; the models use 0)."""
+    ScatterNet feature vector, which the DP-SGD recipe's clip norm and rate were chosen on. Exact eigenvectors below
+    8,192 dimensions, a randomised SVD above. `shrink` > 0 whitens only partly: 1 / sqrt(λ + shrink · mean λ)."""
     m, d = features.shape
     if not 0 < dims <= min(m, d):
         raise ValueError(f"whitening dims must lie in [1, {min(m, d)}], got {dims}")

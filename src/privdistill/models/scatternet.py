@@ -3,36 +3,18 @@ data)", ICLR 2021): a fixed scattering transform, a data-independent normalisati
 
     image [C, H, W] -> scattering, J = 2, L = 8 (kymatio's; no parameters) -> [81 C, H/4, W/4]
                     -> GroupNorm without affine parameters (per example: needs no statistics of the data)
-                    -> optionally (`fine=True`, model scatter-multiscale-prior-linear) beside it a J = 1
-                       scattering, [9 C, H/2, W/2], each channel GroupNorm'd alone; both scales flattened together
-                    -> optionally (`prior="dead-leaves"`, model scatter-prior-linear, or "dead-leaves-textured",
-                       the multiscale model): a fixed projection onto
-                       `prior_dims` directions whitened on images of a random process, fitted from a public seed
-                       without any data (models/random_prior.py) -> [prior_dims, 1, 1]
+                    -> optionally (`fine=True`) beside it a J = 1 scattering, [9 C, H/2, W/2], flattened together
+                    -> optionally (`prior=...`) a fixed projection onto `prior_dims` directions whitened on images
+                       of a random process, fitted from a public seed without any data (models/random_prior.py)
                     -> head: one linear layer
 
-Only the head has parameters, so DP-SGD (methods/dpsgd.py) trains the head on the scattering features computed
-once: the transform is a fixed function of each image (no privacy cost, and the released model contains it).
+Only the head has parameters, so DP-SGD (methods/dpsgd.py) trains it on features computed once: the transform is a
+fixed function of each image (no privacy cost; a saved model is only its head, the transform rebuilt from (J, L,
+size)). Reading chosen: GroupNorm, which the paper also reports, instead of per-channel statistics estimated under
+DP, so no budget is spent on normalisation.
 
-Reading chosen where the paper leaves room: Tramèr & Boneh's best MNIST/Fashion-MNIST models normalise with
-per-channel statistics estimated under DP (a small share of the budget); this module uses GroupNorm instead,
-which they also report and which needs no privacy budget at all. The scattering transform is held outside the
-module tree (it is rebuilt from (J, L, image size), not saved): a saved model is only its head.
-
-The transform (`make_scattering`, FastScattering2D) gives kymatio's 2-D scattering coefficients (kymatio's own
-filter bank and padding, its layout [..., K, H / 2^J, W / 2^J]) from batched operations: reflect-pad, FFT, multiply
-by every Morlet filter of a scale at once and sum the aliasing blocks (kymatio's subsampling by periodisation in
-Fourier), inverse FFT, modulus, and for the second order again FFT, filters, periodisation, inverse FFT, modulus; the
-low-pass phi, its subsampling and kymatio's unpadding are one separable real operator per scale (phi is a Gaussian).
-Without gradients on the CPU (the feature stage), each scale of wavelets is one compiled kernel (numba, fused:
-products, inverse DFTs, modulus and low-pass on blocks of maps held in the cache, the blocks shared across torch's
-thread count); with gradients (the data-free generators read the features) or on a GPU the same steps run as torch
-operations. Both equal kymatio within float32 rounding (tests/test_scatternet.py: < 1e-4), the gradients too; the
-speed is in docs/benchmarks.md ("ScatterNet features"). kymatio stays a dependency: its filter bank builds the
-transform, and it is the tests' reference (`make_scattering(..., reference=True)`).
-
-kymatio note: `import kymatio.torch` fails with SciPy >= 1.15 (it imports scipy.special.sph_harm for the 3-D
-transform); the 2-D modules are imported directly.
+`make_scattering` (FastScattering2D, batched FFTs) equals kymatio within float32 rounding (tests/test_scatternet.py);
+`import kymatio.torch` fails with SciPy >= 1.15 (its 3-D transform), so the 2-D modules are imported directly.
 """
 
 from __future__ import annotations

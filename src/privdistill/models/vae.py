@@ -56,12 +56,11 @@ class ConvVAE(nn.Module):
         return self.decode(z), mu, logvar
 
 
-def vae_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor,
-             beta: float = 1.0) -> torch.Tensor:
-    """Negative ELBO per example: squared error (Gaussian likelihood) + beta * KL(q(z|x) || N(0, I))."""
+def vae_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """Negative ELBO per example: squared error (Gaussian likelihood) + KL(q(z|x) || N(0, I))."""
     rec = F.mse_loss(recon, x, reduction="sum") / x.shape[0]
     kl = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp()) / x.shape[0]
-    return rec + beta * kl
+    return rec + kl
 
 
 @register_model("conv-vae", kind="vae", description="convolutional VAE, latent size c (DGD: 32)")

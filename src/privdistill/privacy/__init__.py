@@ -1,21 +1,17 @@
 """Privacy: noise mechanisms, events, the paper and strict accountants, calibration, the ledger, reports.
 
-    mechanisms   lnmax, gnmax, confident_gnmax, randomized_response, selective_randomized_response,
-                 normalize_and_noise(_multi), laplace_latent_perturbation, make_generator, noise_source  (torch)
-    secure       SecureNoise: OpenDP's samplers for a release (discrete noise, OS entropy, nothing persisted)
-    events       LaplaceQueries, GaussianQueries, ConfidentGaussianQueries, RandomizedResponse,
-                 RandomizedResponseWithPrior, NormalisedGaussian, SubsampledGaussian, LaplaceOnSyntheticCodes
-                 (immutable, JSON round-trippable, each pricing itself; the old names LNMaxQueries, ... still work)
-    pricing      the arithmetic the events price themselves with (dp-accounting RDP / PLD, the papers' formulas)
+    mechanisms   lnmax, gnmax, confident_gnmax, randomized response, normalize_and_noise, ..., noise_source (torch)
+    secure       SecureNoise: secure samplers for a release (discrete noise, OS entropy, nothing persisted)
+    events       the immutable, JSON round-trippable events, each pricing itself (privacy/events.py)
+    pricing      the arithmetic the events price themselves with
     accounting   epsilon(events, delta=..., accounting="paper"|"strict"), get_accountant, both
     pate         PATE 2017/2018 data-dependent RDP bounds
     calibration  max_queries, max_steps, calibrate_noise
     ledger       PrivacyLedger (append-only ledger.jsonl; budget enforcement; crash-safe resume)
-    report       Pathway, privacy_report, render_text, run_report (each method's pathways live in its methods/ module)
+    report       Pathway, privacy_report, render_text, run_report
 
-Neighbouring relation: replace-one throughout (label-DP only for SRR's label-sensitive setting).
-Derivations: docs/privacy.md. Names are exported lazily so that importing the accountants (e.g. for
-the CLI) does not import torch.
+Neighbouring relation: replace-one throughout (label-DP only for SRR's label-sensitive setting). Derivations:
+docs/privacy.md. Names are exported lazily, so importing the accountants does not import torch.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Accountants: the ``paper`` and the ``strict`` price of a list of privacy events.
 
-Both are always computed and shown together (see docs/privacy.md for the derivations). Each event prices
-itself (privacy/events.py, with the arithmetic of privacy/pricing.py); an accountant composes what the events
-say and knows no event type:
+Both are always computed and shown together (derivations: docs/privacy.md). Each event prices itself
+(privacy/events.py, privacy/pricing.py); an accountant composes what the events say and knows no event type:
 
 ``paper``
-    The formula each paper prints, reproduced as printed (including its errors), so that the
-    papers' numbers can be checked: DGD's advanced-composition expression plus epsilon1; PATE 2018's
-    data-independent GNMax RDP; DPDFD's Theorem 3; SRR's epsilon per label (no composition). Each event
-    claims its part of a formula (``event.paper_claims()``); the claims of one formula are pooled and priced
-    together, and the formulas that consume δ share it.
+    The formula each paper prints, reproduced as printed (including its errors), so that the papers' numbers can be
+    checked: DGD's advanced composition plus epsilon1, PATE 2018's GNMax RDP, DPDFD's Theorem 3, SRR's ε per label.
 ``strict``
-    A correct (epsilon, delta) for the private training set under the replace-one neighbouring
-    relation: the RDP curves of the events' dp-accounting events (``event.strict_price(delta)``: Gaussian,
-    Laplace and randomized-response events) added and converted once (Canonne-Kamath-Steinke / Asoodeh et
-    al.), basic composition of pure events when smaller, plus the (epsilon, delta) of events priced on their
-    own (dp-accounting's PLD of a Poisson-subsampled Gaussian). Optionally, PATE's data-dependent bounds from
-    recorded votes (never the headline: releasing them needs smooth sensitivity).
+    A correct (epsilon, delta) for the private training set under the replace-one neighbouring relation: the
+    events' RDP curves added and converted once (basic composition of pure events when smaller), plus events priced
+    on their own (PLD of a Poisson-subsampled Gaussian). PATE's data-dependent bounds optionally beside it, never the
+    headline (releasing them needs smooth sensitivity).
 
 Accountants live behind a tiny registry (Opacus-style)::
 
@@ -68,8 +62,8 @@ class EventEpsilon:
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "type": self.type, "description": self.description,
-                "epsilon": _json_float(self.epsilon), "notes": list(self.notes),
-                "details": {k: _json_float(v) for k, v in self.details.items()}}
+                "epsilon": json_num(self.epsilon), "notes": list(self.notes),
+                "details": {k: json_num(v) for k, v in self.details.items()}}
 
 
 @dataclass(frozen=True)
@@ -92,14 +86,14 @@ class EpsilonResult:
         return float(self.value)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"accounting": self.accounting, "epsilon": _json_float(self.value), "delta": self.delta,
+        return {"accounting": self.accounting, "epsilon": json_num(self.value), "delta": self.delta,
                 "relation": self.relation, "method": self.method,
-                "optimal_order": _json_float(self.optimal_order),
-                "data_dependent_epsilon": _json_float(self.data_dependent),
+                "optimal_order": json_num(self.optimal_order),
+                "data_dependent_epsilon": json_num(self.data_dependent),
                 "events": [e.to_dict() for e in self.events], "notes": list(self.notes)}
 
 
-def _json_float(x: Any) -> Any:
+def json_num(x: Any) -> Any:
     """JSON has no infinity: write it as the string "inf" (read back by float("inf"))."""
     if isinstance(x, (float, np.floating)):
         x = float(x)
@@ -198,10 +192,9 @@ def strict_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate:
     """Least σ (to `tolerance` in ε, on the safe side) whose replace-one PLD ε of `steps` Poisson-sampled Gaussian
     steps is <= target: how DP-SGD and the end-to-end DP sources calibrate under the strict accounting.
 
-    The bisection reads the PLD on a grid ten times coarser wherever that decides its step as the fine one would
-    (further than COARSE_MARGIN from both thresholds it tests), and the fine PLD (1-3 s a call on a CPU) only near
-    them: the same path and the same σ as a search on the fine PLD alone, in a fifth of the time. The answer is
-    checked on the fine PLD; should a coarse value ever have misled a step, the fine search runs instead."""
+    The bisection reads a ten times coarser PLD wherever that decides its step as the fine one would (further than
+    COARSE_MARGIN from both thresholds), the fine PLD only near them; the answer is checked on the fine PLD, and
+    should a coarse value have misled a step, the fine search runs instead."""
     args = float(sample_rate), int(steps), float(delta)
 
     def fine(sigma: float) -> float:
@@ -217,15 +210,13 @@ def strict_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate:
     return sigma if fine(sigma) <= target_epsilon else _bisect_noise(fine, target_epsilon, tolerance, delta)
 
 
-# the least σ a strict calibration returns. The PLD's grid of privacy losses widens as σ shrinks: a fine ε took
-# 2-5 s at σ 0.3-0.5, 8-10 s at 0.2 (q 0.004-1, 1-3,000 steps), and a target of ε 1e6 searched for minutes towards
-# σ 0.01. At 0.2 the ε is already 90-250 there, no guarantee worth the name, and the noise no longer shapes what
-# is learnt, so a larger target gets σ 0.2 and spends less than it asked (the plan says so)
+# the least σ a strict calibration returns: below it the PLD slows to minutes and the ε (90-250 at 0.2) is no
+# guarantee worth the name, so a larger target gets σ 0.2 and spends less than it asked (the plan says so; research
+# log, "Notes that left the code: privacy/accounting.py")
 MIN_NOISE_MULTIPLIER = 0.2
 
 
-# ten times the largest gap between the coarse and the fine PLD ε measured (1.7e-3: q 0.004-1, 1-2,000 steps, ε 0.2-10;
-# the coarse one was the larger every time)
+# ten times the largest gap measured between the coarse and the fine PLD ε (the coarse one the larger every time)
 COARSE_MARGIN = 0.02
 
 

@@ -1,11 +1,9 @@
 """Calibration: the most queries / steps, or the least noise, that fit a target (epsilon, delta).
 
-Every function takes a template event (its other parameters fixed) and an accounting, and relies
-on epsilon being monotone: non-decreasing in the count and non-increasing in the noise (checked by
-tests/test_privacy_accounting.py). Opacus-style, everything privacy-relevant is keyword-only::
+Every function takes a template event and an accounting, and relies on epsilon being non-decreasing in the count and
+non-increasing in the noise (tests/test_privacy_accounting.py); everything privacy-relevant is keyword-only::
 
     max_queries(LaplaceQueries(scale=40, count=1), target_epsilon=10, delta=1e-5, accounting="strict")
-    max_steps(NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=256, steps=1), target_epsilon=1, ...)
     calibrate_noise(GaussianQueries(sigma=1, count=1000), target_epsilon=2, delta=1e-5, accounting="strict")
 
 A count of 0 is a valid answer: even one query / step would exceed the target.

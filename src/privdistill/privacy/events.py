@@ -1,27 +1,15 @@
 """Privacy events: one small immutable value per use of a noise mechanism, named after the mechanism.
 
-Shaped after dp-accounting's ``DpEvent``s: an event records *what* was released and with which
-parameters, never the data. Each event prices itself (:mod:`privdistill.privacy.pricing`):
-
-* ``strict_price(delta)``: its dp-accounting event (``to_dp_event()``: Laplace, Gaussian, randomized response,
-  self-composed; a Poisson-subsampled Gaussian is priced by dp-accounting's PLD accountant at its own δ), with
-  the corrections of the method notes (sensitivities, what one private record can change);
-* ``paper_claims()``: its part of the formula its paper prints.
-
-The accountants (:mod:`privdistill.privacy.accounting`) compose what the events say; the ledger stores them as
-JSON.
-
-The events: LaplaceQueries, GaussianQueries and ConfidentGaussianQueries (noisy vote histograms: LNMax,
-GNMax, Confident-GNMax), RandomizedResponse and RandomizedResponseWithPrior (labels: k-RR; SRR and RRWithPrior),
-NormalisedGaussian (DPDFD's noisy normalised gradients), SubsampledGaussian (DP-SGD) and LaplaceOnSyntheticCodes
-(DGD's noise on synthetic latent codes); docs/privacy.md ("Events") tabulates what each maps to.
+Shaped after dp-accounting's ``DpEvent``s: an event records *what* was released and with which parameters, never
+the data, and prices itself (:mod:`privdistill.privacy.pricing`): ``strict_price(delta)`` (its dp-accounting event,
+with the corrections of the method notes) and ``paper_claims()`` (its part of its paper's formula). The accountants
+compose what the events say; docs/privacy.md ("Events") tabulates what each maps to.
 
 Neighbouring relation: replace-one (substitute one record of the private training set) for every
 event, except :class:`RandomizedResponseWithPrior` with ``setting="label-dp"`` (change one record's label).
 
-Every event is JSON round-trippable; ledgers written before the events were named after their mechanisms
-(types "lnmax", "gnmax", "confident-gnmax", "rr", "srr", "dpdfd", "dpsgd", "latent-laplace") read into the
-same classes::
+Every event is JSON round-trippable (ledgers with the older type names, "lnmax", "gnmax", ..., read into the same
+classes)::
 
     event.to_dict() == {"type": "laplace-queries", "scale": 40.0, "count": 1000, "sensitivity": 2.0}
     event_from_dict(event.to_dict()) == event

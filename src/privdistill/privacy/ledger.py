@@ -1,33 +1,20 @@
 """The privacy ledger: an append-only record of every mechanism use of a run.
 
-``RUN_DIR/ledger.jsonl`` holds one JSON object per line:
+``RUN_DIR/ledger.jsonl`` holds a header (format version, neighbouring relation, accounting, delta), one ``spend``
+record per mechanism use (key, event, the released answers, inline or in an atomically written side ``.npy`` under
+``ledger_answers/`` referenced by SHA-256, summaries of the data-dependent statistics, ε after the spend under both
+accountings, a timestamp), and ``config`` records when a resumed run changes ``max_epsilon``.
 
-* a header (first line): format version, neighbouring relation, the accounting and delta the
-  budget is enforced under;
-* one ``spend`` record per mechanism use: its key, the event (``event.to_dict()``), the answers
-  that were released (inline when small, else in a side ``.npy`` file under
-  ``RUN_DIR/ledger_answers/``, written atomically and referenced with its SHA-256), summaries of the
-  data-dependent statistics (vote histograms are kept in a side file too), epsilon after the spend
-  under both accountings, and a timestamp;
-* ``config`` records when a resumed run changes ``max_epsilon``.
+Every record is fsync'ed before :meth:`PrivacyLedger.spend` returns the answers, so an answer that was used is on
+disk; a resumed run gets the recorded answers back for the same keys without spending again, and a new key is priced
+against the budget *before* its answers are computed. The ledger and the run agree, or the run stops: a torn last
+line whose answers were never returned is cut off with a warning; a committed side file no record references, or a
+checkpoint (stamped by :func:`ledger_mark`) written after more spends than the ledger holds, means a used record is
+gone, and every reader refuses (RunError). The full protocol: research log, "Notes that left the code:
+privacy/ledger.py".
 
-Every record is flushed and fsync'ed before :meth:`PrivacyLedger.spend` returns the answers, so an
-answer that was used is always on disk. A resumed run asks for the same keys and gets the recorded
-answers back without spending again; a key never recorded is priced against the budget *before* its
-answers are computed.
-
-The ledger and the run agree, or the run stops. A spend's side files are written as ``<name>.npy.pending``
-before its line and renamed to ``<name>.npy`` only once the line is on disk, so a committed side file is
-proof of a complete record; every checkpoint of the run directory carries the number of spends the ledger
-held when it was written (:func:`ledger_mark`, stamped by ``RunDir.save_checkpoint``). A torn last line
-(a crash while appending) with neither is harmless: its answers were never returned, so never used; it is
-ignored with a warning and cut off (and its pending side files removed). A committed side file that no
-complete record references, or a checkpoint written after more spends than the ledger holds, means a record
-of answers the run used is gone (a cut or an older ledger): every reader refuses (RunError) and nothing is
-truncated.
-
-The ledger and its side files contain data-dependent statistics of the private data (vote
-histograms): keep them with the run, do not publish them (the privacy report does not include them).
+The ledger and its side files hold data-dependent statistics of the private data (vote histograms): keep them with
+the run, do not publish them (the privacy report does not include them).
 """
 
 from __future__ import annotations
@@ -52,7 +39,7 @@ import numpy as np
 from privdistill.atomic import atomic_write_bytes, fsync_dir
 from privdistill.errors import BudgetExceededError, PrivacyError, RunError
 from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
-from privdistill.privacy.accounting import REPLACE_ONE, EpsilonResult, VoteStats, both, epsilon, merge_events
+from privdistill.privacy.accounting import REPLACE_ONE, EpsilonResult, VoteStats, both, epsilon, json_num, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events, event_from_dict
 
 FORMAT_VERSION = 1
@@ -499,9 +486,9 @@ class PrivacyLedger:
         after = epsilon(merge_events(self._events + list(planned)), delta=self.delta,
                         accounting=self.accounting, breakdown=False)
         if after.value > self.max_epsilon:
-            msg = (f"{what} would bring epsilon to {_fmt(after.value)} ({self.accounting} accounting, "
+            msg = (f"{what} would bring epsilon to {after.value:.4g} ({self.accounting} accounting, "
                    f"delta={self.delta:g}), above --max-epsilon {self.max_epsilon:g}; already spent "
-                   f"{_fmt(spent)} in {len(self._events)} recorded use(s) ({self.path})")
+                   f"{spent:.4g} in {len(self._events)} recorded use(s) ({self.path})")
             if after.notes:
                 msg += " [" + "; ".join(after.notes) + "]"
             raise BudgetExceededError(msg)
@@ -562,20 +549,14 @@ class PrivacyLedger:
         if stats:
             rec["stats"] = stats
         after = both(merge_events(self._events + [event]), delta=self.delta, breakdown=False)
-        rec["epsilon_after"] = {name: _json_eps(r.value) for name, r in after.items()}
+        if any(math.isnan(r.value) for r in after.values()):  # never recorded as null: a spend must price
+            raise PrivacyError(f"the ledger's ε after {key!r} is not a number: nothing recorded")
+        rec["epsilon_after"] = {name: json_num(r.value) for name, r in after.items()}
         self._append(rec)
         self._by_key[key] = rec
         self._events.append(event)
         self._commit(self._codec.pending)  # after the line: a committed side file proves its record
         return extra.answers
-
-
-def _json_eps(x: float) -> Any:
-    return "inf" if math.isinf(x) else x
-
-
-def _fmt(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:.4g}"
 
 
 def _now() -> str:

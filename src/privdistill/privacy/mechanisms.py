@@ -1,21 +1,13 @@
 """The noise mechanisms of DGD, DPDFD and SRR, vectorised in torch (CPU and CUDA).
 
-Every function takes an explicit ``generator`` (a ``torch.Generator`` on the same device as the
-data, see :func:`make_generator`) and never touches torch's global random state, so a run's noise
-is reproducible from its seed and independent of everything else that draws random numbers.
-Privacy parameters are keyword-only. Bad input raises :class:`privdistill.errors.PrivacyError`.
+Every function takes an explicit ``generator`` and never touches torch's global random state; privacy parameters
+are keyword-only; bad input raises :class:`privdistill.errors.PrivacyError`. These functions only *draw* the noise:
+pricing is the accountants' job and recording the ledger's (``ledger.spend(key, event, lambda: lnmax(...))``).
 
-These functions only *draw* the noise. Pricing it is the accountants' job and recording it the
-ledger's: methods call ``ledger.spend(key, event, lambda: lnmax(votes, scale=..., generator=g))``.
-
-Where the noise comes from (``noise_source``)
-    A seeded ``torch.Generator`` (the default: reproducible runs, and anyone who knows the seed, saved in the
-    run's config, can subtract the noise), or, with ``secure=True``, a :class:`privacy.secure.SecureNoise`:
-    OpenDP's samplers, drawing from the OS CSPRNG, discrete Laplace/Gaussian on integer vote counts, noise on
-    a fine grid for real values (no floating-point attack, Mironov 2012), OpenDP's categorical randomized
-    response. Every mechanism below takes either as ``generator=``; the distributions, and so the accounting,
-    are the same (privacy/secure.py). Secure noise is not reproducible: on resume the ledger's recorded
-    answers are reused instead.
+``noise_source``: a seeded ``torch.Generator`` (reproducible; anyone who knows the seed, saved in the run's config,
+can subtract the noise) or, with ``secure=True``, :class:`privacy.secure.SecureNoise` (OS entropy, discrete noise,
+no floating-point attack). The distributions, and so the accounting, are the same; secure noise is not reproducible,
+so a resumed run reuses the ledger's recorded answers.
 """
 
 from __future__ import annotations

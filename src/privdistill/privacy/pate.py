@@ -1,19 +1,12 @@
 """Data-dependent RDP bounds of the PATE aggregators, written from the papers' statements.
 
-* Papernot et al., "Scalable Private Learning with PATE", ICLR 2018 (arXiv 1802.08908):
-  Theorem 6 (a data-dependent RDP bound from an upper bound q on Pr[outcome != argmax]),
-  Proposition 7 (q for GNMax via a union bound), Proposition 8 (data-independent GNMax RDP
-  lambda/sigma^2), Proposition 10 (the higher orders mu1, mu2 at which Theorem 6 is applied to GNMax),
-  and the threshold step of Confident-GNMax (sensitivity 1 instead of sqrt(2)).
-* Papernot et al., "Semi-supervised Knowledge Transfer ... (PATE)", ICLR 2017 (arXiv 1610.05755):
-  Theorem 3 (data-dependent bound for an eps-DP noisy max) and Lemma 4 (q for Laplace noisy max).
+* Papernot et al., ICLR 2018 (arXiv 1802.08908): Theorem 6, Propositions 7, 8 and 10, and Confident-GNMax's
+  threshold step (sensitivity 1 instead of sqrt(2)).
+* Papernot et al., ICLR 2017 (arXiv 1610.05755): Theorem 3 and Lemma 4.
 
-Everything is vectorised over queries: ``votes`` is an array [Q, K], the result an array [Q, L] of
-RDP values at the L orders. Neighbouring relation: replace-one (a record moves one teacher's vote).
-
-Caveat (repeated in every report that shows these numbers): a data-dependent epsilon is itself a
-function of the private data. Publishing it needs the smooth-sensitivity step of PATE 2018 (Sec. 4,
-App. C), which this module does not implement; the headline strict figure is data-independent.
+Vectorised over queries: ``votes`` [Q, K] -> RDP values [Q, L] at the L orders. Neighbouring relation: replace-one
+(a record moves one teacher's vote). A data-dependent epsilon is itself a function of the private data: publishing
+it needs PATE 2018's smooth-sensitivity step (not implemented); the headline strict figure is data-independent.
 """
 
 from __future__ import annotations

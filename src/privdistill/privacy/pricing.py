@@ -1,20 +1,11 @@
 """The arithmetic privacy events price themselves with, and the two kinds of price the accountants compose.
 
-An event (:mod:`privdistill.privacy.events`) says what its mechanism costs; an accountant
-(:mod:`privdistill.privacy.accounting`) only composes what the events say:
+``strict``: :class:`StrictPrice`, the event's dp-accounting ``DpEvent`` (RDP curves added and converted once),
+optionally a pure ε for basic composition or an (ε, δ) priced alone (a Poisson-subsampled Gaussian by PLD under
+replace-one, which dp-accounting's RDP accountant does not support). ``paper``: :class:`PaperClaim`, the event's
+part of a paper's printed bound, pooled by family and priced by its formula; the families that consume δ share it.
 
-``strict``
-    :class:`StrictPrice`: the event's dp-accounting ``DpEvent``, whose RDP curve is composed (added) with the
-    others' and converted once; optionally a pure-DP ε for basic composition, or an (ε, δ) the event priced on
-    its own (a Poisson-subsampled Gaussian by dp-accounting's PLD accountant under replace-one, which its RDP
-    accountant does not support).
-``paper``
-    :class:`PaperClaim`: the event's part of a paper's printed bound. Claims of one family are pooled and priced
-    by that family's formula (DGD's advanced composition, PATE 2018's RDP, DPDFD's Theorem 3, SRR's ε per
-    label, DGD's ε1, an (ε, δ) priced alone); the families whose formula consumes δ share it.
-
-dp-accounting (and through it scipy.stats) is imported where a number is computed, not at import: the command
-line imports the events to print its help.
+dp-accounting is imported where a number is computed: the command line imports the events to print its help.
 """
 
 from __future__ import annotations
@@ -115,8 +106,7 @@ def pld_poisson_gaussian_replace_one(noise_multiplier: float, q: float, steps: i
 
 def pld_poisson_gaussian_coarse(noise_multiplier: float, q: float, steps: int, delta: float) -> float:
     """`pld_poisson_gaussian_replace_one` on a grid ten times coarser: about ten times cheaper, and at most 1.7e-3
-    above it where measured (q 0.004-1, 1-2,000 steps, ε 0.2-10: the connect-the-dots PLD barely moves with the
-    grid). A guide for a search (accounting.strict_noise_multiplier); never an ε to report."""
+    above it where measured (accounting.COARSE_MARGIN). A guide for a search; never an ε to report."""
     return pld_poisson_gaussian_replace_one(noise_multiplier, q, steps, delta, COARSE_INTERVAL)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from privdistill.atomic import atomic_write_bytes
 from privdistill.errors import RunError
 from privdistill.privacy._checks import check_delta
-from privdistill.privacy.accounting import both, merge_events
+from privdistill.privacy.accounting import both, json_num, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events
 from privdistill.privacy.ledger import LEDGER_NAME, read_ledger_events
 
@@ -74,16 +74,16 @@ def guarantee(summary: Mapping[str, Any]) -> tuple[bool, str]:
     not_covered = list(summary.get("not_covered") or [])
     relation = str(summary.get("relation") or "replace-one")
     if is_label_dp(summary):  # a label-DP release covers the labels by design, never the images
-        return False, (f"label-DP only, not DP as a whole: ({_fmt(strict)}, {_fmt(delta)})-label-DP (strict "
+        return False, (f"label-DP only, not DP as a whole: ({fmt_num(strict)}, {fmt_num(delta)})-label-DP (strict "
                        "accounting) protects the labels of the private training set; its images are used "
                        "without noise.")
     if not_covered or not _finite_strict(summary):
         missing = "; ".join(not_covered) or "the strict accounting gives no finite epsilon"
-        paper_note = (f" (the paper's own accounting says epsilon = {_fmt(paper)}, which is not a guarantee)"
+        paper_note = (f" (the paper's own accounting says epsilon = {fmt_num(paper)}, which is not a guarantee)"
                       if paper is not None and paper != strict else "")
-        return False, (f"NOT differentially private as a whole: the strict epsilon = {_fmt(strict)}{paper_note} "
+        return False, (f"NOT differentially private as a whole: the strict epsilon = {fmt_num(strict)}{paper_note} "
                        f"does not cover: {missing}.")
-    return True, (f"({_fmt(strict)}, {_fmt(delta)})-differentially private as a whole (strict accounting, "
+    return True, (f"({fmt_num(strict)}, {fmt_num(delta)})-differentially private as a whole (strict accounting, "
                   f"{relation.split(':')[0]}): every pathway from the private data to the released model is covered.")
 
 
@@ -126,15 +126,6 @@ def write_privacy_json(run_dir: str | os.PathLike, artifacts: Mapping[str, Seque
 
 
 # ----------------------------------------------------------------------------------------- reports
-def _num(x: Any) -> Any:
-    if isinstance(x, float):
-        if math.isinf(x):
-            return "inf"
-        if math.isnan(x):
-            return None
-    return x
-
-
 def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: float,
                    artifacts: Mapping[str, Sequence[Pathway]] | None = None, method: str | None = None,
                    title: str | None = None) -> dict[str, Any]:
@@ -147,9 +138,9 @@ def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: floa
     mechanisms = []
     for ev, pe, se in zip(events, paper.events, strict.events):
         mechanisms.append({"type": ev.type_name, "description": ev.describe(), "event": ev.to_dict(),
-                           "epsilon_paper": _num(pe.epsilon), "epsilon_strict": _num(se.epsilon),
+                           "epsilon_paper": json_num(pe.epsilon), "epsilon_strict": json_num(se.epsilon),
                            "paper_notes": list(pe.notes), "strict_notes": list(se.notes),
-                           "details": {k: _num(v) for k, v in {**pe.details, **se.details}.items()}})
+                           "details": {k: json_num(v) for k, v in {**pe.details, **se.details}.items()}})
     arts = _artifacts(artifacts, paper=paper.value, strict=strict.value, delta=delta)
     notes = []
     seen = set()
@@ -165,7 +156,7 @@ def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: floa
         "method": method,
         "relation": strict.relation,
         "delta": delta,
-        "epsilon": {"paper": _num(paper.value), "strict": _num(strict.value)},
+        "epsilon": {"paper": json_num(paper.value), "strict": json_num(strict.value)},
         "accountings": {"paper": paper.to_dict(), "strict": strict.to_dict()},
         "mechanisms": mechanisms,
         "artifacts": arts,
@@ -184,8 +175,8 @@ def _artifacts(artifacts: Mapping[str, Sequence[Pathway]] | None, *, paper: floa
         if not pws:
             statement = "no pathways declared"
         elif not missing:
-            statement = (f"every listed pathway is covered: ({_fmt(strict)}, {delta:g})-DP under strict "
-                         f"accounting, ({_fmt(paper)}, {delta:g}) as the papers count")
+            statement = (f"every listed pathway is covered: ({fmt_num(strict)}, {delta:g})-DP under strict "
+                         f"accounting, ({fmt_num(paper)}, {delta:g}) as the papers count")
         else:
             statement = (f"NOT differentially private as a whole: epsilon covers {len(covered)} of {len(pws)} "
                          f"pathways; not covered: " + "; ".join(p.via for p in missing))
@@ -194,14 +185,16 @@ def _artifacts(artifacts: Mapping[str, Sequence[Pathway]] | None, *, paper: floa
     return arts
 
 
-def _fmt(x: Any) -> str:
+def fmt_num(x: Any) -> str:
+    """An ε, δ, count or noise scale for reading: "-" for none, "inf", thousands separated, else 4 digits."""
     if x is None:
         return "-"
     if isinstance(x, str):
         return x
+    x = float(x)
     if math.isinf(x):
         return "inf"
-    if x >= 1000:
+    if abs(x) >= 1000:
         return f"{x:,.0f}"
     return f"{x:.4g}"
 
@@ -215,9 +208,9 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines.append(f"delta: {report['delta']:g}")
     if report.get("noise"):
         lines.append(f"noise: {report['noise']['statement']}")
-    lines.append(f"epsilon (paper accounting):  {_fmt(report['epsilon']['paper'])}   "
+    lines.append(f"epsilon (paper accounting):  {fmt_num(report['epsilon']['paper'])}   "
                  "- the formulas the papers print")
-    lines.append(f"epsilon (strict accounting): {_fmt(report['epsilon']['strict'])}   "
+    lines.append(f"epsilon (strict accounting): {fmt_num(report['epsilon']['strict'])}   "
                  "- a correct bound on every recorded use of the private data (which artifacts it covers: below)")
     lines.append("")
     lines.append("Mechanisms:")
@@ -225,11 +218,11 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append("  (none recorded)")
     for m in report["mechanisms"]:
         lines.append(f"  - {m['description']}")
-        lines.append(f"      paper {_fmt(m['epsilon_paper'])} | strict {_fmt(m['epsilon_strict'])}")
+        lines.append(f"      paper {fmt_num(m['epsilon_paper'])} | strict {fmt_num(m['epsilon_strict'])}")
         for n in m["strict_notes"]:
             lines.append(f"      strict: {n}")
         for k, v in m["details"].items():
-            lines.append(f"      {k}: {_fmt(v) if isinstance(v, (int, float, str)) else v}")
+            lines.append(f"      {k}: {fmt_num(v) if isinstance(v, (int, float, str)) else v}")
     lines.append("")
     lines.append("Released artifacts and what the epsilon covers:")
     if not report["artifacts"]:

@@ -2,40 +2,21 @@
 
 What it protects against, beyond a reproducible run (``noise_source(seed)``):
 
-* A known seed. Every call keys a fresh ChaCha20 stream (pyca/cryptography, OpenSSL's implementation) with 256
-  bits from the operating system's CSPRNG (``os.urandom``); the key lives only for that call and nothing that
-  could regenerate the noise is written anywhere (a resumed run reuses the ledger's recorded answers, the release
-  itself, or pays again for what it must redraw: DPDFD, methods/dpdfd_plan.py).
-* Floating-point attacks (Mironov, CCS 2012; Jin et al. 2022 for the Gaussian and Opacus). Vote counts are
-  integers and get discrete Laplace / discrete Gaussian noise (Canonne, Kamath & Steinke 2020, "CKS20"): the
-  output is an integer. A real-valued release x (DPDFD's gradients, DGD's latent codes, DP-SGD's summed gradients)
-  is put on a grid of step h = 2^(floor(log2 scale) - GRID_BITS), a power of two fixed by the noise scale alone,
-  and gets discrete noise on that grid: the output is (round(x / h) + Y) * h with Y a discrete Laplace / Gaussian
-  of scale scale / h. The set of reachable outputs is the grid, whatever x is.
+* A known seed: every call keys a fresh ChaCha20 stream (pyca/cryptography) with 256 bits of ``os.urandom``; nothing
+  that could regenerate the noise is written anywhere (a resumed run reuses the ledger's answers or pays again).
+* Floating-point attacks (Mironov, CCS 2012): integer votes get discrete Laplace / Gaussian noise (Canonne, Kamath &
+  Steinke 2020, "CKS20"); a real value x is put on a grid of step h = 2^(floor(log2 scale) - GRID_BITS) and gets
+  discrete noise on it, (round(x / h) + Y) * h: the reachable outputs are the grid, whatever x is.
 
-How the draws are made (`_Sampler`): CKS20's discrete Laplace (a uniform U on a power-of-two block kept with
-probability exp(-U/b), plus the block times a geometric V) and discrete Gaussian (the discrete Laplace kept with
-CKS20's probability), as one rejection loop compiled with numba over the stream's 32-bit words; randomized response
-keeps the label with probability p, else takes a uniform other member of the record's set.
+The draws (`_Sampler`): CKS20's samplers as one numba rejection loop over the stream's 32-bit words.
 
-Exactness, and what is added to ε and δ. Every uniform integer is exact. Every Bernoulli trial compares a uniform
-of unbounded precision (drawn 32 bits at a time, the next word only on a tie) with a float64 probability p̂, so it
-succeeds with probability exactly p̂; V counts exact 192-bit thresholds floor(q^k 2^192). What is not exact is p̂
-itself: exp and its argument are rounded, a relative error of at most r (a few ulps, times the argument; computed
-per sampler, `_Sampler.bounds`). On the bulk of the law (|x| up to 12 sigma for the Gaussian, 70 b for the
-Laplace) every output's probability is therefore within a factor exp(rho) of the exact law's, rho = 3 r plus the
-thresholds' share (~1e-13 for the samplers here); outside it lies a mass `tail` < 1e-30 of the exact law. For a
-run of n draws whose exact mechanism is (ε, δ)-DP, the run is (ε + 2 n rho, e^(n rho) δ + (1 + e^ε') n tail)-DP:
-``TALLY`` sums rho and tail over the draws, the run reports both additions (privacy/report.py; about 2e-6 on ε for
-the quickstart's 11.6 million draws, and nothing measurable on δ).
-
-Grid rounding moves each coordinate by at most h/2 before the noise (and the noise is on the grid): the L2
-sensitivity grows by at most sqrt(d) h = sqrt(d) scale 2^-GRID_BITS (L1: d h), a relative change of
-sqrt(d) (scale/Δ) 2^-30 (about 2e-7 for DP-SGD's 39,700-coordinate head at noise multiplier 1): below the precision
-any ε here is printed with.
-
-Speed: `privdistill bench noise` (docs/benchmarks.md). OpenDP's exact samplers are the reference the tests compare
-the laws with.
+Exactness, and what is added to ε and δ: every uniform and every Bernoulli trial is exact for its float64
+probability p̂; p̂ itself is within a relative error r of the true value, so on the bulk of the law (12 sigma / 70 b)
+each output's probability is within exp(rho) of the exact law's (rho = 3 r plus the thresholds' share, ~1e-13),
+and outside it lies a mass `tail` < 1e-30. A run of n draws of an (ε, δ)-DP mechanism is then
+(ε + 2 n rho, e^(n rho) δ + (1 + e^ε') n tail)-DP; ``TALLY`` sums rho and tail and the run reports both additions.
+Grid rounding grows the L2 sensitivity by at most sqrt(d) h (L1: d h), a relative change of sqrt(d) (scale/Δ) 2^-30.
+Figures and the full argument: research log, "Notes that left the code: privacy/secure.py".
 """
 
 from __future__ import annotations
@@ -112,9 +93,7 @@ class _Sampler:
     exp(-(|X| - sigma^2/b)^2 / (2 sigma^2)): one Bernoulli trial with the product of both probabilities (the same
     acceptance as two independent trials), decided exactly against the float64 product; (-, 0) is rejected.
 
-    T is a power of two about b / BLOCK_DIVISOR (b: the Laplace scale; for the Gaussian, CKS20's t, a power of two
-    near sigma: the algorithm is correct for every t > 0): U is then kept 88 % of the time, at the price of a
-    longer walk along the thresholds for V, which costs a compare a step.
+    T is a power of two about b / BLOCK_DIVISOR (for the Gaussian, CKS20's t near sigma; correct for every t > 0).
     """
 
     def __init__(self, distribution: str, scale: float):

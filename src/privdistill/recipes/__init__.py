@@ -1,12 +1,9 @@
 """Recipes: a method's named, measured configurations, one file per method (recipes/<method>.py).
 
-A recipe is the set of configuration values that made a recorded result, on top of a preset (which sets the
-scale: `quick` for CPU minutes, `paper` for the papers' sizes). `privdistill METHOD -d D -e ε` runs the method's
-`default` recipe: the best measured one that keeps the guarantee the method's paper claims (the same pathways
-covered). `paper` is the paper-literal recipe of its tables (the presets' own values: an empty recipe). Other
-recipes are named for what they add (`end-to-end`; a recipe that leaves a further pathway uncovered says so in
-its `guarantee`, and is never the default). `--recipe NAME` (Python: `recipe=`) picks one; `--config FILE` and
-`--set section.key=value` still override single values.
+A recipe is the configuration values that made a recorded result, on top of a preset (the scale: `quick`, `paper`).
+`privdistill METHOD -d D -e ε` runs the `default` recipe: the best measured one that keeps the guarantee the method's
+paper claims. `paper` is the paper-literal recipe (an empty one); others are named for what they add, and one that
+leaves a further pathway uncovered says so in its `guarantee` and is never the default. `--recipe NAME` picks one.
 
 Resolution order, later winning: dataclass defaults < preset < preset's `by_dataset` block < recipe < recipe's
 `by_dataset` block < recipe's `by_epsilon` block for the target ε < the user's --config file < --set.
