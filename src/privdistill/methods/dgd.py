@@ -11,7 +11,7 @@ Readings of what the paper leaves open (each configurable; in full: research log
 methods/dgd.py"):
 - "normalized latent codes" + "mapping operator M": codes clamped to [−clip, clip], Lap(2·clip·c/ε1) added, then
   clamped back before decoding.
-- Perturbations follow TNAR (adversarial) by default; the entropy term is MINIMISED, as the text says (Eq. 6's
+- Perturbations follow TNAR (adversarial); the entropy term is MINIMISED, as the text says (Eq. 6's
   printed sign would maximise it); the energies are per-feature means, each term weighted 1.
 - DGD+ = GNMax aggregation (σ not given by the paper; default 40, as PATE 2018 for MNIST).
 Ours: `dgd.release=histogram` releases the whole noisy vote histogram, which the data-independent LNMax/GNMax
