@@ -145,14 +145,32 @@ def test_npz_any_size_channels_classes(tmp_path, channels, size, classes):
 
 def test_npz_channels_last_images_are_read_as_channels_first(tmp_path):
     """N x H x W x C (how PIL, TensorFlow and matplotlib lay images out) gives the same images as N x C x H x W."""
-    x = np.random.default_rng(0).integers(0, 256, (30, 3, 12, 10), dtype=np.uint8)
+    x = np.random.default_rng(0).integers(0, 256, (30, 3, 12, 12), dtype=np.uint8)
     y = np.arange(30) % 3
     np.savez(tmp_path / "first.npz", x=x, y=y)
     np.savez(tmp_path / "last.npz", x=x.transpose(0, 2, 3, 1), y=y)
     first = load_data(f"npz:{tmp_path / 'first.npz'}", test_fraction=0.2)
     last = load_data(f"npz:{tmp_path / 'last.npz'}", test_fraction=0.2)
-    assert last.train.images.shape[1:] == (3, 12, 10)
+    assert last.train.images.shape[1:] == (3, 12, 12)
     assert torch.equal(first.train.images, last.train.images) and torch.equal(first.test.images, last.test.images)
+
+
+def test_npz_in_keras_layout_is_read(tmp_path):
+    """x_train / y_train / x_test / y_test (keras.datasets' mnist.npz) read as x / y with their own test split."""
+    rng = np.random.default_rng(0)
+    x, xt = rng.integers(0, 256, (40, 10, 10), dtype=np.uint8), rng.integers(0, 256, (12, 10, 10), dtype=np.uint8)
+    np.savez(tmp_path / "k.npz", x_train=x, y_train=np.arange(40) % 4, x_test=xt, y_test=np.arange(12) % 4)
+    splits = load_data(f"npz:{tmp_path / 'k.npz'}")
+    assert len(splits.train) == 40 and len(splits.test) == 12 and splits.num_classes == 4
+    assert torch.equal(splits.test.images[:, 0], torch.from_numpy(xt))
+
+
+def test_images_that_are_not_square_are_refused_before_anything_trains(tmp_path):
+    """Every model, generator and VAE is built for H = W: 12 x 20 images failed mid-run in DP-SGD's scattering."""
+    x = np.random.default_rng(0).random((40, 12, 20)).astype(np.float32)
+    np.savez(tmp_path / "r.npz", x=x, y=np.arange(40) % 2)
+    with pytest.raises(DataError, match="12 x 20 .*square.*Pad them to 20 x 20"):
+        load_data(f"npz:{tmp_path / 'r.npz'}")
 
 
 def test_npz_float_images_and_holdout(tmp_path):

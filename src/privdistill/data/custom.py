@@ -17,8 +17,8 @@ from privdistill.errors import DataError
 
 NPZ_HELP = (
     "A .npz needs arrays 'x' (N x H x W, N x C x H x W or N x H x W x C, C in {1, 3}; uint8 0..255 or float 0..1) "
-    "and 'y' (N integer labels 0..K-1); optional 'x_test', 'y_test', and 'value_range' ([lo, hi], for pixels on "
-    "another scale; or write npz:PATH?range=LO,HI)."
+    "and 'y' (N integer labels 0..K-1), or 'x_train' and 'y_train' as Keras writes them; optional 'x_test', "
+    "'y_test', and 'value_range' ([lo, hi], for pixels on another scale; or write npz:PATH?range=LO,HI)."
 )
 # Pixels whose largest value is below this are not read as 0..255 without being told: 0..16 digits (sklearn's)
 # would become nearly black images that every method trains to chance on, silently.
@@ -171,6 +171,7 @@ def _splits(arrays, where: Path | str, *, name: str, source: str, range_spec: st
     test split came from."""
     value_range = _value_range(range_spec, arrays, where)
     x, scale = _as_uint8_images(np.asarray(arrays["x"]), where, "x", value_range)
+    _check_square(x, where)
     y = _as_labels(arrays["y"], len(x), where, "y")
     test = None
     if "x_test" in arrays and "y_test" in arrays:
@@ -215,11 +216,24 @@ def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> 
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise DataError(f"{path} is not a readable .npz file ({err}). {NPZ_HELP}") from err
     with arrays:
+        if not {"x", "y"} & set(arrays.files) and {"x_train", "y_train"} <= set(arrays.files):  # Keras's layout
+            arrays = {("x" if k == "x_train" else "y" if k == "y_train" else k): arrays[k] for k in arrays.files}
         if "x" not in arrays or "y" not in arrays:
-            raise DataError(f"{path} has arrays {sorted(arrays.files)}; 'x' and 'y' are required. {NPZ_HELP}")
+            raise DataError(f"{path} has arrays {sorted(arrays)}; 'x' and 'y' are required. {NPZ_HELP}")
         name = f"npz:{path.name}" + (f"?range={range_spec}" if range_spec else "")  # another scale, other data
         return _splits(arrays, path, name=name, source=str(path), range_spec=range_spec or None,
                        test_fraction=test_fraction, seed=seed, test_given=f"x_test / y_test of {path.name}")
+
+
+def _check_square(x: torch.Tensor, where: Path | str) -> None:
+    """Refuse images that are not square, before anything trains: every model, generator and VAE here is built
+    for H = W (an `image_size`), and a scattering or a generator would fail mid-run."""
+    h, w = x.shape[-2:]
+    if h != w:
+        side = max(h, w)
+        raise DataError(f"{where}: images are {h} x {w} (height x width); privdistill's models take square images. "
+                        f"Pad them to {side} x {side} (e.g. np.pad with zeros, or the background value) or "
+                        "crop or resize them to a square first")
 
 
 def _read_image_folder(directory: Path, image_size: int | None, classes: list[str] | None):
@@ -265,11 +279,13 @@ def load_image_folder(directory: str | Path, *, image_size: int | None = None, t
     if (directory / "train").is_dir() and (directory / "test").is_dir():
         x, y, classes = _read_image_folder(directory / "train", image_size, None)
         xt, yt, _ = _read_image_folder(directory / "test", image_size, classes)
+        _check_square(x, directory)
         k = len(classes)
         return DataSplits(train=ImageDataset(x, y, k, name=name, classes=tuple(classes), source=str(directory)),
                           test=ImageDataset(xt, yt, k, name=name, classes=tuple(classes), source=str(directory)),
                           test_from=f"the test/ folder of {directory.name}")
     x, y, classes = _read_image_folder(directory, image_size, None)
+    _check_square(x, directory)
     data = ImageDataset(x, y, len(classes), name=name, classes=tuple(classes), source=str(directory))
     return holdout_split(data, test_fraction, seed)
 
