@@ -293,3 +293,17 @@ def test_data_inspect_shows_scale_counts_and_a_grid(tmp_path, tiny_npz):
     np.savez(tmp_path / "dark.npz", x=dark, y=np.arange(40) % 2)
     result = CliRunner().invoke(get_app(), ["data", "inspect", f"npz:{tmp_path / 'dark.npz'}"])
     assert "nearly uniform images" in " ".join(result.output.split())
+
+
+def test_labels_given_as_class_names_are_numbered_in_sorted_order(tmp_path):
+    """y = ["dog", "cat", ...] (how labels often come): classes numbered by sorted name, train and test alike, the
+    names kept as the classes and in label_map; names in one split and numbers in the other are refused."""
+    x = np.random.default_rng(0).integers(0, 256, (30, 8, 8), dtype=np.uint8)
+    names = np.array(["dog", "cat", "emu"])[np.arange(30) % 3]
+    np.savez(tmp_path / "n.npz", x=x, y=names, x_test=x[:6], y_test=names[:6])
+    splits = load_data(f"npz:{tmp_path / 'n.npz'}")
+    assert splits.train.classes == ("cat", "dog", "emu") and splits.label_map == {"cat": 0, "dog": 1, "emu": 2}
+    assert splits.train.labels[:3].tolist() == [1, 0, 2] and splits.test.labels[:3].tolist() == [1, 0, 2]
+    np.savez(tmp_path / "mixed.npz", x=x, y=names, x_test=x[:6], y_test=np.arange(6) % 3)
+    with pytest.raises(DataError, match="class names but the test labels are numbers"):
+        load_data(f"npz:{tmp_path / 'mixed.npz'}")

@@ -17,8 +17,8 @@ from privdistill.errors import DataError
 
 NPZ_HELP = (
     "A .npz needs arrays 'x' (N x H x W, N x C x H x W or N x H x W x C, C in {1, 3}; uint8 0..255 or float 0..1) "
-    "and 'y' (N integer labels 0..K-1), or 'x_train' and 'y_train' as Keras writes them; optional 'x_test', "
-    "'y_test', and 'value_range' ([lo, hi], for pixels on another scale; or write npz:PATH?range=LO,HI)."
+    "and 'y' (N integer labels 0..K-1 or class names), or 'x_train' and 'y_train' as Keras writes them; optional "
+    "'x_test', 'y_test', and 'value_range' ([lo, hi], for pixels on another scale; or write npz:PATH?range=LO,HI)."
 )
 # Pixels whose largest value is below this are not read as 0..255 without being told: 0..16 digits (sklearn's)
 # would become nearly black images that every method trains to chance on, silently.
@@ -144,6 +144,24 @@ def _show_labels(values: list[int]) -> str:
     return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
+def _class_names(y: Any, y_test: Any) -> list[str] | None:
+    """The sorted class names where the labels are strings (train and test together), else None."""
+    if np.asarray(y).dtype.kind not in "US":
+        return None
+    both = [np.asarray(y).reshape(-1)] + ([] if y_test is None else [np.asarray(y_test).reshape(-1)])
+    return sorted(str(v) for v in np.unique(np.concatenate(both).astype(str)))
+
+
+def _numbered(y: Any, named: list[str] | None) -> Any:
+    """String labels as their class numbers (their index in `named`); other labels unchanged."""
+    if named is None:
+        return y
+    if np.asarray(y).dtype.kind not in "US":
+        raise DataError("the training labels are class names but the test labels are numbers: give both as names")
+    index = {name: k for k, name in enumerate(named)}
+    return np.asarray([index[str(v)] for v in np.asarray(y).reshape(-1).astype(str)]).reshape(np.asarray(y).shape)
+
+
 def _renumber(y: torch.Tensor, test: tuple[torch.Tensor, torch.Tensor] | None, where: str):
     """Labels that are not 0..K-1 (a class number skipped, e.g. 0..8 and 12, or 1..10) renumbered in order, with a
     LabelRemapWarning; returns (y, test, classes named by the labels as given, {label: class} or None)."""
@@ -172,11 +190,13 @@ def _splits(arrays, where: Path | str, *, name: str, source: str, range_spec: st
     value_range = _value_range(range_spec, arrays, where)
     x, scale = _as_uint8_images(np.asarray(arrays["x"]), where, "x", value_range)
     _check_square(x, where)
-    y = _as_labels(arrays["y"], len(x), where, "y")
+    has_test = "x_test" in arrays and "y_test" in arrays
+    named = _class_names(arrays["y"], arrays["y_test"] if has_test else None)
+    y = _as_labels(_numbered(arrays["y"], named), len(x), where, "y")
     test = None
-    if "x_test" in arrays and "y_test" in arrays:
+    if has_test:
         xt, _ = _as_uint8_images(np.asarray(arrays["x_test"]), where, "x_test", value_range)
-        yt = _as_labels(arrays["y_test"], len(xt), where, "y_test")
+        yt = _as_labels(_numbered(arrays["y_test"], named), len(xt), where, "y_test")
         test = (xt, yt)
     present = len(torch.unique(y))
     if present < 2:
@@ -191,7 +211,10 @@ def _splits(arrays, where: Path | str, *, name: str, source: str, range_spec: st
                         "(a private training set is split into teachers' partitions, batches and a test part)")
     # labels are class indices: {0..8, 12} would build a 13-way model with 3 classes never seen, {0, 1000} a
     # 1001-way one; renumbered 0..K-1 instead, the labels as given kept as the class names
-    y, test, classes, label_map = _renumber(y, test, str(where))
+    if named:  # class names ("cat", "dog"): numbered in sorted order, the names kept as the classes
+        classes, label_map = tuple(named), {name: k for k, name in enumerate(named)}
+    else:
+        y, test, classes, label_map = _renumber(y, test, str(where))
     num_classes = int(max(int(y.max()), int(test[1].max()) if test else 0)) + 1
     train = ImageDataset(x, y, num_classes, name=name, classes=classes, source=source)
     if test is None:
