@@ -22,7 +22,6 @@ def _run(tiny_npz, tmp_path, name, extra=()):
 
 
 def test_scatternet_is_a_fixed_transform_with_a_trainable_head():
-    from privdistill.errors import ModelError
     from privdistill.models import create_model
 
     model = create_model("scatter-linear", in_channels=1, num_classes=10, image_size=28)
@@ -40,8 +39,13 @@ def test_scatternet_is_a_fixed_transform_with_a_trainable_head():
     rgb = create_model("scatter-linear", in_channels=3, num_classes=5, image_size=32)
     assert rgb.transform_id != model.transform_id
     assert rgb(torch.zeros(2, 3, 32, 32)).shape == (2, 5)
-    with pytest.raises(ModelError, match="divisible by 4"):
-        create_model("scatter-linear", in_channels=1, num_classes=10, image_size=30)
+    # a side that is not a multiple of 4 is padded by its edge pixels to one (10 x 10 images were refused)
+    odd = create_model("scatter-linear", in_channels=1, num_classes=10, image_size=30)
+    assert odd.transform_id != model.transform_id and odd.feature_dim == 81 * 8 * 8
+    x30 = torch.rand(2, 1, 30, 30)
+    edge = create_model("scatter-linear", in_channels=1, num_classes=10, image_size=32)
+    padded = torch.nn.functional.pad(x30, (1, 1, 1, 1), mode="replicate")
+    assert torch.allclose(odd.normalised_scattering(x30), edge.normalised_scattering(padded), atol=1e-5)
 
 
 @pytest.mark.parametrize("J, channels, size", [(2, 1, 28), (1, 1, 28), (2, 3, 32), (1, 3, 32)])

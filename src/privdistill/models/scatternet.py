@@ -27,6 +27,7 @@ import numba
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from privdistill.errors import ModelError
 from privdistill.models.random_prior import PRIOR_TEXTURE, dead_leaves, unit_rows, whitening_projection
@@ -412,8 +413,11 @@ class ScatterNet(nn.Module):
                  fine: bool = False):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
-        if h % 4 or w % 4:
-            raise ModelError(f"ScatterNet (J = 2) needs image sides divisible by 4, got {h}x{w}")
+        # J = 2 subsamples by 4: other sides are padded up to a multiple of 4 by repeating the edge pixels (a fixed,
+        # data-independent map, so nothing about the privacy of what is trained on the features changes)
+        in_h, in_w, h, w = h, w, -(-h // 4) * 4, -(-w // 4) * 4
+        top, left = (h - in_h) // 2, (w - in_w) // 2
+        self._pad = (left, w - in_w - left, top, h - in_h - top)
         channels = SCATTER_ORDERS * in_channels
         if channels % groups:
             raise ModelError(f"GroupNorm groups ({groups}) must divide the {channels} scattering channels")
@@ -433,10 +437,12 @@ class ScatterNet(nn.Module):
         self.head = nn.Sequential(nn.Flatten(start_dim=-3), nn.Linear(self.feature_dim, num_classes))
         if prior not in PRIORS:
             raise ModelError(f"ScatterNet prior must be one of {sorted(PRIORS)}, got {prior!r}")
-        self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, h, w)
+        self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, in_h, in_w)
         self.in_channels = in_channels
         # what the fixed features depend on (the head does not): the key of their cached stage
-        self.transform_id = f"scattering-J2-L8-{in_channels}x{h}x{w}-groupnorm{groups}" + ("-fineJ1" if fine else "")
+        self.transform_id = (f"scattering-J2-L8-{in_channels}x{in_h}x{in_w}" + (f"-padded{h}x{w}" if any(self._pad)
+                                                                                else "")
+                             + f"-groupnorm{groups}" + ("-fineJ1" if fine else ""))
         if prior != "none":
             # buffers, saved with the weights: a released model carries its projection. Zero until fit_prior()
             # (or loading saved weights) fills them; scatter() refuses to run before that.
@@ -456,10 +462,14 @@ class ScatterNet(nn.Module):
     def normalised_scattering(self, x: torch.Tensor) -> torch.Tensor:
         """The scattering coefficients, normalised per example: [B, 81 C, H/4, W/4], or with the fine scale both
         scales flattened side by side, [B, D, 1, 1] (the head's Flatten(-3) reads either)."""
-        s = self.norm(self._scattering(x.float()).flatten(1, 2))  # [B, 81 C, H/4, W/4]
+        x = x.float()
+        if any(self._pad):  # [..., H, W] as one stack of planes: replicate-padding reads 4-D input
+            padded = F.pad(x.reshape(-1, 1, *x.shape[-2:]), self._pad, mode="replicate")
+            x = padded.reshape(*x.shape[:-2], *padded.shape[-2:])
+        s = self.norm(self._scattering(x).flatten(1, 2))  # [B, 81 C, H/4, W/4]
         if not self.fine:
             return s
-        f = self.fine_norm(self._fine_scattering(x.float()).flatten(1, 2))  # [B, 9 C, H/2, W/2]
+        f = self.fine_norm(self._fine_scattering(x).flatten(1, 2))  # [B, 9 C, H/2, W/2]
         return torch.cat([s.flatten(1), f.flatten(1)], 1)[:, :, None, None]
 
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
