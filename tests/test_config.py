@@ -167,3 +167,15 @@ def test_a_retired_option_keeps_its_place_in_the_key_and_is_refused_at_any_other
     resolve_sections(sections, preset="quick", config_file=tmp_path / "old.yaml", overrides=["inversion.start=blank"])
     with pytest.raises(ConfigError, match="inversion.start is retired: always blank"):
         resolve_sections(sections, preset="quick", overrides=["inversion.start=grey"])
+
+
+@pytest.mark.parametrize("delta,message", [(0.0, "must lie in"), (1.0, "must lie in"), (1e-30, "below 1e-12")])
+def test_a_budget_refuses_a_delta_no_accountant_can_price(delta, message):
+    """δ 1e-30 passed validation and failed in the calibration with "no noise multiplier reaches ε" (the PLD's
+    tails are truncated near 1e-15, so every ε there reads inf): refused when the budget is read."""
+    from privdistill.errors import ConfigError
+    from privdistill.methods.runner import Budget
+
+    with pytest.raises(ConfigError, match=message):
+        Budget(epsilon=1.0, delta=delta).validate()
+    Budget(epsilon=1.0, delta=1e-12).validate()

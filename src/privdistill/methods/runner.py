@@ -40,6 +40,10 @@ ACCOUNTINGS = ("strict", "paper")
 
 
 # ============================================================================================ budget
+#: the smallest δ a budget may state (see Budget.validate)
+MIN_DELTA = 1e-12
+
+
 @dataclass
 class Budget:
     """Config section `budget`, the same for every private method: what the user asks to spend.
@@ -65,6 +69,9 @@ class Budget:
             raise ConfigError(f"max_epsilon must be > 0, got {self.max_epsilon}")
         if not 0 < self.delta < 1:
             raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
+        if self.delta < MIN_DELTA:  # dp-accounting's PLDs truncate tails near 1e-15: every ε there reads inf
+            raise ConfigError(f"delta {self.delta:g} is below {MIN_DELTA:g}, the smallest this package's "
+                              "accountants resolve (with room for the shares an end-to-end run splits it into)")
         if self.accounting not in ACCOUNTINGS:
             raise ConfigError(f"accounting must be strict or paper, got {self.accounting!r}")
         if self.privacy not in ("method", "end-to-end"):
