@@ -307,3 +307,24 @@ def test_labels_given_as_class_names_are_numbered_in_sorted_order(tmp_path):
     np.savez(tmp_path / "mixed.npz", x=x, y=names, x_test=x[:6], y_test=np.arange(6) % 3)
     with pytest.raises(DataError, match="class names but the test labels are numbers"):
         load_data(f"npz:{tmp_path / 'mixed.npz'}")
+
+
+def test_a_folder_of_photos_in_mixed_shapes_is_brought_to_one_square_size(tmp_path):
+    """Photos come in many sizes, rarely square: refused with the fix, then `folder:DIR?size=N` scales the shorter
+    side to N and keeps the centre square (nothing stretched)."""
+    from PIL import Image
+
+    for k, shape in enumerate([(30, 20), (40, 24), (30, 20), (36, 36)]):  # (width, height)
+        d = tmp_path / "photos" / f"class_{k % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        pixels = np.zeros(shape[::-1], np.uint8)
+        pixels[:, shape[0] // 2:] = 255  # the right half white: a centre crop keeps both halves
+        Image.fromarray(pixels, mode="L").save(d / f"{k}.png")
+    with pytest.raises(DataError, match=r"folder:DIR\?size=N"):
+        load_data(f"folder:{tmp_path / 'photos'}", test_fraction=0.25)
+    splits = load_data(f"folder:{tmp_path / 'photos'}?size=16", test_fraction=0.25)
+    assert splits.image_size == (16, 16) and splits.train.name.endswith("?size=16")
+    images = torch.cat([splits.train.images, splits.test.images])
+    assert (images[:, 0, :, :6] < 60).all() and (images[:, 0, :, -6:] > 195).all()
+    with pytest.raises(DataError, match="whole number of pixels"):
+        load_data(f"folder:{tmp_path / 'photos'}?size=big")

@@ -248,7 +248,7 @@ def load_npz(path: str | Path, *, test_fraction: float = 0.1, seed: int = 0) -> 
                        test_fraction=test_fraction, seed=seed, test_given=f"x_test / y_test of {path.name}")
 
 
-def _check_square(x: torch.Tensor, where: Path | str) -> None:
+def _check_square(x: torch.Tensor, where: Path | str, fix: str = "") -> None:
     """Refuse images that are not square, before anything trains: every model, generator and VAE here is built
     for H = W (an `image_size`), and a scattering or a generator would fail mid-run."""
     h, w = x.shape[-2:]
@@ -256,7 +256,10 @@ def _check_square(x: torch.Tensor, where: Path | str) -> None:
         side = max(h, w)
         raise DataError(f"{where}: images are {h} x {w} (height x width); privdistill's models take square images. "
                         f"Pad them to {side} x {side} (e.g. np.pad with zeros, or the background value) or "
-                        "crop or resize them to a square first")
+                        f"crop or resize them to a square first{fix}")
+
+
+FOLDER_FIX = " (folder:DIR?size=N does that: the shorter side scaled to N, then the centre square)"
 
 
 def _read_image_folder(directory: Path, image_size: int | None, classes: list[str] | None):
@@ -277,8 +280,8 @@ def _read_image_folder(directory: Path, image_size: int | None, classes: list[st
                 if mode is None:
                     mode = "L" if img.mode in ("L", "1", "I;16", "I") else "RGB"
                 img = img.convert(mode)
-                if image_size:
-                    img = img.resize((image_size, image_size))
+                if image_size:  # the shorter side to image_size, then the centre square: no image is stretched
+                    img = F.center_crop(F.resize(img, image_size), [image_size, image_size])
                 t = F.pil_to_tensor(img)
         except (OSError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError
             raise DataError(f"{path} is not a readable image ({err})") from None
@@ -286,7 +289,8 @@ def _read_image_folder(directory: Path, image_size: int | None, classes: list[st
             size = tuple(t.shape)
         elif tuple(t.shape) != size:
             raise DataError(f"{path} has shape {tuple(t.shape)} but earlier images have {size}; "
-                            "pass an image size to resize them all.")
+                            "write folder:DIR?size=N to bring them all to N x N (the shorter side scaled to N, then "
+                            "the centre square)")
         images.append(t)
         labels.append(label)
     return torch.stack(images), torch.tensor(labels, dtype=torch.long), folder.classes
@@ -295,20 +299,25 @@ def _read_image_folder(directory: Path, image_size: int | None, classes: list[st
 def load_image_folder(directory: str | Path, *, image_size: int | None = None, test_fraction: float = 0.1,
                       seed: int = 0) -> DataSplits:
     """`DIR/<class>/<image>` (a test split is held out), or `DIR/train/<class>/...` + `DIR/test/<class>/...`."""
+    directory, _, size_spec = str(directory).partition("?size=")
+    if size_spec:
+        if not size_spec.isdigit() or not 4 <= int(size_spec) <= 512:
+            raise DataError(f"folder:{directory}?size={size_spec}: the size must be a whole number of pixels, 4..512")
+        image_size = int(size_spec)
     directory = Path(directory).expanduser()
     if not directory.is_dir():
         raise DataError(f"ImageFolder directory {directory} does not exist")
-    name = f"folder:{directory.name}"
+    name = f"folder:{directory.name}" + (f"?size={image_size}" if image_size else "")
     if (directory / "train").is_dir() and (directory / "test").is_dir():
         x, y, classes = _read_image_folder(directory / "train", image_size, None)
         xt, yt, _ = _read_image_folder(directory / "test", image_size, classes)
-        _check_square(x, directory)
+        _check_square(x, directory, FOLDER_FIX)
         k = len(classes)
         return DataSplits(train=ImageDataset(x, y, k, name=name, classes=tuple(classes), source=str(directory)),
                           test=ImageDataset(xt, yt, k, name=name, classes=tuple(classes), source=str(directory)),
                           test_from=f"the test/ folder of {directory.name}")
     x, y, classes = _read_image_folder(directory, image_size, None)
-    _check_square(x, directory)
+    _check_square(x, directory, FOLDER_FIX)
     data = ImageDataset(x, y, len(classes), name=name, classes=tuple(classes), source=str(directory))
     return holdout_split(data, test_fraction, seed)
 
