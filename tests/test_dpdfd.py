@@ -352,12 +352,38 @@ def test_python_api_distils_an_in_memory_teacher(tiny_npz, tmp_path, cache):
                 run_dir=str(tmp_path / "api"))
     with pytest.raises(ConfigError, match="needs the private dataset"):
         api.fit()
-    released = api.fit(f"npz:{tiny_npz}")
+    # an untrained teacher is at chance: refused before any step, naming the input scale it is fed (TINY warns)
+    refusing = DPDFD(teacher=teacher, steps=6, sigma=1, run_dir=str(tmp_path / "refused"),
+                     overrides=TINY + ["budget.epsilon=null", "run.plan_check=refuse"])
+    with pytest.raises(ConfigError, match=r"at chance on the .*test images.*--teacher-range"):
+        refusing.fit(f"npz:{tiny_npz}")
+    with pytest.warns(UserWarning, match="at chance"):
+        released = api.fit(f"npz:{tiny_npz}")
     assert released.summary["steps"] == 6 and released.summary["teacher"] == "in-memory PaperCNN"
     assert released.student(torch.zeros(2, 1, 28, 28)).shape == (2, 10) and released.generator is not None
     assert all(p["covered"] for art in released.privacy["artifacts"].values() for p in art)
     # the caller's model is left as it was (not moved, not switched to eval mode, weights untouched)
     assert teacher.training and all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+
+
+def test_a_teacher_trained_on_another_pixel_range_is_fed_its_own():
+    """TeacherSpec(input_range=(0, 1)) maps the [-1, 1] images this package feeds onto the teacher's [0, 1]."""
+    from privdistill.engine.teachers import TeacherSpec, load_teacher
+
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(x)
+            return x.flatten(1)[:, :2]
+
+    model, key = load_teacher(TeacherSpec(module=Probe(), input_range=(0, 1)), dataset="d", channels=1,
+                              num_classes=2, device=torch.device("cpu"))
+    model(torch.tensor([-1.0, 0.0, 1.0]).reshape(1, 1, 1, 3))
+    assert seen[-1].flatten().tolist() == [0.0, 0.5, 1.0] and key.endswith("-inputs0,1")
+    plain, plain_key = load_teacher(TeacherSpec(module=Probe()), dataset="d", channels=1, num_classes=2,
+                                    device=torch.device("cpu"))
+    assert plain_key != key
 
 
 def test_unreadable_teacher_files_are_clear_errors(tmp_path):

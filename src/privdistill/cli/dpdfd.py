@@ -42,13 +42,17 @@ def command(
         Optional[str], typer.Option("--torchvision", help="torchvision model name (with --weights)")
     ] = None,
     weights: Annotated[Optional[Path], typer.Option("--weights", help="state_dict file for --torchvision")] = None,
+    teacher_range: Annotated[Optional[str], typer.Option(
+        "--teacher-range", help="LO,HI: the pixel range the given teacher was trained on (e.g. 0,1 for ToTensor); "
+                                "default: this package's -1,1")] = None,
 ) -> None:
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
     extra = o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps)
     request = run.request(extra)
     spec = dpdfd.TeacherSpec(run_dir=str(teacher) if teacher else None,
                              module_file=str(teacher_module) if teacher_module else None,
-                             torchvision=torchvision_model, weights=str(weights) if weights else None)
+                             torchvision=torchvision_model, weights=str(weights) if weights else None,
+                             input_range=o.parse_range(teacher_range, "--teacher-range"))
     summary = dpdfd.run_dpdfd(request, teacher=spec, cache=not run.no_cache).summary
     show_summary({k: v for k, v in summary.items() if k != "history"},
                  title=f"DPDFD (Alg. {summary['algorithm']}) on {summary['dataset']}")

@@ -99,6 +99,19 @@ class SRRSetting(str, Enum):
     label_dp = "label-dp"
 
 
+def parse_range(text: str | None, option: str) -> tuple[float, float] | None:
+    """'0,1' -> (0.0, 1.0) for an option that takes LO,HI; None when not given."""
+    if text is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes LO,HI (e.g. 0,1), got {text!r}") from None
+    if not lo < hi:
+        raise typer.BadParameter(f"{option} needs LO < HI, got {text!r}")
+    return lo, hi
+
+
 def section_overrides(section: str, **values) -> dict[str, Any]:
     """{"section.key": value} for every dedicated option the user gave (None: not given, the preset decides).
     The values stay typed: only `--set` text is read by the field's type (config.CommandLineText)."""

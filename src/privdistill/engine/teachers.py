@@ -31,6 +31,9 @@ class TeacherSpec:
     torchvision: Optional[str] = None  # a torchvision model name, with `weights` (a state_dict file)
     weights: Optional[str] = None
     module: Optional[nn.Module] = None  # an in-memory model (Python API)
+    # the pixel range the teacher was trained on, e.g. (0, 1) for torchvision's ToTensor; None: this package's
+    # [-1, 1] (x / 127.5 - 1). Its inputs are mapped there linearly.
+    input_range: Optional[tuple[float, float]] = None
 
     @classmethod
     def of(cls, teacher: nn.Module | str | Path | TeacherSpec | None) -> TeacherSpec:
@@ -55,6 +58,11 @@ class TeacherSpec:
         if self.torchvision:
             return f"torchvision {self.torchvision} with {self.weights}"
         return "baseline stage"
+
+    def describe_inputs(self) -> str:
+        if self.input_range is None:
+            return ""
+        return f", inputs mapped to [{self.input_range[0]:g}, {self.input_range[1]:g}]"
 
 
 def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes: int,
@@ -81,7 +89,23 @@ def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes:
             model = _RepeatChannels(model, 3)
         else:
             raise ModelError(f"the teacher expects {want}-channel images; {dataset} has {channels}")
+    if spec.input_range is not None:
+        lo, hi = (float(v) for v in spec.input_range)
+        if not lo < hi:
+            raise ConfigError(f"the teacher's input range must be LO < HI, got {spec.input_range}")
+        model, key = _InputRange(model, lo, hi), f"{key}-inputs{lo:g},{hi:g}"
     return model.to(device).eval(), key
+
+
+class _InputRange(nn.Module):
+    """Feeds this package's images in [-1, 1] to a teacher trained on [lo, hi] (a fixed linear map)."""
+
+    def __init__(self, model: nn.Module, lo: float, hi: float):
+        super().__init__()
+        self.model, self.lo, self.hi = model, lo, hi
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model((x + 1) * ((self.hi - self.lo) / 2) + self.lo)
 
 
 def _from_run_dir(run_dir: str, dataset: str, device: torch.device) -> tuple[nn.Module, str]:

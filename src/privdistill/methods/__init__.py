@@ -12,8 +12,8 @@ from importlib import import_module
 
 _EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "DPSGD": "dpsgd", "PATE": "pate",
             "RunResult": "runner",
-            "RunRequest": "common", "Budget": "runner"}
-__all__ = ["DGD", "DPDFD", "DPSGD", "PATE", "SRR", "Budget", "RunRequest", "RunResult"]
+            "RunRequest": "common", "Budget": "runner", "TeacherSpec": "dpdfd"}
+__all__ = ["DGD", "DPDFD", "DPSGD", "PATE", "SRR", "Budget", "RunRequest", "RunResult", "TeacherSpec"]
 
 
 def __getattr__(name: str):
