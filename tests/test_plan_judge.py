@@ -107,3 +107,18 @@ def test_dgd_refusal_advises_cluster_votes_or_end_to_end_not_fewer_teachers(tiny
     assert "fewer teachers" not in per_sample
     clustered = refusal("default", 1)  # the default recipe already votes on clusters at ε <= 2
     assert "dgd.query_selection=clusters" not in clustered and "-r end-to-end" in clustered
+
+
+def test_a_refusal_never_advises_the_accounting_the_run_already_uses(tiny_npz, tmp_path):
+    """DPDFD refused under its paper's accounting was told to try "the paper's accounting": each other plan is
+    offered only where the run is not already it."""
+    def refusal(accounting, epsilon):
+        request = RunRequest(dataset=f"npz:{tiny_npz}", run_dir=str(tmp_path / f"{accounting}-{epsilon}"),
+                             dry_run=True, overrides=["run.recipe=paper", "dpdfd.batch_size=32",
+                                                      f"budget.accounting={accounting}", f"budget.epsilon={epsilon}"])
+        with pytest.raises(PlanRefused) as err:
+            run_dpdfd(request)
+        return str(err.value)
+
+    assert "--accounting paper" in refusal("strict", 10)
+    assert "--accounting paper" not in refusal("paper", 0.001)

@@ -48,16 +48,30 @@ SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS = 1, 3
 # and the naming gives every class one, so about one informative answer a class is what they need
 CLUSTER_REFUSE_PER_CLASS, CLUSTER_WEAK_PER_CLASS = 0.5, 0.9
 #: other plans of the same method to try where the budget cannot teach with this one
+def _recipe(ctx: "Context") -> str:
+    return ctx.section("run").recipe
+
+
+def _accounting(ctx: "Context") -> str:
+    return ctx.budget.accounting
+
+
+# each method's other plans, with what says the run already is that plan (no advice to do what it does)
+END_TO_END = ("the end-to-end recipe (-r end-to-end: a DP-SGD teacher, one ε for the whole model)",
+              lambda ctx: _recipe(ctx) == "end-to-end")
 OTHER_PLANS = {
-    "srr": ["the end-to-end recipe (-r end-to-end: a DP-SGD teacher, one ε for the whole model)",
-            "the paper's accounting (--accounting paper: ε per label, which is not a guarantee for the model)"],
+    "srr": [END_TO_END,
+            ("the paper's accounting (--accounting paper: ε per label, which is not a guarantee for the model)",
+             lambda ctx: _accounting(ctx) == "paper")],
     # not "fewer teachers" as for PATE: DGD's vote noise is lowered with the teacher count (privacy/vote_noise.py),
     # so at one ε fewer teachers buy fewer answers, not better ones
-    "dgd": ["cluster votes (--set dgd.query_selection=clusters: each answer names a whole cluster of the pool, "
-            "about one a class is enough)",
-            "the end-to-end recipe (-r end-to-end: a DP-SGD source labels the pool, one ε for the whole model)"],
-    "pate": ["fewer teachers, each on more records (--set teachers.num_teachers=N)"],
-    "dpdfd": ["the paper's accounting (--accounting paper), as the paper counts"],
+    "dgd": [("cluster votes (--set dgd.query_selection=clusters: each answer names a whole cluster of the pool, "
+             "about one a class is enough)", lambda ctx: ctx.section("dgd").query_selection == "clusters"),
+            ("the end-to-end recipe (-r end-to-end: a DP-SGD source labels the pool, one ε for the whole model)",
+             END_TO_END[1])],
+    "pate": [("fewer teachers, each on more records (--set teachers.num_teachers=N)", lambda ctx: False)],
+    "dpdfd": [("the paper's accounting (--accounting paper), as the paper counts",
+               lambda ctx: _accounting(ctx) == "paper")],
 }
 R_REFUSE, R_WEAK = 3.0, 0.3  # gradient noise-to-signal ratios (module docstring)
 # DPDFD's student learns through a generator the same noised gradients steer: chance from r 1.0 on (research log,
@@ -185,13 +199,6 @@ def nearest_epsilon(method: "Method", ctx: "Context", tries: int = 7) -> float |
     return None
 
 
-def _already(option: str, ctx: "Context") -> bool:
-    """Whether the run already is the plan `option` names (no advice to do what it does)."""
-    if "dgd.query_selection=clusters" in option:
-        return ctx.section("dgd").query_selection == "clusters"
-    return "-r end-to-end" in option and ctx.section("run").recipe == "end-to-end"
-
-
 def check_plan(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
     """Judge the plan: refuse (PlanRefused, naming the nearest plan that would pass) or warn (WeakPlanWarning);
     the verdict's line goes first among the plan's notes."""
@@ -207,7 +214,7 @@ def check_plan(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None
         nearer = nearest_epsilon(method, ctx)
         options = [f"ε = {nearer:g} with this method and recipe" if nearer else
                    f"no ε up to {2 ** 7:g} times the target with this method"]
-        options += [o for o in OTHER_PLANS.get(method.name, []) if not _already(o, ctx)]
+        options += [advice for advice, already in OTHER_PLANS.get(method.name, []) if not already(ctx)]
         if method.name != "dpsgd":
             options.append("DP-SGD on the private data itself (privdistill dpsgd, judged the same way)")
         raise PlanRefused(f"this plan cannot teach anything: {verdict.buys}; {verdict.rule}. Nearest plans that "
