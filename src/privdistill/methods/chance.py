@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from privdistill.engine.trainer import predict_logits
+from privdistill.errors import ConfigError
 
 #: the least margin above the largest class's share that counts as learning something (3 points)
 CHANCE_MARGIN = 0.03
@@ -83,3 +84,25 @@ def evaluate_release(model: torch.nn.Module, test, env) -> tuple[float, dict[str
         fields["warning"] = warning
         warnings.warn(warning, ChanceWarning, stacklevel=2)
     return accuracy, fields
+
+
+def given_teacher_accuracy(model: torch.nn.Module, test, env, *, named: str, refuse: bool) -> float:
+    """A teacher the user brings (DPDFD), on the test split as it is fed here: its accuracy, refused (`refuse`, else
+    a ChanceWarning) before any step when at chance by this module's rule: DPDFD passes on only what the teacher
+    knows, and the usual cause is a teacher trained on another input scale than the [-1, 1] it is fed."""
+    if len(test) == 0:
+        return float("nan")
+    predictions = predict_logits(model, test.images, env).argmax(1)
+    check = chance_check(predictions, test.labels, test.num_classes, test.classes)
+    if check["at_chance"]:
+        message = (f"the teacher ({named}) is at chance on the {check['test_records']} test images: "
+                   f"{check['accuracy']:.1%} right (largest class {check['majority_share']:.1%}); DPDFD passes on only "
+                   "what the teacher knows. It is fed images scaled to [-1, 1] (x / 127.5 - 1): if it was trained on "
+                   "another scale, say which (--teacher-range 0,1; Python: TeacherSpec(module=..., input_range=(0, "
+                   "1))); a teacher that expects normalised inputs can be wrapped with its normalisation in Python "
+                   "and saved for --teacher-module. (--set run.plan_check=warn runs it all the same)")
+        if refuse:
+            raise ConfigError(message)
+        warnings.warn(message, ChanceWarning, stacklevel=2)
+    return float((predictions == test.labels).float().mean())
+

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -44,9 +43,9 @@ from privdistill.engine.optim import make_optimizer, set_lr, weight_average
 from privdistill.engine.run import RunDir
 from privdistill.engine.synthetic import save_generator_grid
 from privdistill.engine.teachers import TeacherSpec, load_teacher
-from privdistill.engine.trainer import evaluate, predict_logits
+from privdistill.engine.trainer import evaluate
 from privdistill.errors import BudgetExceededError, ConfigError
-from privdistill.methods.chance import ChanceWarning, chance_check
+from privdistill.methods.chance import given_teacher_accuracy
 from privdistill.methods.common import MethodAPI, RunRequest
 from privdistill.methods.dkd import generator_loss, logit_gradients, student_loss
 from privdistill.methods.dpdfd_plan import (
@@ -286,28 +285,6 @@ class DPDFDMethod(Method):
                     "privacy": statement, "total_seconds": round(time.perf_counter() - ctx.started, 1)})
 
 
-def _check_given_teacher(ctx: Context, model: nn.Module, spec: TeacherSpec) -> float:
-    """The given teacher's accuracy on the test split, refused before any step when it is at chance (methods/chance.py's
-    rule): DPDFD passes on only what the teacher knows, and the usual cause is a teacher trained on another input
-    scale than the [-1, 1] it is fed here."""
-    if len(ctx.data.test) == 0:
-        return float("nan")
-    predictions = predict_logits(model, ctx.data.test.images, ctx.env).argmax(1)
-    check = chance_check(predictions, ctx.data.test.labels, ctx.data.num_classes, ctx.data.test.classes)
-    if check["at_chance"]:
-        message = (f"the teacher ({spec.describe()}{spec.describe_inputs()}) is at chance on the "
-                   f"{check['test_records']} test images: {check['accuracy']:.1%} right (largest class "
-                   f"{check['majority_share']:.1%}); DPDFD passes on only what the teacher knows. It is fed "
-                   "images scaled to [-1, 1] (x / 127.5 - 1): if it was trained on another scale, say which "
-                   "(--teacher-range 0,1; Python: TeacherSpec(module=..., input_range=(0, 1))); a teacher that "
-                   "expects normalised inputs can be wrapped with its normalisation in Python and saved for "
-                   "--teacher-module. (--set run.plan_check=warn runs it all the same)")
-        if ctx.section("run").plan_check == "refuse":
-            raise ConfigError(message)
-        warnings.warn(message, ChanceWarning, stacklevel=2)
-    return float((predictions == ctx.data.test.labels).float().mean())
-
-
 def _teacher(ctx: Context, cfg: DPDFDConfig, log: dict) -> _Teacher:
     """Alg. 1: the given teacher, else the cached baseline stage; Alg. 2: the cached disjoint teachers; Alg. 3: none."""
     if cfg.algorithm == 3:
@@ -321,7 +298,9 @@ def _teacher(ctx: Context, cfg: DPDFDConfig, log: dict) -> _Teacher:
     if spec.given():
         model, key = load_teacher(spec, dataset=ctx.dataset, channels=ctx.data.channels,
                                   num_classes=ctx.data.num_classes, device=ctx.env.device)
-        return _Teacher(model, key, _check_given_teacher(ctx, model, spec), spec.describe() + spec.describe_inputs())
+        accuracy = given_teacher_accuracy(model, ctx.data.test, ctx.env, named=spec.describe() + spec.describe_inputs(),
+                                          refuse=ctx.section("run").plan_check == "refuse")
+        return _Teacher(model, key, accuracy, spec.describe() + spec.describe_inputs())
     bcfg: ClassifierTraining = ctx.section("baseline")
     model, stage = _timed(lambda: ctx.stages.baseline(bcfg), log)
     return _Teacher(model, stage.key, stage.info().get("test_accuracy"), f"baseline stage {stage.key} ({bcfg.model})")
