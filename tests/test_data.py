@@ -263,7 +263,7 @@ def test_npz_pixel_scale_is_never_guessed_when_ambiguous(tmp_path):
     assert stated.train.name != load_data(f"npz:{tmp_path / 'digits.npz'}?range=0,32").train.name
     np.savez(tmp_path / "stored.npz", x=x, y=np.arange(40) % 4, value_range=[0, 16])  # the file may say it too
     assert int(load_data(f"npz:{tmp_path / 'stored.npz'}").train.images.max()) == 255
-    with pytest.raises(DataError, match="outside the stated range"):
+    with pytest.raises(DataError, match="outside the range they are read on"):
         load_data(f"npz:{tmp_path / 'digits.npz'}?range=0,8")
     with pytest.raises(DataError, match="LO,HI"):
         load_data(f"npz:{tmp_path / 'digits.npz'}?range=sixteen")
@@ -277,6 +277,16 @@ def test_npz_pixel_scale_is_never_guessed_when_ambiguous(tmp_path):
     bright = rng.integers(0, 256, size=(40, 8, 8)).astype(np.int64)  # 0..255 in int64: unambiguous, as before
     np.savez(tmp_path / "bright.npz", x=bright, y=np.arange(40) % 4)
     assert int(load_data(f"npz:{tmp_path / 'bright.npz'}").train.images.max()) > 200
+    # the same 0..16 digits cast to uint8 (as scikit-learn's are, saved to save space) were read as 0..255
+    np.savez(tmp_path / "uint8.npz", x=x.astype(np.uint8), y=np.arange(40) % 4)
+    with pytest.raises(DataError, match=r"range=0,16"):
+        load_data(f"npz:{tmp_path / 'uint8.npz'}")
+    assert int(load_data(f"npz:{tmp_path / 'uint8.npz'}?range=0,16").train.images.max()) == 255
+    # a test split is read on the training images' scale, not guessed again: [0, 1] floats against 0..255 uint8
+    np.savez(tmp_path / "mixed.npz", x=rng.random((40, 8, 8)), y=np.arange(40) % 4,
+             x_test=bright[:10].astype(np.uint8), y_test=np.arange(10) % 4)
+    with pytest.raises(DataError, match=r"x_test.*outside the range they are read on, \[0, 1\]"):
+        load_data(f"npz:{tmp_path / 'mixed.npz'}")
 
 
 def test_data_inspect_shows_scale_counts_and_a_grid(tmp_path, tiny_npz):
@@ -291,7 +301,11 @@ def test_data_inspect_shows_scale_counts_and_a_grid(tmp_path, tiny_npz):
     dark = np.zeros((40, 8, 8), np.uint8)
     dark[:, 2:4, 2:4] = 3
     np.savez(tmp_path / "dark.npz", x=dark, y=np.arange(40) % 2)
+    # uint8 pixels that never pass 127 are not read as 0..255 without being told (sklearn's 0..16 digits cast to
+    # uint8 would train as black images): asked for the scale; told 0..255, inspect still warns of the dark images
     result = CliRunner().invoke(get_app(), ["data", "inspect", f"npz:{tmp_path / 'dark.npz'}"])
+    assert result.exit_code != 0 and "range=0,3" in " ".join(str(result.exception).split())
+    result = CliRunner().invoke(get_app(), ["data", "inspect", f"npz:{tmp_path / 'dark.npz'}?range=0,255"])
     assert "nearly uniform images" in " ".join(result.output.split())
 
 

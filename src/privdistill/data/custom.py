@@ -48,7 +48,7 @@ def _as_uint8_images(x: np.ndarray, path: Path | str, key: str,
                         f"N x H x W x C with C in {{1, 3}}. {NPZ_HELP}")
     if len(x) == 0:
         raise DataError(f"{path}: array {key!r} holds no images. {NPZ_HELP}")
-    if x.dtype == np.uint8 and value_range is None:
+    if x.dtype == np.uint8 and value_range is None and x.size and int(x.max()) >= AMBIGUOUS_BELOW:
         return torch.from_numpy(np.ascontiguousarray(x)), (0.0, 255.0)
     if not np.issubdtype(x.dtype, np.number):
         raise DataError(f"{path}: array {key!r} has dtype {x.dtype}; expected numbers. {NPZ_HELP}")
@@ -58,8 +58,8 @@ def _as_uint8_images(x: np.ndarray, path: Path | str, key: str,
     if value_range is not None:  # the user said what the scale is
         low, high = value_range
         if lo < low or hi > high:
-            raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}], outside the stated range "
-                            f"[{low:g}, {high:g}]")
+            raise DataError(f"{path}: pixel values of {key!r} lie in [{lo:g}, {hi:g}], outside the range they are "
+                            f"read on, [{low:g}, {high:g}] (the stated one, or that of the training images 'x')")
         x = (x.astype(np.float64) - low) * (255.0 / (high - low))
         scale = (float(low), float(high))
     elif lo >= 0.0 and hi <= 1.0:
@@ -68,10 +68,10 @@ def _as_uint8_images(x: np.ndarray, path: Path | str, key: str,
     elif lo < 0.0 or hi > 255.0:
         raise PixelScaleError(path, f"pixel values of {key!r} lie in [{lo:g}, {hi:g}]; expected [0, 1] or [0, 255]",
                               ", or state the scale: npz:PATH?range=LO,HI (or an array value_range in the file)")
-    elif hi < AMBIGUOUS_BELOW:
+    elif hi < AMBIGUOUS_BELOW:  # uint8 too: sklearn's 0..16 digits cast to uint8 would read as black images
         raise PixelScaleError(path, f"pixel values of {key!r} lie in [{lo:g}, {hi:g}]: is that scale 0..255 (dark "
                               f"images) or 0..{hi:g}?", f" State it: npz:PATH?range=0,{hi:g} (or an array value_range "
-                              f"= [0, {hi:g}] in the file); 0..255 data is read without asking when stored as uint8")
+                              f"= [0, {hi:g}] in the file; range=0,255 for dark images)")
     else:
         scale = (0.0, 255.0)
     return torch.from_numpy(np.ascontiguousarray(np.rint(x).astype(np.uint8))), scale
@@ -195,7 +195,8 @@ def _splits(arrays, where: Path | str, *, name: str, source: str, range_spec: st
     y = _as_labels(_numbered(arrays["y"], named), len(x), where, "y")
     test = None
     if has_test:
-        xt, _ = _as_uint8_images(np.asarray(arrays["x_test"]), where, "x_test", value_range)
+        # on the training images' scale: a test split whose darkest-brightest span differs is not re-guessed
+        xt, _ = _as_uint8_images(np.asarray(arrays["x_test"]), where, "x_test", value_range or scale)
         yt = _as_labels(_numbered(arrays["y_test"], named), len(xt), where, "y_test")
         test = (xt, yt)
     present = len(torch.unique(y))
