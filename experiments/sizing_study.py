@@ -48,9 +48,11 @@ STUDIES = {
     "pate-teachers": ("pate", [], "teachers count and batch, vote noise (Confident-GNMax T, σ1, σ2)"),
     "srr-labels": ("srr", ["--accounting", "paper"], "num_samples <= N, SRR teacher's steps, student epochs"),
     "dgd-teachers": ("dgd", [], "teachers count and batch, vote noise, baseline steps"),
+    "dpsgd-recipe-steps": ("dpsgd", [], "the default recipe's epochs raised while each step's noise-to-signal "
+                                        "ratio stays at most 0.3"),
 }
 DEFAULT_EPSILONS = {"dpsgd-steps": (1.0, 10.0), "pate-teachers": (10.0,), "srr-labels": (10.0,),
-                    "dgd-teachers": (10.0,)}
+                    "dgd-teachers": (10.0,), "dpsgd-recipe-steps": (10.0,)}
 LIGHT = ["run.threads=1"]  # one core: the machine has two and another training runs beside this study
 NOTE = re.compile(r"sized to the data: (\w+)\.(\w+) (\S+) -> (\S+):")
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from privdistill.errors import ConfigError
 from privdistill.methods.common import sections_at_epsilon
-from privdistill.models import create_model
+from privdistill.methods.sizing import dpsgd_noise_ratio, trainable_parameters
 from privdistill.privacy.events import (
     ConfidentGaussianQueries,
     GaussianQueries,
@@ -169,12 +169,9 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
 
 
 def _dpsgd_ratio(ctx: "Context", plan: "Plan") -> float:
-    cfg, train = ctx.section("dpsgd"), ctx.data.train
-    model = create_model(cfg.model, kind="classifier", in_channels=train.channels, num_classes=train.num_classes,
-                         image_size=train.image_size[0])
-    d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    batch = plan.details["sample_rate"] * len(train)
-    return plan.details["sigma"] * math.sqrt(d) / (batch * math.sqrt(plan.details["total"]))
+    batch = plan.details["sample_rate"] * len(ctx.data.train)
+    return dpsgd_noise_ratio(plan.details["sigma"], trainable_parameters(ctx.section("dpsgd").model, ctx.data), batch,
+                             plan.details["total"])
 
 
 def nearest_epsilon(method: "Method", ctx: "Context", tries: int = 7) -> float | None:
