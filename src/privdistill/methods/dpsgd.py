@@ -291,36 +291,39 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
         if abs(loop.extra["noise_multiplier"] - p.sigma) > 1e-12:
             raise ConfigError("the checkpoint's noise multiplier differs from this run's: cannot resume")
     p.model.train()
-    for epoch in loop:
-        if cfg.secure_mode:  # batches nobody can re-derive (the noise does not use noise_gen at all)
-            p.sample_gen.manual_seed(secrets.randbits(63))
-        else:
-            p.sample_gen.manual_seed(env.generator(streams.DPSGD_SAMPLE, env.seed, epoch).initial_seed())
-            p.noise_gen.manual_seed(env.generator(streams.DPSGD_NOISE, env.seed, epoch).initial_seed())
-        running, seen = 0.0, 0
-        for i, (x, y) in enumerate(p.loader):
-            step = epoch * per_epoch + i
-            for g, lr in zip(p.optimizer.param_groups, base_lrs):
-                g["lr"] = lr * lr_factor(cfg.lr_schedule, step, total)
-            if not isinstance(p.model, ScatterNet):  # (a ScatterNet's copies are augmented in its features)
-                x = augment_batch(to_float(x), cfg.augment, env.generator(streams.DPSGD_AUGMENT, epoch, i))
-            x, y = x.to(env.device), y.to(env.device)
-            p.optimizer.zero_grad(set_to_none=True)
-            if len(x):
-                out = p.dp_model(x)  # [B, classes], or [B, copies, classes]: the loss averages the copies
-                if p.criterion is not None:  # ghost clipping: Opacus's loss runs both backward passes
-                    loss = p.criterion(out, y)
+    with warnings.catch_warnings():
+        # Opacus's hooks on a model whose inputs need no gradient warn at every backward pass: nothing to act on
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        for epoch in loop:
+            if cfg.secure_mode:  # batches nobody can re-derive (the noise does not use noise_gen at all)
+                p.sample_gen.manual_seed(secrets.randbits(63))
+            else:
+                p.sample_gen.manual_seed(env.generator(streams.DPSGD_SAMPLE, env.seed, epoch).initial_seed())
+                p.noise_gen.manual_seed(env.generator(streams.DPSGD_NOISE, env.seed, epoch).initial_seed())
+            running, seen = 0.0, 0
+            for i, (x, y) in enumerate(p.loader):
+                step = epoch * per_epoch + i
+                for g, lr in zip(p.optimizer.param_groups, base_lrs):
+                    g["lr"] = lr * lr_factor(cfg.lr_schedule, step, total)
+                if not isinstance(p.model, ScatterNet):  # (a ScatterNet's copies are augmented in its features)
+                    x = augment_batch(to_float(x), cfg.augment, env.generator(streams.DPSGD_AUGMENT, epoch, i))
+                x, y = x.to(env.device), y.to(env.device)
+                p.optimizer.zero_grad(set_to_none=True)
+                if len(x):
+                    out = p.dp_model(x)  # [B, classes], or [B, copies, classes]: the loss averages the copies
+                    if p.criterion is not None:  # ghost clipping: Opacus's loss runs both backward passes
+                        loss = p.criterion(out, y)
+                        loss.backward()
+                        running += float(loss.item()) * len(x)
+                        seen += len(x)
+                        p.optimizer.step()
+                        continue
+                    loss = F.cross_entropy(out.flatten(0, -2), y.repeat_interleave(out[0].numel() // out.shape[-1]))
                     loss.backward()
-                    running += float(loss.item()) * len(x)
+                    running += float(loss.detach()) * len(x)
                     seen += len(x)
-                    p.optimizer.step()
-                    continue
-                loss = F.cross_entropy(out.flatten(0, -2), y.repeat_interleave(out[0].numel() // out.shape[-1]))
-                loss.backward()
-                running += float(loss.detach()) * len(x)
-                seen += len(x)
-            p.optimizer.step()
-        loop.extra.update(accountant=p.engine.accountant.state_dict(), noise_multiplier=p.sigma)
-        loop.record({"train_loss": round(running / max(1, seen), 4)})  # evaluation, log, checkpoint
+                p.optimizer.step()
+            loop.extra.update(accountant=p.engine.accountant.state_dict(), noise_multiplier=p.sigma)
+            loop.record({"train_loss": round(running / max(1, seen), 4)})  # evaluation, log, checkpoint
     result = loop.finish()
     return result.wall_seconds, result.history
