@@ -19,6 +19,7 @@ from privdistill.methods.dpsgd import DPSGDMethod
 from privdistill.methods.pate import PATEMethod
 from privdistill.methods.runner import Budget
 from privdistill.methods.sizing import (
+    CLUSTER_VOTES_BELOW,
     GENERATOR_FLOOR,
     MAX_STUDENT_PASSES,
     MAX_TEACHER_PASSES,
@@ -99,6 +100,10 @@ def test_recipe_values_measured_on_the_builtin_data_are_refitted_where_no_recipe
     assert with_recipe(1500, overrides=["dgd.query_selection=diverse"])[0]["dgd"].query_selection == "diverse"
     assert with_recipe(60000, dataset="mnist", overrides=["teachers.num_teachers=10"])[0]["dgd"].query_selection \
         == "diverse"  # 10 teachers the user chose, each on 6,000 records
+    # the rule reads the teachers' shares, not whether their count was lowered: 250 teachers of 20 records (5k) vote
+    # on clusters (measured +17 points on MNIST), of CLUSTER_VOTES_BELOW or more on single samples
+    assert with_recipe(5000)[0]["dgd"].query_selection == "clusters"
+    assert with_recipe(250 * CLUSTER_VOTES_BELOW)[0]["dgd"].query_selection == "diverse"
     # and the generator's rounds, in proportion to N but at least half the recipe's 12
     assert sections["generator"].rounds == 12 * GENERATOR_FLOOR == 6
     assert with_recipe(45000)[0]["generator"].rounds == 9 and with_recipe(59999)[0]["generator"].rounds == 12
