@@ -46,7 +46,7 @@ DATASETS = {"mnist": "mnist", "fashion-mnist": "fashion-mnist"}
 STUDIES = {
     "dpsgd-steps": ("dpsgd", ["-r", "paper"], "at least MIN_STEPS optimiser steps (DP-SGD's network)"),
     "pate-teachers": ("pate", [], "teachers count and batch, vote noise (Confident-GNMax T, σ1, σ2)"),
-    "srr-labels": ("srr", ["--accounting", "paper"], "num_samples <= N, SRR teacher's steps, student epochs"),
+    "srr-labels": ("srr", ["--accounting", "paper"], "SRR teacher's steps, student epochs (the labels are not capped)"),
     "dgd-teachers": ("dgd", [], "teachers count and batch, vote noise, baseline steps"),
     "dpsgd-recipe-steps": ("dpsgd", [], "the default recipe's epochs raised while each step's noise-to-signal "
                                         "ratio stays at most 0.3"),
