@@ -5,6 +5,7 @@ Prints a markdown table and writes the rows as JSON (docs/results.md, "Data of y
     python experiments/small_digits.py /tmp/own/small.npz
     python experiments/own_data.py 'npz:/tmp/own/small.npz?range=0,16' docs/diagnostics/own-data-small-digits.json
     python experiments/own_data.py SPEC OUT.json dgd        # re-run only these methods' rows, keep the others
+    python experiments/own_data.py SPEC OUT.json srr:default  # only this method's recipe
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def main(spec: str, out: str, only: list[str]) -> None:
     root = Path(tempfile.mkdtemp(prefix="own-data-"))
     kept = json.loads(Path(out).read_text()) if only and Path(out).is_file() else []
     kept = {(r["method"], r["recipe"], r["epsilon"]): r for r in kept}
-    rows = [run_cell(spec, m, extra, e, root) if not only or m in only
+
+    def chosen(method: str, extra: list[str]) -> bool:
+        return not only or method in only or f"{method}:{recipe_of(extra)}" in only
+
+    rows = [run_cell(spec, m, extra, e, root) if chosen(m, extra)
             else kept[(m, recipe_of(extra), e)] for m, extra in CELLS for e in (1.0, 10.0)]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(rows, indent=1) + "\n")
