@@ -263,3 +263,12 @@ def test_a_small_npz_runs_every_method_with_the_default_preset(method, tmp_path,
         assert "num_samples 60000 > the 600 private records" in notes
     if method in ("dgd", "dpdfd"):  # the non-private baseline learnt the 0..16 data: it was read on its own scale
         assert summary["baseline_accuracy"] > 0.5
+
+
+def test_srr_settings_without_a_teacher_get_no_teacher_note():
+    # label-DP SRR and SRR end to end never train `srr_teacher`: refitting it would be a plan line about nothing
+    for overrides in (["srr.setting=label-dp"], ["budget.privacy=end-to-end"]):
+        sections, notes = fitted("srr", 1500, overrides=overrides)
+        assert sections["srr_teacher"].epochs == 3 and not any("srr_teacher" in note for note in notes)
+    sections, notes = fitted("srr", 1500)
+    assert any("srr_teacher.epochs 3 ->" in note for note in notes)

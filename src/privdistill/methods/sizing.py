@@ -170,7 +170,8 @@ def _fit_training_lengths(fitted: dict[str, Any], n: int, free, change) -> None:
     DP-SGD's, whose σ is calibrated for them afterwards) and for SRR's student over its stages."""
     for section in PRIVATE_CLASSIFIERS:
         cfg = fitted.get(section)
-        if cfg is None or getattr(cfg, "steps", 0) > 0 or not free(section, "epochs"):
+        if (cfg is None or getattr(cfg, "steps", 0) > 0 or not free(section, "epochs")
+                or (section == "srr_teacher" and not _srr_trains_its_teacher(fitted))):
             continue
         floor = MIN_DPSGD_STEPS if section == "dpsgd" else MIN_STEPS
         if cfg.epochs * n / cfg.batch_size < floor:
@@ -191,6 +192,13 @@ def _fit_training_lengths(fitted: dict[str, Any], n: int, free, change) -> None:
         if steps < MIN_STEPS:
             change("srr", "epochs_per_stage", float(math.ceil(cfg.epochs_per_stage * MIN_STEPS / steps)),
                    f"at least {MIN_STEPS} student steps over the {cfg.stages} stages")
+
+
+def _srr_trains_its_teacher(fitted: dict[str, Any]) -> bool:
+    """Label-DP SRR randomises the private labels and SRR end to end labels by a DP-SGD source (`dp_source`): neither
+    trains `srr_teacher`, so a plan note refitting it would describe a model that is never trained."""
+    budget = fitted.get("budget")
+    return fitted["srr"].setting != "label-dp" and getattr(budget, "privacy", "method") != "end-to-end"
 
 
 def _fit_dpsgd_recipe_steps(fitted: dict[str, Any], data: DataSplits, free, change) -> None:
