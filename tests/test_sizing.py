@@ -265,10 +265,14 @@ def test_a_small_npz_runs_every_method_with_the_default_preset(method, tmp_path,
         assert summary["baseline_accuracy"] > 0.5
 
 
-def test_srr_settings_without_a_teacher_get_no_teacher_note():
+def test_no_plan_note_refits_a_classifier_the_run_never_trains():
     # label-DP SRR and SRR end to end never train `srr_teacher`: refitting it would be a plan line about nothing
     for overrides in (["srr.setting=label-dp"], ["budget.privacy=end-to-end"]):
         sections, notes = fitted("srr", 1500, overrides=overrides)
         assert sections["srr_teacher"].epochs == 3 and not any("srr_teacher" in note for note in notes)
     sections, notes = fitted("srr", 1500)
     assert any("srr_teacher.epochs 3 ->" in note for note in notes)
+    # nor DGD's baseline end to end (a DP-SGD source labels and steers instead)
+    _, notes = fitted("dgd", 1500, overrides=["budget.privacy=end-to-end"])
+    assert not any("baseline.epochs" in note for note in notes)
+    assert any("baseline.epochs" in note for note in fitted("dgd", 1500)[1])

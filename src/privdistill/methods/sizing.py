@@ -171,7 +171,7 @@ def _fit_training_lengths(fitted: dict[str, Any], n: int, free, change) -> None:
     for section in PRIVATE_CLASSIFIERS:
         cfg = fitted.get(section)
         if (cfg is None or getattr(cfg, "steps", 0) > 0 or not free(section, "epochs")
-                or (section == "srr_teacher" and not _srr_trains_its_teacher(fitted))):
+                or not _trained(fitted, section)):
             continue
         floor = MIN_DPSGD_STEPS if section == "dpsgd" else MIN_STEPS
         if cfg.epochs * n / cfg.batch_size < floor:
@@ -194,11 +194,16 @@ def _fit_training_lengths(fitted: dict[str, Any], n: int, free, change) -> None:
                    f"at least {MIN_STEPS} student steps over the {cfg.stages} stages")
 
 
-def _srr_trains_its_teacher(fitted: dict[str, Any]) -> bool:
-    """Label-DP SRR randomises the private labels and SRR end to end labels by a DP-SGD source (`dp_source`): neither
-    trains `srr_teacher`, so a plan note refitting it would describe a model that is never trained."""
-    budget = fitted.get("budget")
-    return fitted["srr"].setting != "label-dp" and getattr(budget, "privacy", "method") != "end-to-end"
+def _trained(fitted: dict[str, Any], section: str) -> bool:
+    """Whether the run trains this classifier: end to end, a DP-SGD source (`dp_source`) takes the place of DGD's
+    baseline and of SRR's teacher, and label-DP SRR randomises the private labels without a teacher. A plan note
+    refitting a model that is never trained would mislead."""
+    end_to_end = getattr(fitted.get("budget"), "privacy", "method") == "end-to-end"
+    if section == "srr_teacher":
+        return fitted["srr"].setting != "label-dp" and not end_to_end
+    if section == "baseline" and "dgd" in fitted:
+        return not end_to_end
+    return True
 
 
 def _fit_dpsgd_recipe_steps(fitted: dict[str, Any], data: DataSplits, free, change) -> None:
