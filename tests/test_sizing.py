@@ -100,9 +100,11 @@ def test_recipe_values_measured_on_the_builtin_data_are_refitted_where_no_recipe
     assert with_recipe(1500, overrides=["dgd.query_selection=diverse"])[0]["dgd"].query_selection == "diverse"
     assert with_recipe(60000, dataset="mnist", overrides=["teachers.num_teachers=10"])[0]["dgd"].query_selection \
         == "diverse"  # 10 teachers the user chose, each on 6,000 records
-    # the rule reads the teachers' shares, not whether their count was lowered: 250 teachers of 20 records (5k) vote
-    # on clusters (measured +17 points on MNIST), of CLUSTER_VOTES_BELOW or more on single samples
+    # the rule reads the teachers' shares, not whether their count was lowered: 250 teachers of 20 records (5k) or 80
+    # (20k) vote on clusters (measured +17 and +8 points on MNIST), of CLUSTER_VOTES_BELOW or more on single samples
     assert with_recipe(5000)[0]["dgd"].query_selection == "clusters"
+    assert with_recipe(20000)[0]["dgd"].query_selection == "clusters"
+    assert with_recipe(40000)[0]["dgd"].query_selection == "diverse"
     assert with_recipe(250 * CLUSTER_VOTES_BELOW)[0]["dgd"].query_selection == "diverse"
     # and the generator's rounds, in proportion to N but at least half the recipe's 12
     assert sections["generator"].rounds == 12 * GENERATOR_FLOOR == 6

@@ -40,9 +40,10 @@ from privdistill.privacy.vote_noise import scale_for_accuracy
 MIN_PARTITION = 100  # records per PATE / DPDFD teacher: below ~100 records of 10 classes a small CNN is weak
 MIN_VOTER_RECORDS = 15  # records per DGD voter: more, weaker voters buy more answers, right about as often down to 15
 MAX_TEACHER_PASSES = 100  # a teacher whose share is under a batch: no gain past ~100 passes, a third of the time
-# DGD's teachers on shares smaller than this vote on clusters of the pool: at ε 10, teachers of 15 records (1k
-# MNIST) and of 20 (5k MNIST / Fashion-MNIST: 93.95 / 73.95 % against 76.80 / 68.45 % for single samples)
-CLUSTER_VOTES_BELOW = 40
+# DGD's teachers on shares smaller than this vote on clusters of the pool. At ε 10 on MNIST, cluster votes against
+# single samples: 20 records a teacher (5k) 93.95 / 76.80 %, 80 (20k) 93.40 / 85.65 %; 160 (40k) 83.20 / 87.10 %,
+# 240 (60k) 72.04 / 95.24 % (research log, "Cluster votes by share")
+CLUSTER_VOTES_BELOW = 120
 POOL_PER_RECORD = 4  # DGD's pool of queries: larger pools did not teach more on small data and cost build time
 # DGD's generator learns from the baseline alone, the largest cost left on small data: rounds in proportion to N
 PRESET_RECORDS = 60_000  # what the presets and recipes are written for (MNIST's training set)
