@@ -6,6 +6,9 @@ Prints a markdown table and writes the rows as JSON (docs/results.md, "Data of y
     python experiments/own_data.py 'npz:/tmp/own/small.npz?range=0,16' docs/diagnostics/own-data-small-digits.json
     python experiments/own_data.py SPEC OUT.json dgd        # re-run only these methods' rows, keep the others
     python experiments/own_data.py SPEC OUT.json srr:default  # only this method's recipe
+    python experiments/own_data.py --doc docs/results.md      # rewrite its "Data of your own" tables from the JSON
+
+A row's optional "wall_note" (e.g. which stages came from the cache) is printed beside its wall time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 CELLS = [("dpsgd", []), ("srr", ["--recipe", "label-dp"]), ("srr", []), ("pate", []), ("dgd", []), ("dpdfd", [])]
 
 
@@ -44,6 +48,36 @@ def run_cell(spec: str, method: str, extra: list[str], epsilon: float, root: Pat
     return row
 
 
+def table(rows: list[dict]) -> str:
+    """The rows as docs/results.md shows them: accuracy beside the largest class's share, both ε, the coverage."""
+    lines = ["| method | recipe | ε | accuracy (largest class) | strict ε / paper ε | covers the whole model | wall | "
+             "or refused before training |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        wall = f"{r['wall_s']} s" + (f" ({r['wall_note']})" if r.get("wall_note") else "")
+        if "refused" in r:
+            lines.append(f"| {r['method']} | {r['recipe']} | {r['epsilon']:g} | - | - | - | {wall} | "
+                         f"{r['refused'].removeprefix('error: ')} |")
+            continue
+        largest = f" ({100 * r['majority']:.1f} %)" if r.get("majority") is not None else ""
+        chance = " (at chance)" if r.get("at_chance") else ""
+        lines.append(f"| {r['method']} | {r['recipe']} | {r['epsilon']:g} | {100 * r['accuracy']:.1f} %{largest}"
+                     f"{chance} | {r['epsilon_strict']:.3g} / {r['epsilon_paper']:.3g} | "
+                     f"{'no' if r['not_covered'] else 'yes'} | {wall} | |")
+    return "\n".join(lines)
+
+
+def write_doc(doc: Path) -> None:
+    """Each `<!-- own-data-NAME:start -->` block of the document from docs/diagnostics/own-data-NAME.json."""
+    text = doc.read_text()
+    for rows_file in sorted((ROOT / "docs" / "diagnostics").glob("own-data-*.json")):
+        start, end = f"<!-- {rows_file.stem}:start -->", f"<!-- {rows_file.stem}:end -->"
+        if start not in text:
+            continue
+        head, rest = text.split(start, 1)
+        text = f"{head}{start}\n{table(json.loads(rows_file.read_text()))}\n{end}{rest.split(end, 1)[1]}"
+    doc.write_text(text)
+
+
 def main(spec: str, out: str, only: list[str]) -> None:
     root = Path(tempfile.mkdtemp(prefix="own-data-"))
     kept = json.loads(Path(out).read_text()) if only and Path(out).is_file() else []
@@ -56,18 +90,11 @@ def main(spec: str, out: str, only: list[str]) -> None:
             else kept[(m, recipe_of(extra), e)] for m, extra in CELLS for e in (1.0, 10.0)]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(rows, indent=1) + "\n")
-    print("| method | recipe | ε | accuracy | strict ε / paper ε | covers the whole model | wall | or refused |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        if "refused" in r:
-            print(f"| {r['method']} | {r['recipe']} | {r['epsilon']:g} | - | - | - | {r['wall_s']} s | "
-                  f"{r['refused'][:300]} |")
-        else:
-            chance = " (at chance)" if r.get("at_chance") else ""
-            print(f"| {r['method']} | {r['recipe']} | {r['epsilon']:g} | {100 * r['accuracy']:.1f} %{chance} | "
-                  f"{r['epsilon_strict']:.3g} / {r['epsilon_paper']:.3g} | {'no' if r['not_covered'] else 'yes'} | "
-                  f"{r['wall_s']} s | |")
+    print(table(rows))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    if sys.argv[1] == "--doc":
+        write_doc(Path(sys.argv[2]))
+    else:
+        main(sys.argv[1], sys.argv[2], sys.argv[3:])
