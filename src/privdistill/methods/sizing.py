@@ -1,8 +1,8 @@
 """Presets that fit the data: the sizes and vote noise a preset sets for MNIST, refitted to a run's dataset.
 
 The presets are written for 60,000 records and 250 teachers; on 1,500 records the same numbers give PATE teachers
-that never reach a consensus and a baseline of 47 steps. `fit_to_data`
-refits them, before anything is planned, by eight rules:
+that never reach a consensus and a baseline of 47 steps. `fit_to_data` refits them, before anything is planned, by
+eight rules:
 
   teachers          PATE's and DPDFD's: each on >= MIN_PARTITION records; DGD's (a plain noisy argmax): on >=
                     MIN_VOTER_RECORDS, a batch no larger than a share, at most MAX_TEACHER_PASSES steps;
@@ -199,7 +199,7 @@ def _trained(fitted: dict[str, Any], section: str) -> bool:
     """Whether the run trains this classifier: end to end, a DP-SGD source (`dp_source`) takes the place of DGD's
     baseline and of SRR's teacher, and label-DP SRR randomises the private labels without a teacher. A plan note
     refitting a model that is never trained would mislead."""
-    end_to_end = getattr(fitted.get("budget"), "privacy", "method") == "end-to-end"
+    end_to_end = fitted["budget"].privacy == "end-to-end"
     if section == "srr_teacher":
         return fitted["srr"].setting != "label-dp" and not end_to_end
     if section == "baseline" and "dgd" in fitted:
