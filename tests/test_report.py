@@ -87,3 +87,42 @@ def test_blocks_are_rewritten_in_the_research_log_that_holds_their_markers(tmp_p
     assert "dgd-quick" not in text and "<!-- bench-quick:start -->" in text  # not appended to results.md as well
     regenerate(tmp_path / "results", doc)  # idempotent in both
     assert doc.read_text() == text and log.read_text() == log_text
+
+
+def test_readme_table_is_generated_from_the_recorded_runs(tmp_path):
+    """README's recipe table is what `bench report` writes from results/quick/ (a re-run recorded without
+    regenerating it fails here), and it lands in a README that holds its markers, nowhere else."""
+    from pathlib import Path
+
+    from privdistill.bench.report import load_results, readme_table
+
+    root = Path(__file__).resolve().parents[1]
+    table = readme_table(load_results(root / "results", "quick"))
+    assert f"<!-- readme-recipes:start -->\n{table.rstrip()}\n<!-- readme-recipes:end -->" in \
+        (root / "README.md").read_text()
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in table.splitlines()}
+    assert "98.42 / 98.81 %" in rows[("DP-SGD", "default")]  # the recipe's re-run, not an older record
+    assert "(strict ε 1 / 9.34)" in rows[("DGD", "default")] and "-e 0.98 -r paper" in rows[("DGD", "paper")]
+    assert "--accounting paper" in rows[("DPDFD", "default")] and "strict 422 / 896" in rows[("DPDFD", "default")]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# x\n\n<!-- readme-recipes:start -->\nold\n<!-- readme-recipes:end -->\n")
+    regenerate(root / "results", tmp_path / "docs" / "results.md")
+    assert "old" not in (tmp_path / "README.md").read_text()
+    assert "readme-recipes" not in (tmp_path / "docs" / "results.md").read_text()
+
+
+def test_each_recipe_says_in_few_words_what_its_recorded_runs_cover():
+    """A recipe's `covers` starts 'the whole model' exactly when its recorded runs leave no pathway uncovered."""
+    from pathlib import Path
+
+    from privdistill.bench.report import load_results
+    from privdistill.recipes import recipes
+
+    seen = 0
+    for r in load_results(Path(__file__).resolve().parents[1] / "results", "quick"):
+        if r.get("recipe") is None or r.get("variant"):
+            continue
+        covers = recipes(r["method"].rstrip("+"))[r["recipe"]].covers
+        assert covers.startswith("the whole model") == (r.get("not_covered") == []), (r["_file"], covers)
+        seen += 1
+    assert seen >= 25

@@ -18,7 +18,7 @@ from privdistill.bench.matrix import load_matrix
 from privdistill.config import PRESETS
 from privdistill.data import dataset_slug
 from privdistill.privacy.report import guarantee
-from privdistill.recipes import METHODS, recipes
+from privdistill.recipes import DEFAULT, METHODS, recipes
 
 # Accuracy the papers print (fractions), by (method, dataset, ε). Sources: DGD Table I (δ = 1e-5) and its
 # baselines; DPDFD Table 1; SRR Table I.
@@ -409,6 +409,66 @@ def headline_table(results: list[dict]) -> str:
                         ("command", lambda r: r["cmd"])])
 
 
+#: README's table: its methods in the order a reader meets them, each named as the papers write it
+README_METHODS = {"dpsgd": "DP-SGD", "srr": "SRR", "dgd": "DGD", "pate": "PATE", "dpdfd": "DPDFD"}
+
+
+def _recipe_cells(method: str, name: str, recipe, recorded: dict) -> list[tuple[str, float, str, dict | None]]:
+    """(dataset, ε, accuracy %, run) of each headline cell (ε 1 and 10; a cell measured within 10 % of it, e.g.
+    DGD's strict 9.34, stands for it): the recipe's own recorded run, else the leading number of its `measured`."""
+    cells = []
+    for dataset in HEADLINE_DATASETS:
+        for nominal in HEADLINE_EPSILONS:
+            run = next((r for (m, n, d, e), r in recorded.items()
+                        if (m, n, d) == (method, name, dataset) and abs(e / nominal - 1) < 0.1), None)
+            if run is not None:
+                cells.append((dataset, float(run["target_epsilon"]), _pct(run.get("test_accuracy")), run))
+                continue
+            measured = next(((float(e), text) for (d, e), text in recipe.measured.items()
+                             if d == dataset and abs(float(e) / nominal - 1) < 0.1), None)
+            number = re.match(r"\s*(\d+\.\d+) %", measured[1]) if measured else None
+            cells.append((dataset, measured[0] if measured else nominal, number.group(1) if number else "–", None))
+    return cells
+
+
+def _pair(a: str, b: str) -> str:
+    """'98.42 / 98.81 %', '97.60 % / –', '–'."""
+    if a == b == "–":
+        return "–"
+    return f"{a} / {b} %" if "–" not in (a, b) else " / ".join(x if x == "–" else f"{x} %" for x in (a, b))
+
+
+def readme_table(results: list[dict]) -> str:
+    """README's recipe table: every recipe with a measured cell, its accuracy at ε 1 / 10 on MNIST and
+    Fashion-MNIST, what its ε covers (with the strict ε where the cells are sized by the paper's), one command."""
+    recorded = {}
+    for r in results:
+        if r.get("recipe") is not None and r.get("target_epsilon") is not None and not r.get("variant"):
+            recorded[(r["method"].rstrip("+"), r["recipe"], dataset_slug(str(r["dataset"])),
+                      float(r["target_epsilon"]))] = r
+    rows = []
+    for method, title in README_METHODS.items():
+        for name, recipe in recipes(method).items():
+            cells = _recipe_cells(method, name, recipe, recorded)
+            if all(acc == "–" for _, _, acc, _ in cells):
+                continue
+            pairs = [_pair(cells[i][2], cells[i + 1][2]) for i in (0, 2)]
+            covers = recipe.covers
+            runs = [run for _, _, _, run in cells[:2] if run is not None]
+            if recipe.accounting == "paper":
+                strict = " / ".join(f"{r['epsilon_strict']:.3g}" if r["epsilon_strict"] < 1000
+                                    else f"{r['epsilon_strict']:.2g}".replace("e+0", "e") for r in runs)
+                covers += f" (paper ε; strict {strict})" if runs else " (paper ε)"
+            elif any(e not in HEADLINE_EPSILONS for _, e, acc, _ in cells if acc != "–"):
+                covers += f" (strict ε {' / '.join(f'{e:g}' for _, e, acc, _ in cells[:2] if acc != '–')})"
+            dataset, epsilon = next((d, e) for d, e, acc, _ in cells if acc != "–")
+            command = (f"`privdistill {method} -d {dataset} -e {epsilon:g}" + ("" if name == DEFAULT else f" -r {name}")
+                       + ("" if recipe.accounting == "strict" else f" --accounting {recipe.accounting}") + "`")
+            rows.append((title, name, covers, *pairs, command))
+    return table(rows, [(title, lambda r, i=i: r[i]) for i, title in enumerate(
+        ("method", "recipe", "what its ε covers", "MNIST ε 1 / 10", "Fashion-MNIST ε 1 / 10", "command"))])
+
+
 def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/results.md") -> list[str]:
     """Rewrite every generated block of docs/results.md and of the research log beside it (research-log.md)
     from results/*/*.json; returns the block names."""
@@ -428,7 +488,10 @@ def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/resu
         blocks[f"bench-{preset}"] = bench_table(results)
         blocks[f"strict-e2e-{preset}"] = strict_end_to_end_table(results)
     blocks["headline"] = headline_table(load_results(results_dir, "quick"))
-    update_results_doc(doc, blocks, others=[Path(doc).with_name("research-log.md")])
+    readme = Path(doc).parent.parent / "README.md"
+    if readme.exists() and _holds(readme.read_text(), "readme-recipes"):  # the repository's README, not a copy's
+        blocks["readme-recipes"] = readme_table(load_results(results_dir, "quick"))
+    update_results_doc(doc, blocks, others=[Path(doc).with_name("research-log.md"), readme])
     regenerate_benchmarks(results_dir, Path(doc).parent / "benchmarks.md")
     return sorted(blocks)
 

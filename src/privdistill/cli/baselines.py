@@ -28,7 +28,8 @@ def dpsgd_command(
     ] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="training epochs (dpsgd.epochs)")] = None,
 ) -> None:
-    """DP-SGD through Opacus: the paper CNN trained on the private data with clipped, noised gradients. σ is
+    """DP-SGD through Opacus: a model trained on the private data with clipped, noised gradients (the default
+    recipe: a linear head on ScatterNet features; -r paper: the papers' CNN). σ is
     calibrated to --epsilon under --accounting: strict (the default) on the replace-one ε, paper by Opacus's
     make_private_with_epsilon under --accountant (add/remove-one, as DP-SGD papers report)."""
     extra = o.section_overrides("dpsgd", accountant=accountant, epochs=epochs)

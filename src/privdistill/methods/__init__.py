@@ -2,7 +2,7 @@
 
     from privdistill.methods import DGD, DPDFD, DPSGD, PATE, SRR
     released = DGD(epsilon=10, queries=1300).fit("mnist")      # or DPDFD(teacher=model, epsilon=10), SRR(epsilon=1),
-                                                               # DPSGD(epsilon=1, config="scatternet"), PATE(epsilon=10)
+                                                               # DPSGD(epsilon=1, recipe="scatternet"), PATE(epsilon=10)
     released.student, released.generator, released.summary["epsilon_strict"], released.privacy  # a RunResult
 
 Loaded on first use (PEP 562), so importing one module of this package does not import every method.

@@ -181,7 +181,7 @@ class DPSGDMethod(Method):
 
 
 class DPSGD(MethodAPI):
-    """`DPSGD(epsilon=1, config="scatternet").fit("mnist")` -> RunResult(student, None, summary, privacy): the
+    """`DPSGD(epsilon=1, recipe="scatternet").fit("mnist")` -> RunResult(student, None, summary, privacy): the
     budget keywords go to the `budget` section, others to `dpsgd` (`epochs=10`, `secure_mode=True`, ...)."""
 
     section, method = "dpsgd", DPSGDMethod

@@ -57,7 +57,7 @@ NO_MECHANISM = "none (DP teacher)"
 @dataclass
 class DPSourceConfig:
     """Config section `dp_source`: the DP-SGD model that replaces a non-private source in end-to-end mode (the
-    defaults are the `--config scatternet` recipe, this project's strongest DP-SGD, docs/research-log.md)."""
+    defaults are DP-SGD's `scatternet` recipe; the end-to-end recipes set their datasets' stronger heads)."""
 
     share: float = 0.5  # of the target ε (of δ: DELTA_SHARE)
     model: str = "scatter-linear"

@@ -47,7 +47,8 @@ SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS = 1, 3
 # cluster votes (DGD's dgd.query_selection=clusters; Plan.details "cluster_labels"): each answer names a whole cluster
 # and the naming gives every class one, so about one informative answer a class is what they need
 CLUSTER_REFUSE_PER_CLASS, CLUSTER_WEAK_PER_CLASS = 0.5, 0.9
-#: other plans of the same method to try where the budget cannot teach with this one
+
+
 def _recipe(ctx: "Context") -> str:
     return ctx.section("run").recipe
 

@@ -34,11 +34,14 @@ class Recipe:
     """`values`: {section: {key: value}}; `by_dataset`: {dataset: {section: {key: value}}}; `by_epsilon`: a list of
     (ε_upper, {section: {key: value}, by_dataset: ...}), the first whose ε_upper >= the target ε applies (sizes
     that depend on the budget, e.g. DP-SGD's epochs); `summary`: one line; `guarantee`: what its ε covers against
-    the paper's recipe; `measured`: {(dataset, ε): "accuracy, ε under both accountings, where it is recorded"};
+    the paper's recipe; `covers`: the same in a few words (README's table; tests/test_report.py holds it to the
+    recorded runs' uncovered pathways); `measured`: {(dataset, ε): "accuracy, ε under both accountings, where it is
+    recorded"};
     `accounting`: the one its measured ε are targets of (the paper's for a method whose strict ε is no guarantee)."""
 
     summary: str
     guarantee: str = "the same pathways as the paper's recipe"
+    covers: str = "the whole model"
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
     by_dataset: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     by_epsilon: tuple[tuple[float, dict[str, dict[str, Any]]], ...] = ()
