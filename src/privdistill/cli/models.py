@@ -32,5 +32,6 @@ def recipes_command(method: Annotated[Optional[str], typer.Argument(help="one me
         for recipe_name, recipe in recipes(name).items():
             measured = "; ".join(f"{d} ε {e:g} ({recipe.accounting}): {text}"
                                  for (d, e), text in recipe.measured.items())
-            table.add_row(name, recipe_name, recipe.summary, recipe.guarantee, measured)
+            paper = "; sized by the paper's ε, no guarantee: see its strict ε" if recipe.accounting == "paper" else ""
+            table.add_row(name, recipe_name, recipe.summary, f"{recipe.covers} ({recipe.guarantee}){paper}", measured)
     Console().print(table)
