@@ -1,7 +1,7 @@
 """Does every cell of the reproduction matrix resolve to the configuration its recorded result was made with?
 
-For every cell of the matrices (bench/matrix/quick.yaml, paper.yaml) whose results/<preset>/<name>.json exists, two
-configurations are resolved, nothing trained and no data read:
+For every cell of the matrices (bench/matrix/quick.yaml, paper.yaml, experiments/research-matrix.yaml) whose
+results/<preset>/<name>.json exists, two configurations are resolved, nothing trained and no data read:
 
   cell      the cell's command as `privdistill bench` runs it (bench/matrix.py: Cell.command), parsed by the CLI
             into its RunRequest and resolved as methods/common.prepare_run resolves it (recipe layers, then
@@ -472,7 +472,8 @@ def counts_of(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--matrix", nargs="+", default=["quick", "paper"], help="matrices (names or YAML paths)")
+    parser.add_argument("--matrix", nargs="+", default=["quick", "paper", str(Path(__file__).with_name(
+        "research-matrix.yaml"))], help="matrices (names or YAML paths)")
     parser.add_argument("--results", default="results", help="the results folder (results/<preset>/<name>.json)")
     parser.add_argument("--only", nargs="*", help="cells whose name holds one of these (=NAME: exactly)")
     parser.add_argument("--json", help="write every cell's check here")

@@ -11,6 +11,7 @@ import yaml
 from privdistill.bench.matrix import load_matrix, run_matrix
 from privdistill.bench.report import DP_METHODS
 from privdistill.errors import ConfigError
+from privdistill.recipes import METHODS, recipes
 
 MATRIX = {
     "preset": "quick",
@@ -146,30 +147,54 @@ def test_a_cell_running_in_another_process_is_skipped(tmp_path):
     assert out["statuses"][cell.name] == "skipped: running in another process"
 
 
-@pytest.mark.parametrize("preset", ["quick", "paper"])
-def test_packaged_matrices_name_cells_as_record_does(preset):
-    """Each cell's name must be the file its command's --record writes, or the bench would rerun it forever."""
-    from privdistill.data import dataset_slug
+RESEARCH = str(Path(__file__).resolve().parents[1] / "experiments" / "research-matrix.yaml")
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper", RESEARCH])
+def test_matrices_name_cells_as_record_does(preset, tmp_path):
+    """Each cell's name must be the file its command's --record writes (engine/run.py: record_result, given the
+    summary the command's run writes), or the bench would rerun it forever."""
+    from privdistill.engine.run import record_result
     from privdistill.methods.pate import PATEConfig, _variant
 
     m = load_matrix(preset)
-    assert m.preset == preset and m.cells
+    assert m.cells
     for c in m.cells:
         v = c.values
         method = c.args[1] if c.args[0] == "train" else c.args[0]  # train baseline | train audit-control
-        if method == "dgd" and "gaussian" in c.args:
-            method = "dgd+"  # DGD+ = DGD with Gaussian votes
-        expected = f"{method}-{dataset_slug(v['dataset'])}"
-        if "epsilon" in v:
-            expected += f"-eps{float(v['epsilon']):g}"
-        if method == "pate":
-            variant = _variant(PATEConfig(aggregation=c.args[c.args.index("--aggregation") + 1],
-                                          filter="pate.filter=true" in c.args))
-            expected += f"-{variant}" if variant else ""
+        recipe = c.args[c.args.index("-r" if "-r" in c.args else "--recipe") + 1] \
+            if {"-r", "--recipe"} & set(c.args) else "default" if method in METHODS else None
+        if method == "dgd" and ("gaussian" in c.args or recipe != "paper"):
+            method = "dgd+"  # DGD+ = DGD with Gaussian votes (every DGD recipe but the paper's)
+        summary = {"method": method, "dataset": v["dataset"], "preset": "quick", "recipe": recipe,
+                   "target_epsilon": float(v["epsilon"]) if "epsilon" in v else None, "variant": None}
+        if method == "pate" and recipe == "paper":
+            summary["variant"] = _variant(PATEConfig(aggregation=c.args[c.args.index("--aggregation") + 1],
+                                                     filter="pate.filter=true" in c.args))
         if "--variant" in c.args:
-            expected += "-" + c.args[c.args.index("--variant") + 1]
-        assert c.name == expected, c.args
-        assert "--preset" in c.args and c.args[c.args.index("--preset") + 1] == preset
+            summary["variant"] = c.args[c.args.index("--variant") + 1]
+        assert c.name == record_result(summary, results_dir=tmp_path).stem, c.args
+        assert "--preset" in c.args and c.args[c.args.index("--preset") + 1] == m.preset
+
+
+def test_the_packaged_matrix_is_the_headline_and_the_papers_cells():
+    """The packaged matrix runs every recipe's measured cell by its short command and the paper-literal cells; the
+    research cells live in experiments/ (the same names would otherwise be run twice)."""
+    cells = {c.name: c for c in load_matrix("quick").cells}
+    for method in METHODS:
+        for name, recipe in recipes(method).items():
+            for dataset, epsilon in recipe.measured if name != "paper" else ():
+                cell = cells[f"{method}-{dataset}-eps{float(epsilon):g}-{name}"]
+                assert cell.args[:5] == [method, "-d", dataset, "-e", f"{float(epsilon):g}"]
+                assert ("--accounting" in cell.args) == (recipe.accounting == "paper")
+    assert {"dgd-mnist-eps10", "dpdfd-fashion-mnist-eps1", "pate-mnist-eps1", "baseline-mnist"} <= set(cells)
+    research = {c.name: c for c in load_matrix(RESEARCH).cells}
+    assert len(research) > 50
+    for name in research.keys() & cells.keys():  # a research cell a recipe took over: its file is the recipe's run
+        recorded = json.loads(cells[name].result.read_text())
+        assert name.endswith(f"-{recorded['recipe']}") and not recorded.get("variant"), name
+    assert all(c.args[0] not in METHODS or "--recipe" in c.args or "-r" in c.args or c.name.endswith("-default")
+               for c in cells.values())
 
 
 def _fake_results(root: Path, run_root: Path) -> None:
@@ -294,12 +319,11 @@ def test_shared_set_lines_are_spliced_into_a_cells_args(tmp_path):
 def test_the_packaged_matrix_sets_its_values_with_set_lines_and_recipes():
     """No packaged cell names a --config (a file of one's own); the shared adversarial generator of SRR's and DGD's
     cells is the recipes' (recipes/__init__.py), so the two cannot drift apart."""
-    from importlib import resources
 
     from privdistill.recipes import ADVERSARIAL_GENERATOR
 
-    doc = yaml.safe_load(resources.files("privdistill.bench").joinpath("matrix", "quick.yaml").read_text())
-    assert all("--config" not in c.args for c in load_matrix("quick").cells)
+    doc = yaml.safe_load(Path(RESEARCH).read_text())
+    assert all("--config" not in c.args for m in ("quick", RESEARCH) for c in load_matrix(m).cells)
     expected = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ADVERSARIAL_GENERATOR.items()}
     lines = doc["sets"]["adversarial_srr"]
     assert lines[::2] == ["--set"] * len(ADVERSARIAL_GENERATOR)
@@ -314,9 +338,7 @@ def test_every_packaged_cell_of_a_method_with_recipes_names_its_recipe():
     """Without --recipe a method runs its `default` recipe, which moves whenever a better configuration is measured:
     every cell names one (`paper`: the preset's own values), so that it re-makes the row it recorded
     (experiments/check_matrix_configs.py compares each recorded cell's configuration with its result's)."""
-    from privdistill.recipes import METHODS
-
-    for c in load_matrix("quick").cells:
+    for c in load_matrix(RESEARCH).cells:
         if c.args[0] in METHODS:
             assert "--recipe" in c.args, c.name
 

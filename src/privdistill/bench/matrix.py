@@ -11,10 +11,11 @@ A matrix is a YAML file (`bench/matrix/<preset>.yaml`, or any path) of declarati
         audit: true                            # membership inference + inversion of its released model
 
 or `cells_from: quick` (the same cells at another preset); shared args are YAML anchors under `sets:`, spliced in
-where an alias stands. A cell runs as `privdistill <args> --record --run-dir <runs_dir>/<name>` (`--resume` for an
-unfinished run) under the shared CPU lock (`/tmp/privdistill-cpu.lock`) and a per-cell lock, both inherited by the
-child; a recorded cell is skipped, then every auditable cell without `mia_auc` is audited. An interrupted bench
-loses at most the cell in flight.
+where an alias stands. `recipe_cells: true` adds one cell for each recipe's measured (dataset, ε), the paper
+recipe's aside, by the recipe's own short command (recipe_entries). A cell runs as `privdistill <args> --record
+--run-dir <runs_dir>/<name>` (`--resume` for an unfinished run) under the shared CPU lock
+(`/tmp/privdistill-cpu.lock`) and a per-cell lock, both inherited by the child; a recorded cell is skipped, then
+every auditable cell without `mia_auc` is audited. An interrupted bench loses at most the cell in flight.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Callable, Iterator
 from privdistill.config import load_yaml_file
 from privdistill.engine.run import record_result
 from privdistill.errors import ConfigError
+from privdistill.recipes import DEFAULT, METHODS, PAPER, recipes
 
 CPU_LOCK = os.environ.get("PRIVDISTILL_CPU_LOCK", "/tmp/privdistill-cpu.lock")
 
@@ -86,6 +88,23 @@ def _spliced(args: list[Any]) -> list[Any]:
     return [a for item in args for a in (item if isinstance(item, list) else [item])]
 
 
+def recipe_entries() -> list[dict[str, Any]]:
+    """Cells for every recipe but the paper's, one per (dataset, ε) it measured: `privdistill METHOD -d D -e ε
+    [-r RECIPE] [--accounting paper]`, named as --record names the run (engine/run.py: record_result)."""
+    entries = []
+    for method in METHODS:
+        for name, recipe in recipes(method).items():
+            if name == PAPER:
+                continue
+            for dataset, epsilon in sorted(recipe.measured, key=lambda cell: (cell[0] != "mnist", cell[1])):
+                args = [method, "-d", "{dataset}", "-e", "{epsilon}", *([] if name == DEFAULT else ["-r", name]),
+                        *([] if recipe.accounting == "strict" else ["--accounting", recipe.accounting]),
+                        "--preset", "{preset}"]
+                entries.append({"name": f"{method}-{{dataset}}-eps{{epsilon}}-{name}", "args": args,
+                                "datasets": [dataset], "grid": [{"epsilon": float(epsilon)}], "owner": method})
+    return entries
+
+
 def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_dir: str | Path | None = None,
                 datasets: list[str] | None = None, only: list[str] | None = None) -> Matrix:
     """Expand a matrix file into cells (`datasets` / `only` filter by dataset and by name: a substring, or
@@ -99,7 +118,10 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
     if doc.get("cells_from"):  # the paper matrix runs the quick matrix's cells at its own preset
         if entries:
             raise ConfigError(f"{path}: give either cells or cells_from, not both")
-        entries = load_yaml_file(matrix_path(str(doc["cells_from"])), what="matrix file").get("cells") or []
+        doc = load_yaml_file(matrix_path(str(doc["cells_from"])), what="matrix file")
+        entries = doc.get("cells") or []
+    if doc.get("recipe_cells"):
+        entries = recipe_entries() + list(entries)
     cells: list[Cell] = []
     seen: set[str] = set()
     for i, entry in enumerate(entries):

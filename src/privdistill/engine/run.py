@@ -314,13 +314,17 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "results",
                   name: str | None = None) -> Path:
     """Copy a run's summary to results/<preset>/<method>-<dataset>[-eps<ε>][-<recipe>][-<variant>].json (small
-    JSON, no weights; the recipe named unless it is the method's default)."""
+    JSON, no weights). The recipe is named unless it is `paper`: the paper-literal cells keep the names of the seed
+    tables they were recorded under before recipes existed, and a default run (`-default`) never takes one's name."""
     preset = summary.get("preset") or "custom"
     if name is None:
-        name = f"{summary['method']}-{dataset_slug(summary['dataset'])}"
+        # a named recipe's file bears the command's name (DGD's Gaussian-vote runs report "dgd+": the recipe
+        # already says which configuration it is)
+        recipe = summary.get("recipe") not in (None, "paper")
+        name = f"{summary['method'].rstrip('+') if recipe else summary['method']}-{dataset_slug(summary['dataset'])}"
         if summary.get("target_epsilon") is not None:
             name += f"-eps{_fmt_eps(summary['target_epsilon'])}"
-        if summary.get("recipe") not in (None, "default"):
+        if recipe:
             name += f"-{summary['recipe']}"
         if summary.get("variant"):  # ablations and sweeps: dgd-mnist-eps10-no-tangent.json
             name += f"-{summary['variant']}"
