@@ -182,7 +182,7 @@ def test_run_records_a_chunked_ledger_and_both_epsilons(tiny_npz, tmp_path, cach
     assert "post-processing" in s["privacy"]
     for name in ("student.safetensors", "generator.safetensors", "summary.json"):
         assert (tmp_path / "a" / name).exists()
-    recorded = json.loads((tmp_path / "results" / "quick" / "dpdfd-npz-tiny-paper.json").read_text())
+    recorded = json.loads((tmp_path / "results" / "quick" / "dpdfd-npz-tiny.json").read_text())
     assert recorded["test_accuracy"] == s["test_accuracy"]
 
 

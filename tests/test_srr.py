@@ -154,8 +154,8 @@ def test_data_free_run_records_labels_and_reports_both_epsilons(tiny_npz, tmp_pa
     assert privacy["artifacts"]["generator"][0]["covered"] is False
     assert any(not p["covered"] for p in privacy["artifacts"]["student"])
     assert summary["not_covered"] == [p["via"] for p in privacy["artifacts"]["student"] if not p["covered"]]
-    assert (tmp_path / "results" / "custom" / "srr-npz-tiny-eps1-paper.json").is_file() or \
-        (tmp_path / "results" / "quick" / "srr-npz-tiny-eps1-paper.json").is_file()  # a recipe not the default: named
+    assert (tmp_path / "results" / "custom" / "srr-npz-tiny-eps1.json").is_file() or \
+        (tmp_path / "results" / "quick" / "srr-npz-tiny-eps1.json").is_file()  # paper: unnamed
     assert not (run / "synthetic").exists(), "stage images are removed once the run has finished"
     # the shared stages are cached: a second epsilon reuses the teacher and the generator
     other = run_srr(request(tiny_npz, tmp_path / "run10", *PER_LABEL, "budget.epsilon=10")).summary
