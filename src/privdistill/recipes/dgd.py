@@ -57,8 +57,8 @@ DEFAULT = Recipe(
 PAPER = Recipe(
     covers="the teachers' votes",
     summary="Table I of Ge et al.: LNMax votes (b 40) on random queries, Eq. 1's semi-supervised student",
-    # Table I's cells are 27 and 1,300 queries (--queries), whose strict ε is 0.98 and 9.34: `-e 9.34` sizes the
-    # same 1,300 (27 at `-e 0.98`)
+    # Table I's cells are 27 and 1,300 queries (--queries), whose strict ε is 0.98 and 9.34 (9.3398): `-e 0.98`
+    # sizes the same 27, `-e 9.34` 1,299 (strict 9.3374), `-e 10 --queries 1300` the cell itself
     measured={("mnist", 9.34): "44.12 %, strict 9.34 / paper 11.91",
               ("mnist", 0.98): "9.74 %, strict 0.98 / paper 1.32",
               ("fashion-mnist", 9.34): "35.03 %", ("fashion-mnist", 0.98): "12.04 %"},
