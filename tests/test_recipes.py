@@ -60,6 +60,19 @@ def test_dgd_names_clusters_of_a_batchnorm_statistics_pool_on_fashion_mnist_at_e
     assert mnist10["dgd"].query_selection == "diverse", "MNIST above ε 2: the k-center cover and its histograms"
 
 
+def test_dpdfd_releases_the_students_weight_average_by_default_and_the_last_iterate_as_the_paper():
+    from privdistill.methods.dpdfd import DPDFDMethod
+
+    def dpdfd(dataset, name=None):
+        return resolve_sections({"run": RunOptions, **DPDFDMethod.sections}, preset="quick", dataset=dataset,
+                                recipe=recipe_layers("dpdfd", name, dataset, 10.0))["dpdfd"]
+
+    for dataset in ("mnist", "fashion-mnist", None):  # None: data of one's own (Algorithm 1, still averaged)
+        assert dpdfd(dataset).student_ema == 0.98
+    assert dpdfd("mnist").algorithm == 2 and dpdfd(None).algorithm == 1
+    assert dpdfd("mnist", "paper").student_ema == 0.0 and dpdfd("mnist", "teacher-generator").student_ema == 0.0
+
+
 def test_an_unknown_recipe_names_the_ones_there_are():
     with pytest.raises(ConfigError, match="default, paper"):
         recipe_layers("dpsgd", "best", "mnist", 1.0)
