@@ -7,7 +7,7 @@ every cell's plan keeps its ledger and ε. DP-SGD is skipped (Opacus calibrates 
 are cells whose recorded run stopped before spending its plan. Confident-GNMax plans every query as answered:
 its strict ε must match, its paper ε (answered queries only, once run) may only be below the plan's.
 
-    python scripts/check_cell_plans.py [--preset quick] [--only SUBSTRING]
+    python scripts/check_cell_plans.py [--preset quick | experiments/research-matrix.yaml] [--only SUBSTRING]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class _Planned(Exception):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="quick")
+    parser.add_argument("--preset", default="quick", help="a packaged matrix (quick, paper) or a matrix YAML path, "
+                        "e.g. experiments/research-matrix.yaml")
     parser.add_argument("--only", default="")
     args = parser.parse_args()
 
