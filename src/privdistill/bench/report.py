@@ -361,6 +361,12 @@ def strict_end_to_end_table(results: list[dict]) -> str:
 HEADLINE_DATASETS, HEADLINE_EPSILONS = ("mnist", "fashion-mnist"), (1.0, 10.0)
 
 
+def _short_command(method: str, name: str, recipe, dataset: str, epsilon: float) -> str:
+    """A recipe cell's command as a user types it: `-r` unless the default, `--accounting` unless strict."""
+    return (f"`privdistill {method} -d {dataset} -e {epsilon:g}" + ("" if name == DEFAULT else f" -r {name}")
+            + ("" if recipe.accounting == "strict" else f" --accounting {recipe.accounting}") + "`")
+
+
 def headline_table(results: list[dict]) -> str:
     """Every recipe but the paper's × MNIST / Fashion-MNIST × ε 1 and 10 (the cells a recipe measured at another ε,
     e.g. DGD's strict 9.34, at that ε): the run recorded with the recipe's own short command where there is one (a
@@ -380,9 +386,7 @@ def headline_table(results: list[dict]) -> str:
                                                                   for e in HEADLINE_EPSILONS}
             for dataset, epsilon in sorted(cells, key=lambda c: (HEADLINE_DATASETS.index(c[0])
                                                                   if c[0] in HEADLINE_DATASETS else 9, c[1])):
-                command = (f"`privdistill {method} -d {dataset} -e {epsilon:g}"
-                           + ("" if name == "default" else f" -r {name}")
-                           + ("" if recipe.accounting == "strict" else f" --accounting {recipe.accounting}") + "`")
+                command = _short_command(method, name, recipe, dataset, epsilon)
                 r = recorded.get((method, name, dataset, epsilon))
                 if r is not None:
                     rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}",
@@ -462,9 +466,7 @@ def readme_table(results: list[dict]) -> str:
             elif any(e not in HEADLINE_EPSILONS for _, e, acc, _ in cells if acc != "–"):
                 covers += f" (strict ε {' / '.join(f'{e:g}' for _, e, acc, _ in cells[:2] if acc != '–')})"
             dataset, epsilon = next((d, e) for d, e, acc, _ in cells if acc != "–")
-            command = (f"`privdistill {method} -d {dataset} -e {epsilon:g}" + ("" if name == DEFAULT else f" -r {name}")
-                       + ("" if recipe.accounting == "strict" else f" --accounting {recipe.accounting}") + "`")
-            rows.append((title, name, covers, *pairs, command))
+            rows.append((title, name, covers, *pairs, _short_command(method, name, recipe, dataset, epsilon)))
     return table(rows, [(title, lambda r, i=i: r[i]) for i, title in enumerate(
         ("method", "recipe", "what its ε covers", "MNIST ε 1 / 10", "Fashion-MNIST ε 1 / 10", "command"))])
 
