@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from privdistill.bench.report import update_block  # the bench report's own marker rewrite
+
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = [("dpsgd", []), ("srr", ["--recipe", "label-dp"]), ("srr", []), ("pate", []), ("dgd", []), ("dpdfd", [])]
 
@@ -70,11 +72,8 @@ def write_doc(doc: Path) -> None:
     """Each `<!-- own-data-NAME:start -->` block of the document from docs/diagnostics/own-data-NAME.json."""
     text = doc.read_text()
     for rows_file in sorted((ROOT / "docs" / "diagnostics").glob("own-data-*.json")):
-        start, end = f"<!-- {rows_file.stem}:start -->", f"<!-- {rows_file.stem}:end -->"
-        if start not in text:
-            continue
-        head, rest = text.split(start, 1)
-        text = f"{head}{start}\n{table(json.loads(rows_file.read_text()))}\n{end}{rest.split(end, 1)[1]}"
+        if f"<!-- {rows_file.stem}:start -->" in text:  # only the blocks the document holds (never appended)
+            text = update_block(text, rows_file.stem, table(json.loads(rows_file.read_text())))
     doc.write_text(text)
 
 

@@ -88,6 +88,13 @@ def _spliced(args: list[Any]) -> list[Any]:
     return [a for item in args for a in (item if isinstance(item, list) else [item])]
 
 
+def recipe_options(name: str, recipe) -> list[str]:
+    """The options that pick a recipe on the command line: `-r NAME` unless the default, `--accounting` unless
+    strict (the accounting its measured cells were sized under)."""
+    return [*([] if name == DEFAULT else ["-r", name]),
+            *([] if recipe.accounting == "strict" else ["--accounting", recipe.accounting])]
+
+
 def recipe_entries() -> list[dict[str, Any]]:
     """Cells for every recipe but the paper's, one per (dataset, ε) it measured: `privdistill METHOD -d D -e ε
     [-r RECIPE] [--accounting paper]`, named as --record names the run (engine/run.py: record_result)."""
@@ -97,8 +104,7 @@ def recipe_entries() -> list[dict[str, Any]]:
             if name == PAPER:
                 continue
             for dataset, epsilon in sorted(recipe.measured, key=lambda cell: (cell[0] != "mnist", cell[1])):
-                args = [method, "-d", "{dataset}", "-e", "{epsilon}", *([] if name == DEFAULT else ["-r", name]),
-                        *([] if recipe.accounting == "strict" else ["--accounting", recipe.accounting]),
+                args = [method, "-d", "{dataset}", "-e", "{epsilon}", *recipe_options(name, recipe),
                         "--preset", "{preset}"]
                 entries.append({"name": f"{method}-{{dataset}}-eps{{epsilon}}-{name}", "args": args,
                                 "datasets": [dataset], "grid": [{"epsilon": float(epsilon)}], "owner": method})

@@ -14,11 +14,11 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from privdistill.bench.matrix import load_matrix
+from privdistill.bench.matrix import load_matrix, recipe_options
 from privdistill.config import PRESETS
 from privdistill.data import dataset_slug
 from privdistill.privacy.report import guarantee
-from privdistill.recipes import DEFAULT, METHODS, recipes
+from privdistill.recipes import METHODS, recipes
 
 # Accuracy the papers print (fractions), by (method, dataset, ε). Sources: DGD Table I (δ = 1e-5) and its
 # baselines; DPDFD Table 1; SRR Table I.
@@ -362,21 +362,23 @@ HEADLINE_DATASETS, HEADLINE_EPSILONS = ("mnist", "fashion-mnist"), (1.0, 10.0)
 
 
 def _short_command(method: str, name: str, recipe, dataset: str, epsilon: float) -> str:
-    """A recipe cell's command as a user types it: `-r` unless the default, `--accounting` unless strict."""
-    return (f"`privdistill {method} -d {dataset} -e {epsilon:g}" + ("" if name == DEFAULT else f" -r {name}")
-            + ("" if recipe.accounting == "strict" else f" --accounting {recipe.accounting}") + "`")
+    """A recipe cell's command as a user types it (the bench matrix's recipe cells run the same options)."""
+    return f"`{' '.join(['privdistill', method, '-d', dataset, '-e', f'{epsilon:g}', *recipe_options(name, recipe)])}`"
+
+
+def _recipe_runs(results: list[dict]) -> dict[tuple[str, str, str, float], dict]:
+    """{(method, recipe, dataset, ε): run} of the runs made by a recipe's own short command (a run with a variant
+    label changed the recipe with --set)."""
+    return {(r["method"].rstrip("+"), r["recipe"], dataset_slug(str(r["dataset"])), float(r["target_epsilon"])): r
+            for r in results
+            if r.get("recipe") is not None and r.get("target_epsilon") is not None and not r.get("variant")}
 
 
 def headline_table(results: list[dict]) -> str:
     """Every recipe but the paper's × MNIST / Fashion-MNIST × ε 1 and 10 (the cells a recipe measured at another ε,
     e.g. DGD's strict 9.34, at that ε): the run recorded with the recipe's own short command where there is one (a
     summary naming its recipe), else the recipe's recorded best from before recipes existed, said so."""
-    recorded = {}
-    for r in results:
-        # a run with a variant label changed the recipe with --set: not the recipe's own short command
-        if r.get("recipe") is not None and r.get("target_epsilon") is not None and not r.get("variant"):
-            key = (r["method"].rstrip("+"), r["recipe"], dataset_slug(str(r["dataset"])), float(r["target_epsilon"]))
-            recorded[key] = r
+    recorded = _recipe_runs(results)
     rows = []
     for method in METHODS:
         for name, recipe in recipes(method).items():
@@ -445,11 +447,7 @@ def _pair(a: str, b: str) -> str:
 def readme_table(results: list[dict]) -> str:
     """README's recipe table: every recipe with a measured cell, its accuracy at ε 1 / 10 on MNIST and
     Fashion-MNIST, what its ε covers (with the strict ε where the cells are sized by the paper's), one command."""
-    recorded = {}
-    for r in results:
-        if r.get("recipe") is not None and r.get("target_epsilon") is not None and not r.get("variant"):
-            recorded[(r["method"].rstrip("+"), r["recipe"], dataset_slug(str(r["dataset"])),
-                      float(r["target_epsilon"]))] = r
+    recorded = _recipe_runs(results)
     rows = []
     for method, title in README_METHODS.items():
         for name, recipe in recipes(method).items():
@@ -489,10 +487,11 @@ def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/resu
         blocks[f"audits-{preset}"] = audit_table(results)
         blocks[f"bench-{preset}"] = bench_table(results)
         blocks[f"strict-e2e-{preset}"] = strict_end_to_end_table(results)
-    blocks["headline"] = headline_table(load_results(results_dir, "quick"))
+    quick = load_results(results_dir, "quick")
+    blocks["headline"] = headline_table(quick)
     readme = Path(doc).parent.parent / "README.md"
     if readme.exists() and _holds(readme.read_text(), "readme-recipes"):  # the repository's README, not a copy's
-        blocks["readme-recipes"] = readme_table(load_results(results_dir, "quick"))
+        blocks["readme-recipes"] = readme_table(quick)
     update_results_doc(doc, blocks, others=[Path(doc).with_name("research-log.md"), readme])
     regenerate_benchmarks(results_dir, Path(doc).parent / "benchmarks.md")
     return sorted(blocks)

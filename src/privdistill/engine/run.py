@@ -320,11 +320,12 @@ def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "
     if name is None:
         # a named recipe's file bears the command's name (DGD's Gaussian-vote runs report "dgd+": the recipe
         # already says which configuration it is)
-        recipe = summary.get("recipe") not in (None, "paper")
-        name = f"{summary['method'].rstrip('+') if recipe else summary['method']}-{dataset_slug(summary['dataset'])}"
+        named_recipe = summary.get("recipe") not in (None, "paper")
+        method = summary["method"].rstrip("+") if named_recipe else summary["method"]
+        name = f"{method}-{dataset_slug(summary['dataset'])}"
         if summary.get("target_epsilon") is not None:
             name += f"-eps{_fmt_eps(summary['target_epsilon'])}"
-        if recipe:
+        if named_recipe:
             name += f"-{summary['recipe']}"
         if summary.get("variant"):  # ablations and sweeps: dgd-mnist-eps10-no-tangent.json
             name += f"-{summary['variant']}"
