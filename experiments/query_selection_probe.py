@@ -38,8 +38,8 @@ from privdistill.engine.synthesis import label_balance
 from privdistill.engine.trainer import evaluate, predict_logits, train_classifier
 from privdistill.models import create_model
 from privdistill.privacy import mechanisms
-from privdistill.privacy.calibration import max_queries
-from privdistill.privacy.events import GNMaxQueries
+from privdistill.privacy.calibration import max_count
+from privdistill.privacy.events import GaussianQueries
 
 
 def train_student(images, labels, data, env: Env, steps: int, seed: int = 0, augment: str = "none",
@@ -135,7 +135,7 @@ def main() -> None:
     baseline = RunDir(args.baseline).load_weights("model").eval()
     votes = Votes(teachers, pool, env)
     if args.queries <= 0:
-        args.queries = max_queries(GNMaxQueries(sigma=args.sigma, count=1), target_epsilon=args.epsilon, delta=1e-5)
+        args.queries = max_count(GaussianQueries(sigma=args.sigma, count=1), target_epsilon=args.epsilon, delta=1e-5)
     recipes = [{"augment": a, "label_smoothing": float(ls)} for a in args.augment.split(",")
                for ls in args.label_smoothing.split(",")]
     for seed in args.seeds:

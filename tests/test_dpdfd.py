@@ -24,7 +24,7 @@ from privdistill.methods.dpdfd import run_dpdfd
 from privdistill.methods.dpdfd_plan import DPDFDConfig, auto_variant, check_budget, plan_steps
 from privdistill.methods.runner import Budget
 from privdistill.privacy import both
-from privdistill.privacy.events import DPDFDSteps
+from privdistill.privacy.events import NormalisedGaussian
 from privdistill.privacy.mechanisms import clip_and_noise, make_generator, normalize_and_noise, privatise
 
 # A DPDFD run small enough for a test: small CNNs, a narrow generator, B = 32; the paper's accounting, asked
@@ -170,7 +170,7 @@ def test_run_records_a_chunked_ledger_and_both_epsilons(tiny_npz, tmp_path, cach
     s = run(tiny_npz, tmp_path / "a", "budget.epsilon=null", "dpdfd.steps=20", "dpdfd.sigma=2", record=True)
     assert s["method"] == "dpdfd" and s["steps"] == 20 and s["algorithm"] == 1
     assert s["baseline_accuracy"] > 0.8 and 0.0 <= s["test_accuracy"] <= 1.0
-    expected = both([DPDFDSteps(clip_norm=5e-3, sigma=2, batch_size=32, steps=20, num_classes=10)], delta=1e-5)
+    expected = both([NormalisedGaussian(clip_norm=5e-3, sigma=2, batch_size=32, steps=20, num_classes=10)], delta=1e-5)
     assert math.isclose(s["epsilon_paper"], expected["paper"].value, rel_tol=1e-5)
     assert math.isclose(s["epsilon_strict"], expected["strict"].value, rel_tol=1e-5)
     lines = [json.loads(x) for x in (tmp_path / "a" / "ledger.jsonl").read_text().splitlines()]
@@ -423,7 +423,7 @@ def test_secure_noise_records_no_seed_and_a_resume_pays_for_what_it_redraws(tiny
     assert [(x["key"], x["event"]["steps"]) for x in spends] == [
         ("dpdfd-steps-000000000-000000007", 7), ("dpdfd-steps-000000007-000000014", 7),
         ("dpdfd-steps-000000007-000000014-redrawn-from-000000008-1", 6), ("dpdfd-steps-000000014-000000020", 6)]
-    expected = both([DPDFDSteps(clip_norm=5e-3, sigma=2, batch_size=32, steps=26, num_classes=10)], delta=1e-5)
+    expected = both([NormalisedGaussian(clip_norm=5e-3, sigma=2, batch_size=32, steps=26, num_classes=10)], delta=1e-5)
     assert math.isclose(s["epsilon_strict"], expected["strict"].value, rel_tol=1e-5), "26 noisy steps paid for"
 
 

@@ -102,7 +102,7 @@ def test_resume_ignores_display_only_options(tmp_path):
 
 
 def test_a_run_that_stopped_before_doing_anything_does_not_block_a_corrected_retry(tmp_path):
-    from privdistill.privacy.events import LNMaxQueries
+    from privdistill.privacy.events import LaplaceQueries
     from privdistill.privacy.ledger import PrivacyLedger
 
     RunDir.open(tmp_path / "r", config={"teacher": "typo"})  # e.g. the teacher check failed right after
@@ -122,7 +122,7 @@ def test_a_run_that_stopped_before_doing_anything_does_not_block_a_corrected_ret
     with pytest.raises(RunError, match="not a run directory"):
         RunDir.open(tmp_path / "u", config={"a": 1}, resume=True)
     # but a directory whose ledger records spending is never taken over
-    PrivacyLedger(tmp_path / "r").spend("q", LNMaxQueries(40, 1), lambda: [0])
+    PrivacyLedger(tmp_path / "r").spend("q", LaplaceQueries(40, 1), lambda: [0])
     with pytest.raises(RunError, match="already holds a run"):
         RunDir.open(tmp_path / "r", config={"teacher": "other"})
 

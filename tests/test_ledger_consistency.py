@@ -15,10 +15,10 @@ import torch
 from privdistill.engine.run import RunDir
 from privdistill.errors import RunError
 from privdistill.methods.common import RunRequest
-from privdistill.privacy.events import LNMaxQueries
+from privdistill.privacy.events import LaplaceQueries
 from privdistill.privacy.ledger import PENDING, SIDE_DIR, LedgerView, LedgerWarning, PrivacyLedger, read_ledger_events
 
-EVENT = LNMaxQueries(40, 10)
+EVENT = LaplaceQueries(40, 10)
 
 
 def cut_last_line(path):

@@ -14,7 +14,7 @@ from scipy.special import gammaln, logsumexp
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy import accounting as acc
-from privdistill.privacy.calibration import calibrate_noise, max_count, max_queries, max_steps
+from privdistill.privacy.calibration import calibrate_noise, max_count
 from privdistill.privacy.events import (
     ConfidentGaussianQueries,
     GaussianQueries,
@@ -140,8 +140,8 @@ class TestDPDFDGolden:
                                                    (5e-3, 1, 23872), (5e-3, 10, 1392730)])
     def test_standard_settings_max_steps(self, C, target, paper_T):
         template = NormalisedGaussian(clip_norm=C, sigma=100, batch_size=256, steps=1)
-        assert max_steps(template, target_epsilon=target, delta=DELTA, accounting="paper") == paper_T
-        strict_T = max_steps(template, target_epsilon=target, delta=DELTA, accounting="strict")
+        assert max_count(template, target_epsilon=target, delta=DELTA, accounting="paper") == paper_T
+        strict_T = max_count(template, target_epsilon=target, delta=DELTA, accounting="strict")
         assert strict_T == (0 if target == 1 else 34)
 
     def test_alg3_is_not_dp_but_reports_the_channel(self):
@@ -151,7 +151,7 @@ class TestDPDFDGolden:
         channel = r.events[0].details["gradient_channel_epsilon"]
         assert 0 < channel < 0.01
         assert math.isfinite(eps([ev], "paper"))
-        assert max_steps(ev, target_epsilon=10, delta=DELTA, accounting="strict") == 0
+        assert max_count(ev, target_epsilon=10, delta=DELTA, accounting="strict") == 0
         with pytest.raises(PrivacyError, match="not DP"):
             calibrate_noise(ev, target_epsilon=10, delta=DELTA, accounting="strict")
 
@@ -340,21 +340,21 @@ def test_composition_never_lowers_epsilon(n, scale):
 # ================================================================================ calibration
 class TestCalibration:
     def test_max_queries_is_tight(self):
-        n = max_queries(LaplaceQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="strict")
+        n = max_count(LaplaceQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="strict")
         assert eps([LaplaceQueries(40, n)]) <= 10 < eps([LaplaceQueries(40, n + 1)])
-        p = max_queries(LaplaceQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="paper")
+        p = max_count(LaplaceQueries(40, 1), target_epsilon=10, delta=DELTA, accounting="paper")
         assert eps([LaplaceQueries(40, p)], "paper") <= 10 < eps([LaplaceQueries(40, p + 1)], "paper")
 
     def test_dgd_27_queries_fit_epsilon_1_strict(self):
-        assert max_queries(LaplaceQueries(40, 1), target_epsilon=1, delta=DELTA, accounting="strict") >= 27
+        assert max_count(LaplaceQueries(40, 1), target_epsilon=1, delta=DELTA, accounting="strict") >= 27
 
     def test_zero_when_one_step_exceeds(self):
         t = NormalisedGaussian(clip_norm=1e-3, sigma=100, batch_size=256, steps=1)
-        assert max_steps(t, target_epsilon=1, delta=DELTA, accounting="strict") == 0
+        assert max_count(t, target_epsilon=1, delta=DELTA, accounting="strict") == 0
 
     def test_fixed_events_count_against_target(self):
-        free = max_queries(LaplaceQueries(40, 1), target_epsilon=5, delta=DELTA)
-        used = max_queries(LaplaceQueries(40, 1), target_epsilon=5, delta=DELTA, fixed=[GaussianQueries(20, 100)])
+        free = max_count(LaplaceQueries(40, 1), target_epsilon=5, delta=DELTA)
+        used = max_count(LaplaceQueries(40, 1), target_epsilon=5, delta=DELTA, fixed=[GaussianQueries(20, 100)])
         assert used < free
 
     @pytest.mark.parametrize("accounting", ["paper", "strict"])
@@ -449,7 +449,7 @@ class TestBadInput:
         with pytest.raises(PrivacyError, match="epsilon"):
             LaplaceQueries.from_epsilon0(bad, 10)
         with pytest.raises(PrivacyError, match="target epsilon"):
-            max_queries(LaplaceQueries(40, 1), target_epsilon=bad, delta=DELTA)
+            max_count(LaplaceQueries(40, 1), target_epsilon=bad, delta=DELTA)
 
     def test_bad_counts_and_choices(self):
         with pytest.raises(PrivacyError, match="queries"):

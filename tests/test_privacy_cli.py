@@ -14,7 +14,12 @@ from privdistill.errors import PrivacyError, RunError
 from privdistill.methods.dgd_plan import dgd_pathways
 from privdistill.methods.dpdfd_plan import dpdfd_pathways
 from privdistill.methods.srr_plan import srr_pathways
-from privdistill.privacy.events import DPDFDSteps, LatentLaplace, LNMaxQueries, SRRLabels
+from privdistill.privacy.events import (
+    LaplaceOnSyntheticCodes,
+    LaplaceQueries,
+    NormalisedGaussian,
+    RandomizedResponseWithPrior,
+)
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.report import (
     Pathway,
@@ -132,7 +137,7 @@ def test_command_line_prints_clean_error():
 def test_report_on_a_ledger_alone(tmp_path):
     led = PrivacyLedger(tmp_path, max_epsilon=10)
     for i in range(3):
-        led.spend(f"q{i}", LNMaxQueries(40, 100), lambda: [0] * 5)
+        led.spend(f"q{i}", LaplaceQueries(40, 100), lambda: [0] * 5)
     res = run("report", str(tmp_path))
     assert res.exit_code == 0, res.output
     assert "Laplace queries (LNMax): 300 queries" in res.output  # merged
@@ -143,8 +148,8 @@ def test_report_on_a_ledger_alone(tmp_path):
 
 def test_report_with_pathways(tmp_path):
     led = PrivacyLedger(tmp_path)
-    led.spend("labels", LNMaxQueries(40, 1000), lambda: [1])
-    led.spend("latent", LatentLaplace(0.01, dim=32), lambda: None)
+    led.spend("labels", LaplaceQueries(40, 1000), lambda: [1])
+    led.spend("latent", LaplaceOnSyntheticCodes(0.01, dim=32), lambda: None)
     write_privacy_json(tmp_path, dgd_pathways(), method="DGD")
     doc = run_report(tmp_path)
     assert doc["method"] == "DGD"
@@ -158,7 +163,7 @@ def test_report_with_pathways(tmp_path):
 
 @pytest.mark.parametrize("secure,expected", [(False, "only while that seed"), (True, "ChaCha20")])
 def test_report_states_where_the_noise_came_from(tmp_path, secure, expected):
-    PrivacyLedger(tmp_path).spend("labels", LNMaxQueries(40, 10), lambda: [1])
+    PrivacyLedger(tmp_path).spend("labels", LaplaceQueries(40, 10), lambda: [1])
     noise = noise_source(secure, "run.noise", draws=10, rho=1e-13, tail=1e-30, epsilon=1.0, delta=1e-5)
     write_privacy_json(tmp_path, dgd_pathways(), method="dgd", noise=noise)
     text = render_text(run_report(tmp_path))
@@ -195,10 +200,10 @@ def test_pathway_helpers_and_statements():
         for pws in arts.values():
             assert all(isinstance(p, Pathway) for p in pws)
             assert all(Pathway.from_dict(p.to_dict()) == p for p in pws)
-    rep = privacy_report([DPDFDSteps(1e-3, 100, 256, 10)], delta=1e-5, artifacts=dpdfd_pathways(algorithm=1))
+    rep = privacy_report([NormalisedGaussian(1e-3, 100, 256, 10)], delta=1e-5, artifacts=dpdfd_pathways(algorithm=1))
     assert rep["artifacts"]["student"]["fully_covered"] is True
     assert "under strict" in rep["artifacts"]["student"]["statement"]
-    rep = privacy_report([SRRLabels(1.0, 60000, 10)], delta=1e-5, artifacts=srr_pathways())
+    rep = privacy_report([RandomizedResponseWithPrior(1.0, 60000, 10)], delta=1e-5, artifacts=srr_pathways())
     assert rep["artifacts"]["generator"]["fully_covered"] is False
     with pytest.raises(PrivacyError):
         dpdfd_pathways(algorithm=4)

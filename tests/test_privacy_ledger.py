@@ -13,7 +13,7 @@ import torch
 
 from privdistill.errors import BudgetExceededError, PrivacyError, RunError
 from privdistill.privacy.accounting import epsilon
-from privdistill.privacy.events import DPDFDSteps, GNMaxQueries, LNMaxQueries
+from privdistill.privacy.events import GaussianQueries, LaplaceQueries, NormalisedGaussian
 from privdistill.privacy.ledger import LedgerAnswer, LedgerWarning, PrivacyLedger, read_ledger_events
 from privdistill.privacy.mechanisms import lnmax, make_generator
 
@@ -40,7 +40,7 @@ def test_spend_then_reuse_without_spending_again(tmp_path):
     led = PrivacyLedger(tmp_path, max_epsilon=5)
     answers = torch.arange(10)
     f = Calls(answers)
-    ev = LNMaxQueries(40, 10)
+    ev = LaplaceQueries(40, 10)
     assert torch.equal(led.spend("q/0", ev, f), answers)
     spent = led.epsilon().value
     again = led.spend("q/0", ev, Calls(torch.zeros(10)))
@@ -56,54 +56,54 @@ def test_big_answers_go_to_a_checked_side_file(tmp_path):
     led = PrivacyLedger(tmp_path)
     big = torch.randn(60000, dtype=torch.float64)
     labels = torch.randint(0, 10, (60000,))
-    led.spend("labels", LNMaxQueries(40, 60000), lambda: {"x": big, "labels": labels, "n": 3})
+    led.spend("labels", LaplaceQueries(40, 60000), lambda: {"x": big, "labels": labels, "n": 3})
     rec = spends(tmp_path / "ledger.jsonl")[0]
     assert "file" in rec["answers"]["__dict__"]["x"]
-    back = PrivacyLedger(tmp_path).spend("labels", LNMaxQueries(40, 60000), lambda: None)
+    back = PrivacyLedger(tmp_path).spend("labels", LaplaceQueries(40, 60000), lambda: None)
     assert torch.equal(back["x"], big) and torch.equal(back["labels"], labels) and back["n"] == 3
     side = tmp_path / rec["answers"]["__dict__"]["x"]["file"]
     side.write_bytes(side.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(RunError, match="checksum"):
-        PrivacyLedger(tmp_path).spend("labels", LNMaxQueries(40, 60000), lambda: None)
+        PrivacyLedger(tmp_path).spend("labels", LaplaceQueries(40, 60000), lambda: None)
 
 
 def test_exact_float_answers_and_map_location(tmp_path):
     led = PrivacyLedger(tmp_path)
     x = torch.randn(16, 10)
-    led.spend("g", DPDFDSteps(1e-3, 100, 16, 1), lambda: x)
-    y = PrivacyLedger(tmp_path).spend("g", DPDFDSteps(1e-3, 100, 16, 1), lambda: None, map_location="cpu")
+    led.spend("g", NormalisedGaussian(1e-3, 100, 16, 1), lambda: x)
+    y = PrivacyLedger(tmp_path).spend("g", NormalisedGaussian(1e-3, 100, 16, 1), lambda: None, map_location="cpu")
     assert torch.equal(x, y) and y.dtype == torch.float32
 
 
 def test_refuses_over_budget_before_computing(tmp_path):
     led = PrivacyLedger(tmp_path, max_epsilon=8.0, accounting="strict")
-    led.spend("a", LNMaxQueries(40, 900), lambda: [1])
+    led.spend("a", LaplaceQueries(40, 900), lambda: [1])
     f = Calls([2])
     with pytest.raises(BudgetExceededError) as info:
-        led.spend("b", LNMaxQueries(40, 200), f)
+        led.spend("b", LaplaceQueries(40, 200), f)
     msg = str(info.value)
     assert f.n == 0
     assert "above --max-epsilon 8" in msg and "already spent" in msg and "strict" in msg
     assert len(led) == 1 and len(spends(tmp_path / "ledger.jsonl")) == 1
     # what still fits is accepted
-    led.spend("c", LNMaxQueries(40, 50), lambda: [3])
+    led.spend("c", LaplaceQueries(40, 50), lambda: [3])
     assert led.epsilon().value <= 8.0
 
 
 def test_paper_accounting_budget(tmp_path):
     led = PrivacyLedger(tmp_path, max_epsilon=10.0, accounting="paper")
-    led.spend("a", LNMaxQueries(40, 900), lambda: 0)
+    led.spend("a", LaplaceQueries(40, 900), lambda: 0)
     with pytest.raises(BudgetExceededError, match="paper accounting"):
-        led.spend("b", LNMaxQueries(40, 200), lambda: 0)
+        led.spend("b", LaplaceQueries(40, 200), lambda: 0)
 
 
 def test_check_can_start_and_remaining(tmp_path):
     led = PrivacyLedger(tmp_path, max_epsilon=1.0)
     with pytest.raises(BudgetExceededError, match="planned run"):
-        led.check_can_start([DPDFDSteps(1e-3, 100, 256, 1)])
-    assert led.check_can_start(LNMaxQueries(40, 27)).value <= 1.0
+        led.check_can_start([NormalisedGaussian(1e-3, 100, 256, 1)])
+    assert led.check_can_start(LaplaceQueries(40, 27)).value <= 1.0
     assert led.remaining() == pytest.approx(1.0)
-    led.spend("q", LNMaxQueries(40, 10), lambda: 0)
+    led.spend("q", LaplaceQueries(40, 10), lambda: 0)
     assert 0 < led.remaining() < 1.0
     assert PrivacyLedger(tmp_path / "other").remaining() is None
 
@@ -115,14 +115,14 @@ def test_failed_computation_spends_nothing(tmp_path):
         raise RuntimeError("teacher crashed")
 
     with pytest.raises(RuntimeError):
-        led.spend("q", LNMaxQueries(40, 10), boom)
+        led.spend("q", LaplaceQueries(40, 10), boom)
     assert len(led) == 0 and "q" not in led
     assert PrivacyLedger(tmp_path, max_epsilon=5).epsilon().value == 0.0
 
 
 def test_torn_last_line_is_ignored_and_repaired(tmp_path):
     led = PrivacyLedger(tmp_path)
-    led.spend("a", LNMaxQueries(40, 10), lambda: [1, 2])
+    led.spend("a", LaplaceQueries(40, 10), lambda: [1, 2])
     path = tmp_path / "ledger.jsonl"
     with open(path, "ab") as f:
         f.write(b'{"kind": "spend", "key": "b", "event": {"type": "lnm')  # crash mid-append
@@ -131,7 +131,7 @@ def test_torn_last_line_is_ignored_and_repaired(tmp_path):
     assert again.keys() == ["a"]
     assert path.read_bytes().endswith(b"\n")
     f = Calls([9])
-    assert again.spend("b", LNMaxQueries(40, 5), f) == [9] and f.n == 1  # never used: computed afresh
+    assert again.spend("b", LaplaceQueries(40, 5), f) == [9] and f.n == 1  # never used: computed afresh
     lines = path.read_text().splitlines()
     assert all(json.loads(line) for line in lines)
     assert [r["key"] for r in spends(path)] == ["a", "b"]
@@ -139,7 +139,7 @@ def test_torn_last_line_is_ignored_and_repaired(tmp_path):
 
 def test_complete_last_record_without_newline_is_kept(tmp_path):
     led = PrivacyLedger(tmp_path)
-    led.spend("a", LNMaxQueries(40, 10), lambda: [1])
+    led.spend("a", LaplaceQueries(40, 10), lambda: [1])
     path = tmp_path / "ledger.jsonl"
     path.write_bytes(path.read_bytes().rstrip(b"\n"))
     again = PrivacyLedger(tmp_path)
@@ -148,8 +148,8 @@ def test_complete_last_record_without_newline_is_kept(tmp_path):
 
 def test_corrupt_middle_line_is_an_error(tmp_path):
     led = PrivacyLedger(tmp_path)
-    led.spend("a", LNMaxQueries(40, 10), lambda: 1)
-    led.spend("b", LNMaxQueries(40, 10), lambda: 2)
+    led.spend("a", LaplaceQueries(40, 10), lambda: 1)
+    led.spend("b", LaplaceQueries(40, 10), lambda: 2)
     path = tmp_path / "ledger.jsonl"
     lines = path.read_text().splitlines()
     lines[1] = lines[1][:20]
@@ -160,9 +160,9 @@ def test_corrupt_middle_line_is_an_error(tmp_path):
 
 def test_resumed_run_must_match(tmp_path):
     led = PrivacyLedger(tmp_path)
-    led.spend("a", LNMaxQueries(40, 10), lambda: 1)
+    led.spend("a", LaplaceQueries(40, 10), lambda: 1)
     with pytest.raises(RunError, match="does not match"):
-        led.spend("a", LNMaxQueries(20, 10), lambda: 1)
+        led.spend("a", LaplaceQueries(20, 10), lambda: 1)
     with pytest.raises(RunError, match="accounting=strict"):
         PrivacyLedger(tmp_path, accounting="paper")
     with pytest.raises(RunError, match="delta"):
@@ -170,7 +170,7 @@ def test_resumed_run_must_match(tmp_path):
 
 
 def test_max_epsilon_change_is_recorded(tmp_path):
-    PrivacyLedger(tmp_path, max_epsilon=2.0).spend("a", LNMaxQueries(40, 10), lambda: 1)
+    PrivacyLedger(tmp_path, max_epsilon=2.0).spend("a", LaplaceQueries(40, 10), lambda: 1)
     PrivacyLedger(tmp_path, max_epsilon=3.0)
     events, header = read_ledger_events(tmp_path)
     assert header["max_epsilon"] == 3.0 and len(events) == 1
@@ -180,7 +180,7 @@ def test_votes_recorded_for_data_dependent_accounting(tmp_path):
     led = PrivacyLedger(tmp_path)
     g = make_generator(0)
     votes = torch.tensor([[250, 0, 0, 0]]).repeat(300, 1)
-    led.spend("q", GNMaxQueries(40, 300),
+    led.spend("q", GaussianQueries(40, 300),
               lambda: LedgerAnswer(answers=lnmax(votes, scale=1, generator=g), votes=votes))
     rec = spends(tmp_path / "ledger.jsonl")[0]
     assert rec["stats"]["unanimous"] == 300 and rec["stats"]["queries"] == 300
@@ -198,17 +198,17 @@ def test_bad_input(tmp_path):
         PrivacyLedger(tmp_path, delta=1.0)
     led = PrivacyLedger(tmp_path)
     with pytest.raises(PrivacyError, match="key"):
-        led.spend("", LNMaxQueries(40, 1), lambda: 1)
+        led.spend("", LaplaceQueries(40, 1), lambda: 1)
     with pytest.raises(PrivacyError, match="privacy event"):
         led.spend("k", {"type": "lnmax"}, lambda: 1)
     with pytest.raises(PrivacyError, match="JSON-able"):
-        led.spend("k", LNMaxQueries(40, 1), lambda: object())
+        led.spend("k", LaplaceQueries(40, 1), lambda: object())
 
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
-    from privdistill.privacy.events import LNMaxQueries
+    from privdistill.privacy.events import LaplaceQueries
     from privdistill.privacy.ledger import PrivacyLedger
     assert "torch" not in sys.modules  # the ledger itself does not need torch (fast child)
     run_dir, crash_at, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -219,7 +219,7 @@ CHILD = textwrap.dedent("""
         return np.argmax(votes + rng.laplace(scale=40, size=votes.shape), axis=1)
     out = []
     for i in range(6):
-        labels = led.spend(f"batch/{i}", LNMaxQueries(40, 4), noisy_argmax)
+        labels = led.spend(f"batch/{i}", LaplaceQueries(40, 4), noisy_argmax)
         out.append(labels.tolist())
         if i == crash_at:
             os.kill(os.getpid(), signal.SIGKILL)   # crash after the answer was used
@@ -243,14 +243,14 @@ def test_crash_and_resume_reuses_answers_and_never_double_spends(tmp_path):
     recs = spends(run / "ledger.jsonl")
     assert [r["key"] for r in recs] == [f"batch/{i}" for i in range(6)]
     led = PrivacyLedger(run, max_epsilon=9.0)
-    assert led.epsilon().value == pytest.approx(epsilon([LNMaxQueries(40, 24)], delta=DELTA).value)
+    assert led.epsilon().value == pytest.approx(epsilon([LaplaceQueries(40, 24)], delta=DELTA).value)
 
 
 def test_ledger_path_forms(tmp_path):
     a = PrivacyLedger(tmp_path / "run.1")  # a run directory, even with a dot in its name
     assert a.path == tmp_path / "run.1" / "ledger.jsonl"
     b = PrivacyLedger(tmp_path / "custom.jsonl")
-    b.spend("x", LNMaxQueries(40, 1), lambda: np.arange(1000))
+    b.spend("x", LaplaceQueries(40, 1), lambda: np.arange(1000))
     assert (tmp_path / "custom.jsonl").exists() and (tmp_path / "ledger_answers").is_dir()
 
 
@@ -258,14 +258,14 @@ def test_an_event_cannot_under_price_itself_by_its_sensitivity():
     from privdistill.privacy.events import event_from_dict
 
     with pytest.raises(PrivacyError, match="below the mechanism's 2"):
-        LNMaxQueries(scale=40.0, count=10, sensitivity=0.001)
+        LaplaceQueries(scale=40.0, count=10, sensitivity=0.001)
     with pytest.raises(PrivacyError, match="GNMax: sensitivity"):
-        GNMaxQueries(sigma=40.0, count=10, sensitivity=1.0)
+        GaussianQueries(sigma=40.0, count=10, sensitivity=1.0)
     # a tampered ledger line is refused the same way when it is read back
     with pytest.raises(PrivacyError, match="under-price"):
         event_from_dict({"type": "lnmax", "scale": 40.0, "count": 10, "sensitivity": 0.001})
     # declaring more than the mechanism's sensitivity only over-prices: kept
-    assert LNMaxQueries(scale=40.0, count=10, sensitivity=4.0).epsilon0 == pytest.approx(0.1)
+    assert LaplaceQueries(scale=40.0, count=10, sensitivity=4.0).epsilon0 == pytest.approx(0.1)
 
 
 def test_a_second_process_on_a_run_directory_is_refused(tmp_path, tiny_npz):
@@ -299,7 +299,7 @@ def test_a_key_recorded_twice_is_refused_by_every_reader(tmp_path):
     """Issue 28: two writers (or an edit) can leave one key twice; neither the ledger nor a read-only view
     (privacy report, plans) may then trust it."""
     led = PrivacyLedger(tmp_path, max_epsilon=5)
-    led.spend("q/0", LNMaxQueries(40, 10), Calls(torch.arange(10)))
+    led.spend("q/0", LaplaceQueries(40, 10), Calls(torch.arange(10)))
     path = tmp_path / "ledger.jsonl"
     spend_line = next(line for line in path.read_text().splitlines() if '"spend"' in line)
     path.write_text(path.read_text() + spend_line + "\n")

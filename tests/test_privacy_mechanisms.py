@@ -99,7 +99,7 @@ def test_confident_gnmax_answer_rate_and_labels():
 def test_filtered_confident_gnmax_asks_until_the_budget_of_answered_queries_is_spent():
     """A refused query costs its check only: with half the rows refused the filter asks about twice the budget,
     with every row answered exactly the budget; the released prefix is what confident_gnmax draws, the rest -1."""
-    from privdistill.privacy.events import ConfidentGNMaxQueries
+    from privdistill.privacy.events import ConfidentGaussianQueries
 
     votes = torch.tensor([[1000, 0, 0], [0, 0, 0]]).repeat(2000, 1)  # even rows sure, odd rows refused (5 sigma1)
     kw = dict(threshold=500, sigma1=100, sigma2=10)  # a check costs 1/200 of an answer
@@ -107,7 +107,7 @@ def test_filtered_confident_gnmax_asks_until_the_budget_of_answered_queries_is_s
     plain, plain_answered = M.confident_gnmax(votes, **kw, generator=gen(3))
     assert torch.equal(labels[:asked], plain[:asked]) and torch.equal(answered[:asked], plain_answered[:asked])
     assert bool((labels[asked:] == -1).all()) and not bool(answered[asked:].any())
-    check, answer = ConfidentGNMaxQueries(count=1, **kw).round_costs
+    check, answer = ConfidentGaussianQueries(count=1, **kw).round_costs
     assert int(answered.sum()) in (99, 100)  # the budget buys 100 answers, or 99 and the refused checks
     assert asked == pytest.approx(200, abs=3) and asked > 100
     assert spent == pytest.approx(asked * check + int(answered.sum()) * answer)

@@ -13,7 +13,7 @@ from scipy.stats import norm
 from privdistill.errors import PrivacyError
 from privdistill.privacy import accounting as acc
 from privdistill.privacy import pate
-from privdistill.privacy.events import ConfidentGNMaxQueries, GNMaxQueries, LNMaxQueries
+from privdistill.privacy.events import ConfidentGaussianQueries, GaussianQueries, LaplaceQueries
 
 # (sigma, order, -log q0): from the unit test of the PATE 2018 analysis code (tensorflow/privacy,
 # research/pate_2018/core_test.py, "hand calculated -log(q0)s"): at q0 + 0.1 ... 0.4 the bound equals
@@ -99,21 +99,21 @@ def test_threshold_probability():
 
 def test_unanimous_votes_cost_less_than_data_independent():
     votes = np.tile([250, 0, 0, 0, 0, 0, 0, 0, 0, 0], (500, 1))
-    r = acc.epsilon([GNMaxQueries(sigma=40, count=500)], delta=1e-5, stats=[acc.VoteStats(votes)])
+    r = acc.epsilon([GaussianQueries(sigma=40, count=500)], delta=1e-5, stats=[acc.VoteStats(votes)])
     assert r.data_dependent < 0.2 * r.value
     assert any("smooth-sensitivity" in n for n in r.notes)
-    r = acc.epsilon([LNMaxQueries(scale=20, count=500)], delta=1e-5, stats=[acc.VoteStats(votes)])
+    r = acc.epsilon([LaplaceQueries(scale=20, count=500)], delta=1e-5, stats=[acc.VoteStats(votes)])
     assert r.data_dependent < r.value
 
 
 def test_data_dependent_never_exceeds_data_independent():
     rng = np.random.default_rng(0)
     votes = rng.multinomial(250, rng.dirichlet(np.ones(10) * 0.3, size=300)).astype(float)
-    for ev in (GNMaxQueries(40, 300), LNMaxQueries(40, 300)):
+    for ev in (GaussianQueries(40, 300), LaplaceQueries(40, 300)):
         r = acc.epsilon([ev], delta=1e-5, stats=[acc.VoteStats(votes)])
         assert r.data_dependent <= r.value + 1e-9
     answered = votes.max(axis=1) > 150
-    ev = ConfidentGNMaxQueries(threshold=150, sigma1=100, sigma2=40, count=300, answered=int(answered.sum()))
+    ev = ConfidentGaussianQueries(threshold=150, sigma1=100, sigma2=40, count=300, answered=int(answered.sum()))
     r = acc.epsilon([ev], delta=1e-5, stats=[acc.VoteStats(votes, answered)])
     assert r.data_dependent <= r.value + 1e-9
 
@@ -121,21 +121,21 @@ def test_data_dependent_never_exceeds_data_independent():
 def test_confident_gnmax_data_dependent_with_confident_ensemble():
     # 250 teachers almost unanimous: threshold 200 with sigma1 150, sigma2 40 (PATE 2018's MNIST setting)
     votes = np.tile([240, 5, 5, 0, 0, 0, 0, 0, 0, 0], (1000, 1)).astype(float)
-    ev = ConfidentGNMaxQueries(threshold=200, sigma1=150, sigma2=40, count=1000, answered=1000)
+    ev = ConfidentGaussianQueries(threshold=200, sigma1=150, sigma2=40, count=1000, answered=1000)
     r = acc.epsilon([ev], delta=1e-5, stats=[acc.VoteStats(votes, np.ones(1000, bool))])
     assert r.data_dependent < r.value
 
 
 def test_mismatched_or_empty_votes_raise():
     with pytest.raises(PrivacyError, match="mismatched votes"):
-        acc.epsilon([GNMaxQueries(40, 10)], delta=1e-5, stats=[acc.VoteStats(np.ones((9, 10)))])
+        acc.epsilon([GaussianQueries(40, 10)], delta=1e-5, stats=[acc.VoteStats(np.ones((9, 10)))])
     with pytest.raises(PrivacyError, match="empty"):
         pate.log_q_gnmax(np.zeros((0, 10)), 10.0)
     with pytest.raises(PrivacyError, match="negative"):
         pate.log_q_lnmax(np.array([[3, -1]]), 10.0)
     with pytest.raises(PrivacyError, match="stats has"):
-        acc.epsilon([GNMaxQueries(40, 10)], delta=1e-5, stats=[])
+        acc.epsilon([GaussianQueries(40, 10)], delta=1e-5, stats=[])
     with pytest.raises(PrivacyError, match="answered mask"):
-        acc.epsilon([ConfidentGNMaxQueries(1, 1, 1, 2)], delta=1e-5, stats=[acc.VoteStats(np.ones((2, 3)))])
+        acc.epsilon([ConfidentGaussianQueries(1, 1, 1, 2)], delta=1e-5, stats=[acc.VoteStats(np.ones((2, 3)))])
     with pytest.raises(PrivacyError, match="orders"):
         pate.rdp_gnmax_data_dependent([-1.0], 1.0, [1.0])

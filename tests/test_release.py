@@ -111,10 +111,10 @@ def test_predict_takes_a_single_image_and_export_names_a_missing_directory(tmp_p
     assert rgb.preprocess(np.zeros((3, 4, 4), np.uint8)).shape == (1, 3, 4, 4)
     with pytest.raises(RunError, match="does-not-exist does not exist"):
         export_run(tmp_path / "does-not-exist", tmp_path / "out")
-    from privdistill.privacy.events import GNMaxQueries, LNMaxQueries
+    from privdistill.privacy.events import GaussianQueries, LaplaceQueries
 
-    assert "Laplace queries (LNMax): 1 query," in LNMaxQueries(scale=40.0, count=1).describe()
-    assert "Gaussian queries (GNMax): 2 queries," in GNMaxQueries(sigma=40.0, count=2).describe()
+    assert "Laplace queries (LNMax): 1 query," in LaplaceQueries(scale=40.0, count=1).describe()
+    assert "Gaussian queries (GNMax): 2 queries," in GaussianQueries(sigma=40.0, count=2).describe()
 
 
 def test_weights_that_do_not_fit_their_architecture_are_a_clear_error(tmp_path):

@@ -18,7 +18,7 @@ from privdistill.methods.common import RunRequest
 from privdistill.methods.runner import Budget
 from privdistill.methods.srr import SRRConfig, label_event, run_srr
 from privdistill.methods.srr_schedule import stage_sizes
-from privdistill.privacy.events import RRLabels, SRRLabels
+from privdistill.privacy.events import RandomizedResponse, RandomizedResponseWithPrior
 from privdistill.privacy.ledger import PrivacyLedger
 from privdistill.privacy.mechanisms import (
     release_labels,
@@ -121,11 +121,11 @@ def test_release_labels_dispatches_and_srr_keeps_the_teacher_label_in_the_prior_
 
 def test_events_stage_sizes_and_config_checks():
     cfg = SRRConfig()
-    assert label_event(cfg, 10, 10, 2.0) == SRRLabels(2.0, 10, 10, "data-free")
-    assert label_event(SRRConfig(mechanism="rr"), 10, 10, 10.0) == RRLabels(10.0, 10, 10)
+    assert label_event(cfg, 10, 10, 2.0) == RandomizedResponseWithPrior(2.0, 10, 10, "data-free")
+    assert label_event(SRRConfig(mechanism="rr"), 10, 10, 10.0) == RandomizedResponse(10.0, 10, 10)
     for mech in ("srr", "rr", "rr-prior"):  # all priced per label under "change one label"
         assert label_event(SRRConfig(setting="label-dp", mechanism=mech), 7, 10, 10.0) \
-            == SRRLabels(10.0, 7, 10, "label-dp")
+            == RandomizedResponseWithPrior(10.0, 7, 10, "label-dp")
     assert stage_sizes(10, 3) == [4, 3, 3] and sum(stage_sizes(60000, 320)) == 60000
     assert stage_sizes(60000, 3, 0.5) == [30000, 15000, 15000] and stage_sizes(5, 3, 0.9) == [3, 1, 1]
     with pytest.raises(ConfigError, match="at least"):

@@ -1,11 +1,13 @@
 """Atomic file writes: write to a temporary file in the same directory, fsync, then rename.
 
 A reader (or a resumed run) therefore sees either the old file or the complete new one, never a torn
-write, even if the process is killed mid-way.
+write, even if the process is killed mid-way. Also a file's SHA-256 (`file_sha256`), here for data/ and engine/,
+which both import this module.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -42,6 +44,15 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of the file's content, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

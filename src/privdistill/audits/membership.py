@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.stats import norm
 from torch import nn
 
 from privdistill.atomic import atomic_torch_save
@@ -205,10 +206,6 @@ def load_shadows(stage: Stage) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- LiRA
-def _logpdf(x: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
-    return -0.5 * ((x - mu) / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi)
-
-
 def lira_scores(target_phi: np.ndarray, shadow_phi: np.ndarray, in_mask: np.ndarray, *,
                 fix_variance: bool = True) -> dict[str, np.ndarray]:
     """Online and offline LiRA scores of each audit example (higher = more likely a member)."""
@@ -230,7 +227,7 @@ def lira_scores(target_phi: np.ndarray, shadow_phi: np.ndarray, in_mask: np.ndar
     mu_out = np.where(np.isfinite(mu_out), mu_out, np.nanmean(outs))
     sd_in = np.maximum(np.nan_to_num(sd_in, nan=1.0), 1e-3)
     sd_out = np.maximum(np.nan_to_num(sd_out, nan=1.0), 1e-3)
-    online = _logpdf(target_phi, mu_in, sd_in) - _logpdf(target_phi, mu_out, sd_out)
+    online = norm.logpdf(target_phi, mu_in, sd_in) - norm.logpdf(target_phi, mu_out, sd_out)
     offline = (target_phi - mu_out) / sd_out
     return {"online": online, "offline": offline}
 

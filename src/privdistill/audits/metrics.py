@@ -1,9 +1,10 @@
 """ROC curves, AUC and TPR at a fixed FPR for membership scores (higher score = "member"), with bootstrap
-intervals. Plain numpy: ties are handled exactly (one ROC point per distinct score)."""
+intervals. Ties are handled exactly (one ROC point per distinct score)."""
 
 from __future__ import annotations
 
 import numpy as np
+from sklearn import metrics
 
 
 def roc_curve(scores, labels) -> tuple[np.ndarray, np.ndarray]:
@@ -16,23 +17,16 @@ def roc_curve(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     if pos == 0 or neg == 0:
         raise ValueError("need at least one member and one non-member")
     if not np.all(np.isfinite(scores)):
-        scores = np.nan_to_num(scores, nan=-np.inf)
-    order = np.argsort(-scores, kind="mergesort")
-    s, y = scores[order], labels[order]
-    tps, fps = np.cumsum(y), np.cumsum(~y)
-    last = np.r_[np.nonzero(np.diff(s))[0], len(s) - 1]  # last index of each run of equal scores
-    tpr = np.r_[0.0, tps[last] / pos]
-    fpr = np.r_[0.0, fps[last] / neg]
+        # NaN ranks below every score (-inf); sklearn takes finite scores only, so pass the ranks (order and ties
+        # kept, and with them the curve)
+        scores = np.unique(np.nan_to_num(scores, nan=-np.inf), return_inverse=True)[1]
+    fpr, tpr, _ = metrics.roc_curve(labels, scores, drop_intermediate=False)
     return fpr, tpr
-
-
-def _area(fpr: np.ndarray, tpr: np.ndarray) -> float:
-    return float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2))
 
 
 def auc(scores, labels) -> float:
     """Area under the ROC curve (= P[member score > non-member score] + P[tie] / 2)."""
-    return _area(*roc_curve(scores, labels))
+    return float(metrics.auc(*roc_curve(scores, labels)))
 
 
 def tpr_at_fpr(scores, labels, fpr_target: float = 0.01) -> float:
@@ -48,7 +42,7 @@ def attack_metrics(scores, labels, *, bootstrap: int = 0, seed: int = 0) -> dict
     scores = np.asarray(scores, dtype=float)
     labels = np.asarray(labels).astype(bool)
     fpr, tpr = roc_curve(scores, labels)
-    out = {"auc": _area(fpr, tpr),
+    out = {"auc": float(metrics.auc(fpr, tpr)),
            "tpr_at_1pct_fpr": float(tpr[fpr <= 0.01 + 1e-12].max()),
            "tpr_at_0.1pct_fpr": float(tpr[fpr <= 0.001 + 1e-12].max()),
            "balanced_accuracy": float(np.max(0.5 * (tpr + 1 - fpr)))}
@@ -59,7 +53,7 @@ def attack_metrics(scores, labels, *, bootstrap: int = 0, seed: int = 0) -> dict
         for _ in range(bootstrap):
             idx = np.r_[rng.choice(pos, len(pos)), rng.choice(neg, len(neg))]
             f, t = roc_curve(scores[idx], labels[idx])
-            aucs.append(_area(f, t))
+            aucs.append(metrics.auc(f, t))
             tprs.append(t[f <= 0.01 + 1e-12].max())
         out["auc_ci95"] = [round(float(np.percentile(aucs, 2.5)), 4), round(float(np.percentile(aucs, 97.5)), 4)]
         out["tpr_at_1pct_fpr_ci95"] = [round(float(np.percentile(tprs, 2.5)), 4),

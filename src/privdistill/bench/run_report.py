@@ -17,7 +17,7 @@ from typing import Any
 
 from privdistill.engine.run import RunDir
 from privdistill.errors import ConfigError
-from privdistill.privacy.report import guarantee, has_run_report, render_text, run_report
+from privdistill.privacy.report import guarantee, has_run_report, pathway_line, render_text, run_report
 
 SUMMARY_ROWS = ("method", "variant", "dataset", "preset", "test_accuracy", "test_split", "baseline_accuracy",
                 "target_epsilon", "epsilon_paper", "epsilon_strict", "epsilon_data_dependent", "delta",
@@ -52,10 +52,7 @@ def privacy_text(run: RunDir, summary: dict[str, Any]) -> str:
                      f"{_fmt(summary.get('epsilon_strict'))}   delta: {_fmt(summary.get('delta'))}")
     for name, pathways in (doc.get("artifacts") or {}).items():
         lines.append(f"{name}:")
-        for p in pathways:
-            mark = "covered    " if p["covered"] else "NOT covered"
-            lines.append(f"  [{mark}] {p['source']} -> {p['via']} -> {p['to']}"
-                         + (f"  ({p['note']})" if p.get("note") else ""))
+        lines += ["  " + pathway_line(p) for p in pathways]
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,6 @@ inside torchvision when something is missing or corrupt.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import shutil
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from privdistill.atomic import file_sha256
 from privdistill.data.catalog import BUILTIN, DatasetSpec, canonical_name
 from privdistill.data.dataset import DataSplits, ImageDataset
 from privdistill.errors import DataError
@@ -49,14 +49,6 @@ def get_spec(name: str) -> DatasetSpec:
 
 
 # --------------------------------------------------------------------------------------------- IDX files
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _raw_dir(spec: DatasetSpec, root: Path) -> Path:
     return root / spec.folder / "raw"
 
@@ -113,7 +105,7 @@ def verify_idx_files(spec: DatasetSpec, root: Path) -> list[FileCheck]:
             checks.append(FileCheck(rf.name, path, False, "missing"))
         elif path.stat().st_size != rf.size:
             checks.append(FileCheck(rf.name, path, False, f"size {path.stat().st_size} != {rf.size}"))
-        elif _sha256_file(path) != rf.sha256:
+        elif file_sha256(path) != rf.sha256:
             checks.append(FileCheck(rf.name, path, False, "content hash differs from the official file"))
         else:
             checks.append(FileCheck(rf.name, path, True))

@@ -7,7 +7,6 @@ of upstream stages, so any run needing the same stage reuses it (see `engine.cac
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from privdistill.atomic import atomic_write_json
+from privdistill.atomic import atomic_write_json, file_sha256
 from privdistill.config import ClassifierTraining, keyed_config
 from privdistill.data.dataset import DataSplits
 from privdistill.engine.cache import Stage, StageCache
@@ -40,11 +39,8 @@ VERSIONS = {"baseline": "1", "teachers": "3", "generator": "3", "synthetic": "3"
 
 
 def file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    """A file's key for the stage cache: the first 16 hex digits of its SHA-256."""
+    return file_sha256(path)[:16]
 
 
 @dataclass

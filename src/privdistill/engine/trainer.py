@@ -75,8 +75,7 @@ def evaluate(model: nn.Module, data: ImageDataset, env: Env, batch_size: int = 1
 
 def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTraining, env: Env,
                      run: RunDir | None = None, test: ImageDataset | None = None, checkpoint: str = "checkpoint",
-                     description: str = "train", log_prefix: str = "",
-                     soft_targets: torch.Tensor | None = None) -> TrainResult:
+                     description: str = "train", soft_targets: torch.Tensor | None = None) -> TrainResult:
     """Train `model` on `train` (in place). With a run directory, checkpoints atomically every
     `cfg.checkpoint_every` steps and resumes from the last checkpoint if one exists. `soft_targets` [N, classes]
     (class probabilities, e.g. a teacher's softmax) replace the integer labels in the loss: cross-entropy to a
@@ -90,7 +89,7 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
     steps = total_steps(cfg, len(train))
     per_epoch = max(1, len(train) // cfg.batch_size)
     loop = TrainingLoop(steps=steps, env=env, run=run, checkpoint=checkpoint, title=description,
-                        log_stage=log_prefix or description, modules={"model": model},
+                        log_stage=description, modules={"model": model},
                         optimizers={"model": optimizer},
                         schedules={"model": make_schedule(optimizer, cfg.lr_schedule, steps)},
                         eval_every=max(1, int(round(cfg.eval_every_epochs * per_epoch))),

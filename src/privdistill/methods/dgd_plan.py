@@ -165,8 +165,4 @@ def plan_queries(cfg: DGDConfig, budget: Budget, fixed: list | None = None, read
         raise ConfigError("give either dgd.queries (|D̂s|) or a target budget.epsilon (--epsilon)")
     fixed = list(fixed or []) + ([LaplaceOnSyntheticCodes(epsilon1=cfg.epsilon1)]
                                  if cfg.latent_noise and reads_codes and budget.accounting == "paper" else [])
-    n = calibration.max_queries(vote_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
-                                accounting=budget.accounting, fixed=fixed)
-    if n < 1:
-        raise ConfigError(calibration.no_query_fits(vote_event(cfg, 1), budget, cfg.aggregation, fixed=fixed))
-    return n
+    return calibration.vote_queries(vote_event(cfg, 1), budget, cfg.aggregation, fixed=fixed)

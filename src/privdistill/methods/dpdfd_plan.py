@@ -156,7 +156,7 @@ def plan_steps(cfg: DPDFDConfig, budget: Budget, *, num_teachers: int = 1, num_c
         template = replace(template, sigma=sigma)
         notes.append(f"sigma calibrated to {sigma:.6g} so that {count} steps spend epsilon {eps:g} "
                      f"({acc} accounting, delta {delta:g}); the paper uses sigma = {cfg.sigma:g}")
-    allowed = None if eps is None else calibration.max_steps(template, target_epsilon=eps, delta=delta, accounting=acc)
+    allowed = None if eps is None else calibration.max_count(template, target_epsilon=eps, delta=delta, accounting=acc)
     if cfg.steps > 0:  # exactly as many as asked (the ledger refuses them if they do not fit)
         steps = cfg.steps
     elif cfg.max_steps and allowed > cfg.max_steps:
@@ -177,7 +177,7 @@ def steps_allowed(event: NormalisedGaussian, budget: Budget) -> dict[str, int]:
     allowed = {}
     for accounting in ("paper", "strict"):
         try:
-            allowed[accounting] = calibration.max_steps(event.with_count(1), target_epsilon=budget.epsilon,
+            allowed[accounting] = calibration.max_count(event.with_count(1), target_epsilon=budget.epsilon,
                                                         delta=budget.delta, accounting=accounting)
         except PrivacyError:
             allowed[accounting] = 0

@@ -112,10 +112,7 @@ def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, 
     else:
         if budget.epsilon is None:
             raise ConfigError("give either pate.queries or a target budget.epsilon (--epsilon)")
-        n = calibration.max_queries(query_event(cfg, 1), target_epsilon=budget.epsilon, delta=budget.delta,
-                                    accounting=budget.accounting)
-        if n < 1:
-            raise ConfigError(calibration.no_query_fits(query_event(cfg, 1), budget, cfg.aggregation))
+        n = calibration.vote_queries(query_event(cfg, 1), budget, cfg.aggregation)
     if n > available:
         notes.append(f"{n} queries allowed/asked but the public slice has {available} images: all of them are queried "
                      "(ε below the target)")

@@ -6,7 +6,7 @@
     pricing      the arithmetic the events price themselves with
     accounting   epsilon(events, delta=..., accounting="paper"|"strict"), get_accountant, both
     pate         PATE 2017/2018 data-dependent RDP bounds
-    calibration  max_queries, max_steps, calibrate_noise
+    calibration  max_count, calibrate_noise
     ledger       PrivacyLedger (append-only ledger.jsonl; budget enforcement; crash-safe resume)
     report       Pathway, privacy_report, render_text, run_report
 
@@ -31,17 +31,13 @@ _EXPORTS = {
     "ConfidentGaussianQueries": "events", "RandomizedResponse": "events", "RandomizedResponseWithPrior": "events",
     "NormalisedGaussian": "events", "SubsampledGaussian": "events", "LaplaceOnSyntheticCodes": "events",
     "event_from_dict": "events",
-    # the events' names before they were named after their mechanisms (the same classes)
-    "LNMaxQueries": "events", "GNMaxQueries": "events", "ConfidentGNMaxQueries": "events", "RRLabels": "events",
-    "SRRLabels": "events", "DPDFDSteps": "events", "DPSGDTraining": "events", "LatentLaplace": "events",
     # accounting
     "epsilon": "accounting", "both": "accounting", "get_accountant": "accounting",
     "register_accountant": "accounting", "available_accountants": "accounting",
     "Accountant": "accounting", "EpsilonResult": "accounting", "VoteStats": "accounting",
     "merge_events": "accounting",
     # calibration
-    "max_queries": "calibration", "max_steps": "calibration", "max_count": "calibration",
-    "calibrate_noise": "calibration",
+    "max_count": "calibration", "calibrate_noise": "calibration",
     # ledger
     "PrivacyLedger": "ledger", "LedgerAnswer": "ledger",
     # report

@@ -27,11 +27,11 @@ def check_real(name: str, value: Any) -> float:
     return value
 
 
-def check_positive(name: str, value: Any, *, allow_inf: bool = False) -> float:
+def check_positive(name: str, value: Any) -> float:
     value = check_real(name, value)
     if not value > 0:
         raise PrivacyError(f"{name} must be > 0, got {value!r}")
-    if math.isinf(value) and not allow_inf:
+    if math.isinf(value):
         raise PrivacyError(f"{name} must be finite, got {value!r}")
     return value
 

@@ -3,7 +3,7 @@
 Every function takes a template event and an accounting, and relies on epsilon being non-decreasing in the count and
 non-increasing in the noise (tests/test_privacy_accounting.py); everything privacy-relevant is keyword-only::
 
-    max_queries(LaplaceQueries(scale=40, count=1), target_epsilon=10, delta=1e-5, accounting="strict")
+    max_count(LaplaceQueries(scale=40, count=1), target_epsilon=10, delta=1e-5, accounting="strict")
     calibrate_noise(GaussianQueries(sigma=1, count=1000), target_epsilon=2, delta=1e-5, accounting="strict")
 
 A count of 0 is a valid answer: even one query / step would exceed the target.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from privdistill.errors import PrivacyError
+from privdistill.errors import ConfigError, PrivacyError
 from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
 from privdistill.privacy.accounting import epsilon
 from privdistill.privacy.events import PrivacyEvent
@@ -50,8 +50,7 @@ def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accou
     def fits(n: int) -> bool:
         return _eps(fixed + [event.with_count(n)], delta, accounting) <= target
 
-    if not fits(0):
-        return 0
+    # epsilon is non-decreasing in the count, so if one does not fit, none does (whatever `fixed` spent already)
     if not fits(1):
         return 0
     lo = 1
@@ -71,26 +70,18 @@ def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accou
     return lo
 
 
-def no_query_fits(event: PrivacyEvent, budget, aggregation: str, fixed: Sequence[PrivacyEvent] = ()) -> str:
-    """Why a vote plan has no query (max_queries returned 0), with the ε one query costs and the ways out."""
+def vote_queries(event: PrivacyEvent, budget, aggregation: str, fixed: Sequence[PrivacyEvent] = ()) -> int:
+    """The most queries of a vote plan that fit the budget (``event``: one query; ``budget``: epsilon, delta and
+    accounting), or ConfigError saying the ε one query costs and the ways out when not even one fits."""
+    n = max_count(event, target_epsilon=budget.epsilon, delta=budget.delta, accounting=budget.accounting, fixed=fixed)
+    if n > 0:
+        return n
     one = _eps(list(fixed) + [event.with_count(1)], budget.delta, budget.accounting)
     noise = getattr(event, event.noise_field)
-    return (f"ε = {budget.epsilon:g} at δ = {budget.delta:g} allows no {aggregation} query under the "
-            f"{budget.accounting} accounting: one query with noise {noise:g} costs ε = {one:.3g}. Raise --epsilon to "
-            f"at least {one:.3g}, raise the vote noise (each label is then wrong more often: --dry-run prints by "
-            "how much), or bring more data (more teachers outvote more noise)")
-
-
-def max_queries(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
-                fixed: Sequence[PrivacyEvent] = ()) -> int:
-    """Most noisy-argmax queries (or labels) that fit; see :func:`max_count`."""
-    return max_count(event, target_epsilon=target_epsilon, delta=delta, accounting=accounting, fixed=fixed)
-
-
-def max_steps(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",
-              fixed: Sequence[PrivacyEvent] = ()) -> int:
-    """Most DPDFD steps that fit; see :func:`max_count`."""
-    return max_count(event, target_epsilon=target_epsilon, delta=delta, accounting=accounting, fixed=fixed)
+    raise ConfigError(f"ε = {budget.epsilon:g} at δ = {budget.delta:g} allows no {aggregation} query under the "
+                      f"{budget.accounting} accounting: one query with noise {noise:g} costs ε = {one:.3g}. Raise "
+                      f"--epsilon to at least {one:.3g}, raise the vote noise (each label is then wrong more often: "
+                      "--dry-run prints by how much), or bring more data (more teachers outvote more noise)")
 
 
 def calibrate_noise(event: PrivacyEvent, *, target_epsilon: float, delta: float, accounting: str = "strict",

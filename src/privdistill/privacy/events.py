@@ -98,10 +98,6 @@ class PrivacyEvent:
             out[f.name] = getattr(self, f.name)
         return out
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "PrivacyEvent":
-        return event_from_dict(data)
-
     @property
     def repetitions(self) -> int:
         """How many times the mechanism ran (the value of ``count_field``; 1 if none)."""
@@ -843,18 +839,6 @@ class LaplaceOnSyntheticCodes(PrivacyEvent):
 
     def paper_claims(self) -> tuple[PaperClaim, ...]:
         return (AddedAsPrinted(self.epsilon1),)
-
-
-# The names the events had when they were named after the methods that use them, kept so that code written
-# against them keeps working; they are the same classes.
-LNMaxQueries = LaplaceQueries
-GNMaxQueries = GaussianQueries
-ConfidentGNMaxQueries = ConfidentGaussianQueries
-RRLabels = RandomizedResponse
-SRRLabels = RandomizedResponseWithPrior
-DPDFDSteps = NormalisedGaussian
-DPSGDTraining = SubsampledGaussian
-LatentLaplace = LaplaceOnSyntheticCodes
 
 
 def as_events(items: Any) -> list[PrivacyEvent]:

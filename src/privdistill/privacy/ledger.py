@@ -253,6 +253,72 @@ class _Evidence:
             "one spent stays spent); do not delete the answer files or checkpoints to get past this")
 
 
+@dataclass
+class _LedgerFile:
+    """A ledger file as :func:`_read_ledger` read it."""
+
+    records: list[tuple[dict[str, Any], PrivacyEvent | None]]  # every complete record, with a spend's event
+    size: int  # the file's size in bytes
+    good_end: int  # where the complete lines end (a torn last line starts there)
+    add_newline: bool  # the last record is complete but its newline was never written
+
+    def spends(self) -> list[dict[str, Any]]:
+        return [rec for rec, event in self.records if event is not None]
+
+
+def _read_ledger(path: Path) -> _LedgerFile | None:
+    """The records of the ledger at ``path`` (None if there is none), for :class:`PrivacyLedger` and
+    :class:`LedgerView`: one per line, each spend's event read and its key refused if already recorded, and the
+    run directory's evidence of spends checked against them (:class:`_Evidence`). A last line that does not parse
+    was torn while appending: ignored with a warning (the evidence shows whether its answers were used); any other
+    unreadable line is a RunError."""
+    evidence = _Evidence.gather(path)  # before the ledger itself (see _Evidence)
+    if not path.exists():
+        evidence.check(path, [], None, missing=True)
+        return None
+    raw = path.read_bytes()
+    records: list[tuple[dict[str, Any], PrivacyEvent | None]] = []
+    seen: set[str] = set()
+    good_end, torn, add_newline = 0, None, False
+    lines = raw.split(b"\n")
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        if not line.strip():
+            if not last:
+                good_end += len(line) + 1
+            continue
+        try:
+            rec = json.loads(line.decode("utf-8"))
+            if not isinstance(rec, dict) or "kind" not in rec:
+                raise ValueError("not a ledger record")
+        except (ValueError, UnicodeDecodeError) as err:
+            if last:  # torn while appending: harmless unless the run holds evidence of it (checked below)
+                torn = line
+                break
+            raise RunError(f"{path} line {i + 1} is corrupt ({err}); the ledger cannot be trusted. "
+                           "Restore it from a backup; do not delete it (that would forget spent budget)") from None
+        event = None
+        if rec["kind"] == "spend":
+            try:
+                key, event = rec["key"], event_from_dict(rec["event"])
+            except (PrivacyError, KeyError, TypeError) as err:
+                raise RunError(f"{path} line {i + 1}: unreadable event ({err})") from None
+            if key in seen:  # each key is spent once: a repeat means two writers (or an edit)
+                raise RunError(f"{path} line {i + 1}: key {key!r} is recorded twice (two processes wrote this "
+                               "ledger, or it was edited); the ledger cannot be trusted")
+            seen.add(key)
+        # a complete JSON object without its newline (last) is kept, and the file ended properly
+        add_newline = last
+        good_end += len(line) + (0 if last else 1)
+        records.append((rec, event))
+    read = _LedgerFile(records, len(raw), good_end, add_newline)
+    evidence.check(path, read.spends(), torn)  # nothing is repaired in a ledger that lost a record
+    if torn is not None:  # a crash while appending, and nothing of the run says its answers were used
+        warnings.warn(f"{path}: ignoring an incomplete last record ({len(torn)} bytes) left by an interrupted "
+                      "write; its answers were never used", LedgerWarning, stacklevel=4)
+    return read
+
+
 #: the ledger each run directory is written through in this process (ledger_mark reads its count, not the file)
 _WRITERS: "weakref.WeakValueDictionary[str, PrivacyLedger]" = weakref.WeakValueDictionary()
 
@@ -306,42 +372,15 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------------------------- loading
     def _load(self) -> None:
-        evidence = _Evidence.gather(self.path)  # before the ledger itself (see _Evidence)
-        if not self.path.exists():
-            evidence.check(self.path, [], None, missing=True)
+        read = _read_ledger(self.path)
+        if read is None:
             return
-        raw = self.path.read_bytes()
-        good_end, torn, add_newline = 0, None, False
-        lines = raw.split(b"\n")
-        for i, line in enumerate(lines):
-            last = i == len(lines) - 1
-            if not line.strip():
-                if not last:
-                    good_end += len(line) + 1
-                continue
-            try:
-                rec = json.loads(line.decode("utf-8"))
-                if not isinstance(rec, dict) or "kind" not in rec:
-                    raise ValueError("not a ledger record")
-            except (ValueError, UnicodeDecodeError) as err:
-                if last:  # torn while appending: harmless unless the run holds evidence of it (checked below)
-                    torn = line
-                    break
-                raise RunError(f"{self.path} line {i + 1} is corrupt ({err}); the ledger cannot be trusted. "
-                               "Restore it from a backup; do not delete it (that would forget spent budget)") from None
-            # a complete JSON object without its newline (last) is kept, and the file ended properly
-            add_newline = last
-            good_end += len(line) + (0 if last else 1)
-            self._accept(rec, i + 1)
-        spends = [rec for rec in self._records if rec["kind"] == "spend"]
-        evidence.check(self.path, spends, torn)  # nothing is repaired in a ledger that lost a record
-        if torn is not None:  # a crash while appending: its answers were never returned
-            warnings.warn(f"{self.path}: ignoring an incomplete last record ({len(torn)} bytes) left by an "
-                          "interrupted write; its answers were never used", LedgerWarning, stacklevel=3)
-        if add_newline or good_end != len(raw):
-            self._repair(good_end, add_newline=add_newline)
-        self._end = good_end + (1 if add_newline else 0)
-        self._settle_pending(spends)
+        for rec, event in read.records:
+            self._accept(rec, event)
+        if read.add_newline or read.good_end != read.size:
+            self._repair(read.good_end, add_newline=read.add_newline)
+        self._end = read.good_end + (1 if read.add_newline else 0)
+        self._settle_pending(read.spends())
 
     def _repair(self, good_end: int, add_newline: bool = False) -> None:
         with open(self.path, "r+b") as f:
@@ -377,7 +416,7 @@ class PrivacyLedger:
         if pending:
             fsync_dir(pending[0].parent)
 
-    def _accept(self, rec: dict[str, Any], line_no: int) -> None:
+    def _accept(self, rec: dict[str, Any], event: PrivacyEvent | None) -> None:
         kind = rec["kind"]
         if kind == "header":
             if rec.get("version") != FORMAT_VERSION:
@@ -387,13 +426,7 @@ class PrivacyLedger:
                                f"delta={rec.get('delta')}; it cannot be continued with accounting={self.accounting}, "
                                f"delta={self.delta} (the budget would change meaning mid-run)")
             self._header = rec
-        elif kind == "spend":
-            try:
-                event = event_from_dict(rec["event"])
-            except (PrivacyError, KeyError, TypeError) as err:
-                raise RunError(f"{self.path} line {line_no}: unreadable event ({err})") from None
-            if rec["key"] in self._by_key:
-                raise RunError(f"{self.path} line {line_no}: key {rec['key']!r} recorded twice")
+        elif event is not None:
             self._by_key[rec["key"]] = rec
             self._events.append(event)
         self._records.append(rec)
@@ -581,42 +614,20 @@ class LedgerView:
         path = Path(path)
         if path.is_dir() or path.suffix != ".jsonl":
             path = path / LEDGER_NAME
-        evidence = _Evidence.gather(path)  # before the ledger itself (see _Evidence)
-        if not path.exists():
-            evidence.check(path, [], None, missing=True)
+        read = _read_ledger(path)
+        if read is None:
             if missing_ok:
                 return cls([], None)
             raise RunError(f"no privacy ledger at {path}")
         spends: list[tuple[str, PrivacyEvent]] = []
-        header, seen, records, torn = None, set(), [], None
-        lines = path.read_bytes().split(b"\n")
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line.decode("utf-8"))
-            except (ValueError, UnicodeDecodeError):
-                if i == len(lines) - 1:
-                    torn = line
-                    break
-                raise RunError(f"{path} line {i + 1} is corrupt; the ledger cannot be trusted") from None
-            if rec.get("kind") == "header":
+        header = None
+        for rec, event in read.records:
+            if rec["kind"] == "header":
                 header = dict(rec)
-            elif rec.get("kind") == "config" and header is not None:
+            elif rec["kind"] == "config" and header is not None:
                 header["max_epsilon"] = rec.get("max_epsilon")
-            elif rec.get("kind") == "spend":
-                try:
-                    spends.append((rec["key"], event_from_dict(rec["event"])))
-                except (PrivacyError, KeyError, TypeError) as err:
-                    raise RunError(f"{path} line {i + 1}: unreadable event ({err})") from None
-                if rec["key"] in seen:  # each key is spent once: a repeat means two writers (or an edit)
-                    raise RunError(f"{path} line {i + 1}: key {rec['key']!r} is recorded twice (two processes "
-                                   "wrote this ledger, or it was edited); the ledger cannot be trusted")
-                seen.add(rec["key"])
-                records.append(rec)
-        evidence.check(path, records, torn)
-        if torn is not None:  # a crash while appending, and nothing of the run says its answers were used
-            warnings.warn(f"{path}: ignoring an incomplete last record", LedgerWarning, stacklevel=3)
+            elif event is not None:
+                spends.append((rec["key"], event))
         return cls(spends, header)
 
     def __contains__(self, key: str) -> bool:

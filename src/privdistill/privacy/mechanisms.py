@@ -21,32 +21,6 @@ from privdistill.privacy._checks import check_epsilon, check_positive, check_rea
 from privdistill.privacy.events import ConfidentGaussianQueries
 from privdistill.privacy.secure import SecureNoise
 
-__all__ = [
-    "make_generator",
-    "noise_source",
-    "SecureNoise",
-    "noisy_histogram",
-    "lnmax",
-    "gnmax",
-    "confident_gnmax",
-    "filtered_confident_gnmax",
-    "randomized_response",
-    "selective_randomized_response",
-    "srr_candidate_sets",
-    "rr_with_prior_sets",
-    "rr_on_sets",
-    "candidate_sets",
-    "release_labels",
-    "normalize_and_noise",
-    "normalize_and_noise_multi",
-    "clip_and_noise",
-    "privatise",
-    "laplace_latent_perturbation",
-    "laplace_noise",
-    "gaussian_noise",
-]
-
-
 # ------------------------------------------------------------------------------------- generators
 NoiseSource = torch.Generator | SecureNoise
 

@@ -199,6 +199,12 @@ def fmt_num(x: Any) -> str:
     return f"{x:.4g}"
 
 
+def pathway_line(p: Mapping[str, Any]) -> str:
+    """One pathway (its dict) as the plain-text reports list it: ``[covered    ] source -> via -> to  (note)``."""
+    mark = "covered    " if p["covered"] else "NOT covered"
+    return f"[{mark}] {p['source']} -> {p['via']} -> {p['to']}" + (f"  ({p['note']})" if p.get("note") else "")
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as readable plain text."""
     lines = [report.get("title") or "Privacy report", ""]
@@ -229,10 +235,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append("  (no pathways declared)")
     for name, art in report["artifacts"].items():
         lines.append(f"  {name}: {art['statement']}")
-        for p in art["pathways"]:
-            mark = "covered    " if p["covered"] else "NOT covered"
-            lines.append(f"    [{mark}] {p['source']} -> {p['via']} -> {p['to']}"
-                         + (f"  ({p['note']})" if p.get("note") else ""))
+        lines += ["    " + pathway_line(p) for p in art["pathways"]]
     if report.get("notes"):
         lines.append("")
         lines.append("Notes:")
