@@ -109,3 +109,47 @@ def test_a_model_above_chance_is_exported_without_a_word(tiny_npz, tmp_path):
     assert summary["at_chance"] is False and "warning" not in summary and summary["test_accuracy"] > 0.5
     card = (export_run(tmp_path / "r", tmp_path / "out") / "README.md").read_text()
     assert "AT CHANCE" not in card and json.loads((tmp_path / "out" / "privacy.json").read_text())
+
+
+def test_a_class_the_model_never_learned_is_named_without_calling_the_model_at_chance():
+    labels = _labels([30] * 10)
+    blind = labels.clone()
+    blind[labels == 1] = 7  # every '1' read as a '7' (DPDFD's failure: a class its generator never showed)
+    check = chance_check(blind, labels, 10, [str(c) for c in range(10)])
+    assert not check["at_chance"] and check["missed_classes"] == [1] and check["class_recall"][1] == 0.0
+    assert check["warning"].startswith("MISSED CLASS: this model recognises class '1' in 0.0% of its 30 test images, "
+                                       "against 100.0% for the median class")
+    good = labels.clone()
+    good[::10] = (good[::10] + 1) % 10
+    assert chance_check(good, labels, 10)["missed_classes"] == []
+    # a class with too few test records is not judged (its recall is too noisy to call)
+    few = _labels([30] * 9 + [5])
+    assert chance_check(few.clamp(max=8), few, 10)["class_recall"][9] is None
+    assert chance_check(few.clamp(max=8), few, 10)["missed_classes"] == []
+    # at chance, the model is at chance: no class-by-class finding on top
+    constant = chance_check(torch.zeros(300, dtype=torch.long), labels, 10)
+    assert constant["at_chance"] and constant["missed_classes"] == []
+
+
+def test_a_run_that_misses_a_class_says_so_first_and_its_card_names_the_class(tmp_path, monkeypatch):
+    from fabricate import write_npz
+    from privdistill.methods.chance import MissedClassWarning
+    from privdistill.methods.dpsgd import DPSGDMethod, run_dpsgd
+
+    real = DPSGDMethod.train
+
+    def train_then_blind(self, ctx, plan, ledger):  # the trained model made never to answer class 3
+        trained = real(self, ctx, plan, ledger)
+        with torch.no_grad():
+            [m for m in trained.student.modules() if isinstance(m, torch.nn.Linear)][-1].bias[3] = -1e4
+        return trained
+
+    monkeypatch.setattr(DPSGDMethod, "train", train_then_blind)
+    data = write_npz(tmp_path / "thirty.npz", n=900)  # about 30 test images per class: every class judged
+    with pytest.warns(MissedClassWarning, match="MISSED CLASS"):
+        summary = run_dpsgd(RunRequest(dataset=f"npz:{data}", overrides=DPSGD, run_dir=str(tmp_path / "r"))).summary
+    assert summary["at_chance"] is False and summary["chance_check"]["missed_classes"] == [3]
+    assert next(iter(summary)) == "warning" and summary["warning"].startswith("MISSED CLASS: this model recognises "
+                                                                              "class '3' in 0.0% of its")
+    card = (export_run(tmp_path / "r", tmp_path / "out") / "README.md").read_text()  # exported: it answers the rest
+    assert "**MISSED CLASS: this model recognises class '3'" in card and "AT CHANCE" not in card

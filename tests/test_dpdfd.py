@@ -437,3 +437,15 @@ def test_end_to_end_mode_is_dpdfd_as_it_stands_and_refuses_what_it_cannot_cover(
                 "budget.epsilon=null", "dpdfd.steps=10", "dpdfd.sigma=200", *bad)
     with pytest.raises(ConfigError, match="accounting strict"):
         run(tiny_npz, tmp_path / "paper", "budget.privacy=end-to-end", "dpdfd.steps=10", "dpdfd.sigma=200")
+
+
+def test_a_conditional_generators_classes_are_what_l_g_aims_at():
+    from privdistill.methods.dkd import generator_loss
+
+    logits, feats = torch.randn(8, 4), torch.randn(8, 16)
+    targets = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    weights = {"one_hot_weight": 1.0, "entropy_weight": 0.0, "activation_weight": 0.0}
+    aimed, _ = generator_loss(logits, feats, targets=targets, **weights)
+    own, _ = generator_loss(logits, feats, **weights)
+    assert aimed == pytest.approx(float(torch.nn.functional.cross_entropy(logits, targets)))
+    assert own == pytest.approx(float(torch.nn.functional.cross_entropy(logits, logits.argmax(1))))

@@ -228,6 +228,9 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
         finding = (summary.get("chance_check") or {}).get("finding") or "AT CHANCE: it has learned (almost) nothing"
         lines += [f"**{finding}** (rule: "
                   f"{(summary.get('chance_check') or {}).get('rule', 'see privdistill.methods.chance')}).", ""]
+    elif (summary.get("chance_check") or {}).get("missed_classes"):
+        check = summary["chance_check"]
+        lines += [f"**{check['finding']}** (rule: {check['missed_rule']}).", ""]
     if summary.get("noise_secure") is False:
         lines += ["**Reproducible noise: the guarantee below holds only while the seed of the run that made this "
                   "model stays secret** (its privacy noise was drawn from generators seeded with it; the seed is "

@@ -67,12 +67,13 @@ def student_loss(logits: torch.Tensor, anchor: torch.Tensor, step: torch.Tensor)
 
 
 def generator_loss(logits: torch.Tensor, feats: torch.Tensor, *, one_hot_weight: float, entropy_weight: float,
-                   activation_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+                   activation_weight: float, targets: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
     """L_G of Eq. 5 on the STUDENT's outputs: w_ce * CE(s, argmax s) + alpha * sum_k pbar_k log pbar_k
     - beta * RMS(features). As in engine.datafree ("dpdfd"), the activation term REWARDS high activation (the
     paper writes +beta||f||; its text and DAFL mean the opposite) and is divided by sqrt(d)."""
     logits, feats = logits.float(), feats.float()
-    one_hot = F.cross_entropy(logits, logits.argmax(1))
+    one_hot = F.cross_entropy(logits, logits.argmax(1) if targets is None else targets)
     mean_p = torch.softmax(logits, 1).mean(0)
     neg_entropy = (mean_p * torch.log(mean_p + 1e-12)).sum()
     activation = -(feats.norm(dim=1) / math.sqrt(feats.shape[1])).mean()
