@@ -127,12 +127,16 @@ def test_integer_samplers_follow_the_exact_law(distribution, scale):
         assert np.abs(sample).max() <= half
         counts = np.bincount(sample + half, minlength=support.size)
         expected = pmf * sample.size
-        big = expected >= 5  # pool the thin tails into one cell
-        observed = np.append(counts[big], counts[~big].sum())
-        wanted = np.append(expected[big], expected[~big].sum())
-        keep = wanted > 0
-        _, p = scipy_stats.chisquare(observed[keep], wanted[keep] * observed[keep].sum() / wanted[keep].sum())
-        assert p > 1e-4, f"{distribution}({scale}): χ² p = {p:.2e}"
+        # the thin tails (expected < 5) pooled into the outermost cells on their side: pooled into a cell of their
+        # own, whose expectation is far below 1 for the reference's 4,000 draws, one tail draw (about one run in 50
+        # at scale 0.6) made the χ² explode
+        big = np.flatnonzero(expected >= 5)
+        lo, hi = big[0], big[-1]
+        observed, wanted = counts[lo:hi + 1].astype(float), expected[lo:hi + 1].copy()
+        observed[[0, -1]] += [counts[:lo].sum(), counts[hi + 1:].sum()]
+        wanted[[0, -1]] += [expected[:lo].sum(), expected[hi + 1:].sum()]
+        _, p = scipy_stats.chisquare(observed, wanted * observed.sum() / wanted.sum())
+        assert p > 1e-4, f"{distribution}({scale}): χ² p = {p:.2e} ({'ours' if sample is draws else 'OpenDP'})"
     variance = float((pmf * support ** 2).sum())
     assert abs(draws.var() / variance - 1) < 0.02
 
