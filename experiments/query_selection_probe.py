@@ -45,13 +45,16 @@ from privdistill.privacy.events import GaussianQueries
 def train_student(images, labels, data, env: Env, steps: int, seed: int = 0, augment: str = "none",
                   label_smoothing: float = 0.0, soft_targets: torch.Tensor | None = None,
                   soft_loss: str = "cross-entropy"):
+    if soft_loss != "cross-entropy":  # the package's squared-error soft loss was removed as a dead branch
+        raise SystemExit("--soft brier / shrink need train_classifier(soft_loss='brier'), which left the package in "
+                         "commit 1e62836: run them at that commit (git worktree add /tmp/qs 1e62836^)")
     torch.manual_seed(seed)
     model = create_model("paper-cnn", kind="classifier", in_channels=data.train.channels,
                          num_classes=data.train.num_classes, image_size=data.train.image_size[0])
     cfg = ClassifierTraining(steps=steps, batch_size=128, lr=1e-3, eval_every_epochs=1e9, augment=augment,
                              label_smoothing=label_smoothing)
     train_classifier(model, ImageDataset(images, labels, data.train.num_classes, name="probe"), cfg=cfg, env=env,
-                     soft_targets=soft_targets, soft_loss=soft_loss)
+                     soft_targets=soft_targets)
     return model
 
 
