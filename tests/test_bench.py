@@ -420,6 +420,9 @@ def test_headline_shows_a_recorded_run_and_every_default_hole():
     # DGD's strict 9.34 cell stands for ε 10 (no hole at 10 beside it)
     dgd = [line for line in text.splitlines() if line.startswith("| dgd | default | mnist |")]
     assert any("| 9.34 |" in r for r in dgd) and not any("| 10 |" in r for r in dgd)
+    # a release that misses a class (methods/chance.py) says which beside its accuracy
+    blind = {**run, "chance_check": {"missed_classes": [1]}}
+    assert "| 90.00 (misses class 1) |" in headline_table([blind])
 
 
 def test_headline_shows_a_default_cell_nobody_ran_as_a_hole(monkeypatch):

@@ -392,8 +392,9 @@ def headline_table(results: list[dict]) -> str:
                 r = recorded.get((method, name, dataset, epsilon))
                 if r is not None:
                     rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}",
-                                 "acc": _pct(r.get("test_accuracy")), "strict": _eps(r.get("epsilon_strict")),
-                                 "paper": _eps(r.get("epsilon_paper")), "covers": f"whole model: {_covered(r)}",
+                                 "acc": _pct(r.get("test_accuracy")) + _missed(r),
+                                 "strict": _eps(r.get("epsilon_strict")), "paper": _eps(r.get("epsilon_paper")),
+                                 "covers": f"whole model: {_covered(r)}",
                                  "how": f"re-run with the recipe ({Path(r['_file']).name})", "cmd": command})
                 elif (dataset, epsilon) in recipe.measured or (dataset, int(epsilon)) in recipe.measured:
                     text = recipe.measured.get((dataset, epsilon), recipe.measured.get((dataset, int(epsilon))))
@@ -413,6 +414,12 @@ def headline_table(results: list[dict]) -> str:
                         ("strict ε", lambda r: r["strict"]), ("paper ε", lambda r: r["paper"]),
                         ("what ε covers", lambda r: r["covers"]), ("record", lambda r: r["how"]),
                         ("command", lambda r: r["cmd"])])
+
+
+def _missed(run: dict) -> str:
+    """' (misses class 1)' where the run's chance check named classes its model misses (methods/chance.py)."""
+    missed = (run.get("chance_check") or {}).get("missed_classes") or []
+    return f" (misses class{'es' if len(missed) > 1 else ''} {', '.join(map(str, missed))})" if missed else ""
 
 
 #: README's table: its methods in the order a reader meets them, each named as the papers write it
