@@ -16,6 +16,7 @@ says which class it misses.
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
 from typing import Any
 
@@ -69,6 +70,7 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
     threshold = share + margin
     near = accuracy < threshold
     one_class = top_share > ONE_CLASS_SHARE and top_share > float(truth[top]) + margin
+
     def name(c: int) -> str:
         return f"'{classes[c]}'" if c < len(classes) else str(c)
 
@@ -86,14 +88,14 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
         finding = f"AT CHANCE: this model has learned (almost) nothing: {'; '.join(why)}"
         warning = (f"{finding}. Try a larger epsilon, another recipe (privdistill recipes) or method; `export` "
                    "refuses it unless --allow-chance")
-    judged = sorted(r for r in recall if r is not None)
-    median = judged[(len(judged) - 1) // 2] if len(judged) >= 3 else None
-    missed = [] if warning or median is None else \
-        [c for c, r in enumerate(recall) if r is not None and r < MISSED_SHARE * median]
+    judged = [r for r in recall if r is not None]
+    median = statistics.median_low(judged) if len(judged) >= 3 else None
+    missed = [] if warning or median is None else [c for c, r in enumerate(recall)
+                                                   if r is not None and r < MISSED_SHARE * median]
     if missed:
-        finding = "MISSED " + ("CLASS" if len(missed) == 1 else "CLASSES") + ": this model recognises " + ", ".join(
-            f"class {name(c)} in {recall[c]:.1%} of its {int(counts[c])} test images" for c in missed) + \
-            f", against {median:.1%} for the median class"
+        which = ", ".join(f"class {name(c)} in {recall[c]:.1%} of its {int(counts[c])} test images" for c in missed)
+        finding = (f"MISSED CLASS{'ES' if len(missed) > 1 else ''}: this model recognises {which}, against "
+                   f"{median:.1%} for the median class")
         warning = (f"{finding}; its accuracy ({accuracy:.1%}) hides that. Another run, a larger epsilon or another "
                    "recipe (privdistill recipes) may recover it")
     return {"at_chance": bool(warning) and not missed, "rule": RULE, "test_records": n, "accuracy": round(accuracy, 4),
@@ -105,7 +107,8 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
 
 def evaluate_release(model: torch.nn.Module, test, env) -> tuple[float, dict[str, Any]]:
     """The released model's held-out accuracy on `test` (an ImageDataset) and the summary fields of the chance
-    check (`at_chance`, `chance_check`, and `warning` first when at chance, also raised as a ChanceWarning)."""
+    check (`at_chance`, `chance_check`, and `warning` first when at chance or missing a class, also raised as a
+    ChanceWarning or MissedClassWarning)."""
     if len(test) == 0:
         return float("nan"), {}
     predictions = predict_logits(model, test.images, env).argmax(1)
