@@ -61,7 +61,8 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
     if n == 0:
         return {"at_chance": False, "rule": RULE, "test_records": 0, "warning": None}
     k = max(num_classes, int(labels.max()) + 1, int(predictions.max()) + 1)
-    truth = torch.bincount(labels, minlength=k).double() / n
+    counts = torch.bincount(labels, minlength=k)
+    truth = counts.double() / n
     answered = torch.bincount(predictions, minlength=k).double() / n
     majority, top = int(truth.argmax()), int(answered.argmax())
     share, top_share = float(truth[majority]), float(answered[top])
@@ -70,15 +71,15 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
     threshold = share + margin
     near = accuracy < threshold
     one_class = top_share > ONE_CLASS_SHARE and top_share > float(truth[top]) + margin
+    at_chance = near or one_class
 
     def name(c: int) -> str:
         return f"'{classes[c]}'" if c < len(classes) else str(c)
 
-    counts = torch.bincount(labels, minlength=k)
     hits = torch.bincount(labels[predictions == labels], minlength=k)
     recall = [float(hits[c]) / int(counts[c]) if counts[c] >= MIN_CLASS_RECORDS else None for c in range(k)]
     warning = finding = None
-    if near or one_class:
+    if at_chance:
         why = []
         if near:
             why.append(f"its held-out accuracy {accuracy:.1%} is below {threshold:.1%}, the largest class's share "
@@ -90,15 +91,15 @@ def chance_check(predictions: torch.Tensor, labels: torch.Tensor, num_classes: i
                    "refuses it unless --allow-chance")
     judged = [r for r in recall if r is not None]
     median = statistics.median_low(judged) if len(judged) >= 3 else None
-    missed = [] if warning or median is None else [c for c, r in enumerate(recall)
-                                                   if r is not None and r < MISSED_SHARE * median]
+    missed = [] if at_chance or median is None else [c for c, r in enumerate(recall)
+                                                     if r is not None and r < MISSED_SHARE * median]
     if missed:
         which = ", ".join(f"class {name(c)} in {recall[c]:.1%} of its {int(counts[c])} test images" for c in missed)
         finding = (f"MISSED CLASS{'ES' if len(missed) > 1 else ''}: this model recognises {which}, against "
                    f"{median:.1%} for the median class")
         warning = (f"{finding}; its accuracy ({accuracy:.1%}) hides that. Another run, a larger epsilon or another "
                    "recipe (privdistill recipes) may recover it")
-    return {"at_chance": bool(warning) and not missed, "rule": RULE, "test_records": n, "accuracy": round(accuracy, 4),
+    return {"at_chance": at_chance, "rule": RULE, "test_records": n, "accuracy": round(accuracy, 4),
             "majority_class": majority, "majority_share": round(share, 4), "threshold": round(threshold, 4),
             "top_answer": top, "top_answer_share": round(top_share, 4),
             "class_recall": [None if r is None else round(r, 4) for r in recall], "missed_rule": MISSED_RULE,
