@@ -13,21 +13,17 @@ import json
 import math
 from pathlib import Path
 
-import torch
-
+from privdistill.config import RunOptions
 from privdistill.data.builtin import load_builtin
-from privdistill.engine.run import RunDir
+from privdistill.engine import Env, RunDir
+from privdistill.engine.trainer import predict_logits
+from privdistill.methods.chance import chance_check
 
 
-def recall_per_class(run: Path, test) -> list[float]:
-    model = RunDir(run).load_weights("student").eval()
-    predictions = []
-    with torch.no_grad():
-        for start in range(0, len(test), 1000):
-            x, _ = test.batch(torch.arange(start, min(start + 1000, len(test))))
-            predictions.append(model(x).argmax(1))
-    predicted, labels = torch.cat(predictions), test.labels
-    return [float((predicted[labels == k] == k).float().mean()) for k in range(int(labels.max()) + 1)]
+def recall_per_class(run: Path, test, env: Env) -> list[float]:
+    """The released student's recall of each class on `test`: the chance check's (methods/chance.py)."""
+    predictions = predict_logits(RunDir(run).load_weights("student"), test.images, env).argmax(1)
+    return chance_check(predictions, test.labels, test.num_classes)["class_recall"]
 
 
 def main() -> None:
@@ -37,15 +33,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     test = load_builtin(args.dataset).test
+    env = Env.from_options(RunOptions(precision="fp32", progress=False))
     rows = []
     for run in args.runs:
         summary = json.loads((run / "summary.json").read_text())
-        recall = recall_per_class(run, test)
+        recall = recall_per_class(run, test, env)
         rows.append({"run": str(run), "test_accuracy": summary["test_accuracy"],
                      "entropy": {h["step"]: round(h["lg_entropy"], 4) for h in summary.get("history", [])
                                  if "lg_entropy" in h},
-                     "recall": [round(r, 4) for r in recall], "worst_class": int(min(range(len(recall)),
-                                                                                    key=recall.__getitem__))})
+                     "recall": recall, "worst_class": min(range(len(recall)), key=recall.__getitem__)})
         row = rows[-1]
         print(f"{run}: {100 * row['test_accuracy']:.2f} %, entropy {row['entropy']} (ln K = "
               f"{math.log(len(recall)):.3f}), worst class {row['worst_class']} recall "
