@@ -43,40 +43,36 @@ from privdistill.engine.few_label import (
 )
 from privdistill.engine.holdout import holdout_size, holdout_split
 from privdistill.engine.query_selection import split_pool
-from privdistill.engine.synthesis import query_label_agreement, synthesis_agreement
+from privdistill.engine.synthesis import query_label_agreement, source_labels, synthesis_agreement
 from privdistill.engine.vae import VAETraining
 from privdistill.errors import ConfigError
 from privdistill.methods import end_to_end as e2e
 from privdistill.methods.common import MethodAPI, RunRequest
-from privdistill.methods.dgd_plan import (
-    LATENT_KEY,
-    QUERIES_KEY,
-    DGDConfig,
-    dgd_pathways,
-    plan_vote_event,
-)
+from privdistill.methods.dgd_plan import LATENT_KEY, QUERIES_KEY, DGDConfig, dgd_pathways, plan_vote_event
 from privdistill.methods.dgd_student import StudentConfig, train_student
 from privdistill.methods.runner import Context, Method, Plan, Report, RunResult, Trained
 from privdistill.models import create_model
 from privdistill.privacy import mechanisms
 from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.ledger import LedgerAnswer, LedgerView, PrivacyLedger
-from privdistill.privacy.report import Pathway
+from privdistill.privacy.report import PRIVATE, Pathway
 
 
-# ------------------------------------------------------------------------------------------ the method
 class DGDMethod(Method):
     name = "dgd"
     sections = {"baseline": ClassifierTraining, "teachers": TeacherTraining, "generator": GeneratorTraining,
                 "vae": VAETraining, "dgd": DGDConfig, "student": StudentConfig, "dp_source": e2e.DPSourceConfig}
 
     def check_end_to_end(self, ctx: Context) -> None:  # the generator fitted to a DP source, its samples the inputs
-        e2e.check_generator_end_to_end(ctx, ctx.section("dgd").inputs)
+        if ctx.section("dgd").inputs != "generator":
+            raise ConfigError("--privacy end-to-end needs the generator's samples as the only inputs (dgd.inputs="
+                              "generator)")
         source = ctx.section("dp_source")
-        if source.statistics(0.0):  # the adversarial generator's BN-statistics target, released under DP
-            if source.share + source.statistics(0.0) >= 1:
+        statistics = source.statistics(0.0)
+        if statistics:  # the adversarial generator's BN-statistics target, released under DP
+            if source.share + statistics >= 1:
                 raise ConfigError(f"dp_source.share {source.share:g} + dp_source.statistics_share "
-                                  f"{source.statistics(0.0):g} leave nothing of ε for the teachers' votes: keep "
+                                  f"{statistics:g} leave nothing of ε for the teachers' votes: keep "
                                   "their sum below 1")
             if ctx.section("generator").loss != "srr":
                 raise ConfigError("dp_source.statistics_share is the target of a BN-statistics generator loss "
@@ -89,13 +85,16 @@ class DGDMethod(Method):
     def plan(self, ctx: Context, recorded: LedgerView) -> Plan:
         """|D̂s| from the target ε (or as given); refused here, before any stage trains, if it cannot fit."""
         cfg: DGDConfig = ctx.section("dgd")
-        e2e.check_source_labels(ctx, cfg.source_labels)
+        if cfg.source_labels and not e2e.is_end_to_end(ctx):
+            raise ConfigError("dgd.source_labels=true labels samples with the generator's source model: only a DP "
+                              "source (--privacy end-to-end) makes that free; with the non-private baseline it would "
+                              "be uncovered")
         # end to end: the DP source's share (and the DP feature statistics' for its generator), then the votes'
         source = e2e.dgd_source_events(ctx) if e2e.is_end_to_end(ctx) else {}
         reads_codes = ctx.section("student").reads_latent_codes  # ε1 is spent only where the codes are read
         vote = plan_vote_event(cfg, ctx.budget, ctx.data.num_classes, fixed=list(source.values()),
                                reads_codes=reads_codes)
-        queries = vote.count
+        queries, noise = vote.count, vote.scale if cfg.aggregation == "laplace" else vote.sigma
         pool_size = ((cfg.num_synthetic or len(ctx.data.train)) if cfg.inputs == "generator"
                      else holdout_size(cfg.holdout, len(ctx.data.train)))
         if queries >= pool_size:  # the pool below has exactly this size
@@ -107,12 +106,10 @@ class DGDMethod(Method):
                                                          clip=cfg.latent_clip)
         private = ctx.data.train if cfg.inputs == "generator" else holdout_split(ctx.data, cfg.holdout, ctx.env)[0]
         notes = [plan_teachers(private, ctx.section("teachers"), distribution=cfg.aggregation, option="dgd noise",
-                               scale=vote.scale if cfg.aggregation == "laplace" else vote.sigma),
-                 *e2e.floor_notes(source)]
+                               scale=noise), *e2e.floor_notes(source)]
         if cfg.query_selection == "clusters":
             notes.append(f"cluster votes: {queries} clusters of {cfg.spread_pool:,} pool samples, each teacher voting "
-                         f"its majority over {CLUSTER_MEMBERS} members; noise "
-                         f"{vote.scale if cfg.aggregation == 'laplace' else vote.sigma:.4g} spends the target ε")
+                         f"its majority over {CLUSTER_MEMBERS} members; noise {noise:.4g} spends the target ε")
         # on resume the recorded uses are already in the ledger's total: plan only what is still to be spent
         return Plan(remaining=[e for key, e in events.items() if key not in recorded], notes=notes,
                     details={"queries": queries, "events": events, "cluster_labels": cfg.query_selection == "clusters",
@@ -124,17 +121,16 @@ class DGDMethod(Method):
         # --- discriminative and generative streams (cached stages)
         generator, baseline, baseline_accuracy, refs, diagnostics = None, None, None, {}, {}
         if cfg.inputs == "generator":
-            gcfg: GeneratorTraining = ctx.section("generator")
             # the generator's discriminator: the non-private baseline, or in end-to-end mode a DP-SGD model
-            baseline, baseline_key = e2e.generator_source(ctx, ledger, plan.details["events"], refs,
-                                                      secure=cfg.secure_noise)
-            fitted_to, fitted_key = baseline, baseline_key
+            baseline, fitted_key = e2e.generator_source(ctx, ledger, plan.details["events"], refs,
+                                                    secure=cfg.secure_noise)
+            fitted_to = baseline
             if e2e.STATISTICS_KEY in plan.details["events"]:  # the DP source has no BatchNorm statistics to match
                 fitted_to, statistics_key = e2e.with_statistics(ctx, ledger, baseline,
                                                                 plan.details["events"][e2e.STATISTICS_KEY],
                                                                 secure=cfg.secure_noise)
-                fitted_key = f"{baseline_key}+{statistics_key}"
-            generator, gen_stage = stages.generator(fitted_to, fitted_key, gcfg)
+                fitted_key += f"+{statistics_key}"
+            generator, gen_stage = stages.generator(fitted_to, fitted_key, ctx.section("generator"))
             pool, pool_stage = stages.synthetic(generator, gen_stage, cfg.num_synthetic or len(data.train))
             source = baseline  # the model the generator was fitted to: what a query selection rule reads
             teachers, teachers_stage = stages.teachers(ctx.section("teachers"))
@@ -162,8 +158,11 @@ class DGDMethod(Method):
         noise_seed, fresh, event = env.seed, {}, plan.details["events"][QUERIES_KEY]
 
         def answer_queries() -> LedgerAnswer:
-            votes = _votes(teachers, query_images, cfg, grouping, queries, data.num_classes, env)
-            fresh["votes"] = votes if cfg.query_selection != "clusters" else None  # cluster votes are not per sample
+            if cfg.query_selection == "clusters":  # the teachers' vote counts per cluster of `grouping`
+                votes = cluster_votes(teachers, query_images, grouping[1], queries, data.num_classes, env,
+                                      members=CLUSTER_MEMBERS, seed=env.seed)
+            else:  # per queried sample (kept for the agreement diagnostic)
+                votes = fresh["votes"] = torch.cat(list(teachers.iter_votes(query_images, env)))
             return _aggregate(votes, cfg, event, noise_seed)
 
         released = torch.as_tensor(ledger.spend(QUERIES_KEY, event, answer_queries))
@@ -186,7 +185,9 @@ class DGDMethod(Method):
         torch.manual_seed(env.generator(streams.DGD_INIT).initial_seed())
         student = create_model(student_cfg.model, kind="classifier", in_channels=data.channels,
                                num_classes=data.num_classes, image_size=data.image_size[0])
-        query_images, labels = e2e.student_labels(cfg.source_labels, baseline, query_images, labels, rest_images, env)
+        if cfg.source_labels:  # every unqueried sample labelled by the DP source: post-processing of a DP model, free
+            labels = torch.cat([labels, source_labels(baseline, rest_images, env).to(labels.dtype).cpu()])
+            query_images = torch.cat([query_images, rest_images])
         labelled = ImageDataset(query_images, labels, data.num_classes, name="queries (noisy labels)")
         if share is not None:  # samples the DP source labelled (dgd.source_labels) keep their label as a one-hot
             share = torch.cat([share, F.one_hot(labels[len(share):], data.num_classes).float()])
@@ -203,9 +204,14 @@ class DGDMethod(Method):
                                 fitted_to=source,
                                 latent_codes=ctx.section("student").reads_latent_codes,
                                 query_selection=cfg.query_selection, release=cfg.release)
-        e2e.add_source_label_pathway(pathways, cfg.source_labels)
+        if cfg.source_labels:  # only ever on with a DP source (plan)
+            pathways["student"].append(Pathway(PRIVATE, "DP source (DP-SGD) -> labels of the unqueried synthetic "
+                                               "samples", "the student's supervised set", True,
+                                               "post-processing of the DP source"))
         if dp and ctx.section("dp_source").statistics(0.0):
-            e2e.add_statistics_pathway(pathways)
+            pathways["generator"].append(Pathway(PRIVATE, "DP source's scattering features -> per-coordinate mean "
+                                                 "and variance + Gaussian noise", "the generator's BatchNorm-"
+                                                 "statistics target", True, "one Gaussian sum, in the ledger"))
         return pathways
 
     def report(self, ctx: Context, plan: Plan, trained: Trained, ledger: PrivacyLedger) -> Report:
@@ -239,22 +245,14 @@ def _choose_queries(pool: torch.Tensor, queries: int, cfg: DGDConfig, source: nn
     if queries > len(part):
         raise ConfigError(f"{queries} queries do not fit in dgd.spread_pool={cfg.spread_pool}: raise it")
     if cfg.query_selection == "clusters":  # every sample of the part is labelled by its cluster's name
-        rest = torch.ones(len(pool), dtype=torch.bool)
-        rest[part] = False
-        clusters = cluster_pool(reader_probabilities(source, pool[part], env), queries, seed=env.seed)
-        return part, rest.nonzero().squeeze(1), (part, clusters)
-    local = medoid_queries(embed_pool(pool[part], env, reader=source), queries, seed=env.seed)
+        queried, grouping = part, (part, cluster_pool(reader_probabilities(source, pool[part], env), queries,
+                                                      seed=env.seed))
+    else:
+        queried, grouping = part[medoid_queries(embed_pool(pool[part], env, reader=source), queries,
+                                                seed=env.seed)], None
     rest = torch.ones(len(pool), dtype=torch.bool)
-    rest[part[local]] = False
-    return part[local], rest.nonzero().squeeze(1), None
-
-
-def _votes(teachers, images: torch.Tensor, cfg: DGDConfig, grouping: tuple | None, queries: int, num_classes: int,
-           env: Env) -> torch.Tensor:
-    """The teachers' vote counts: per queried sample, or with cluster votes per cluster of `grouping`."""
-    return (cluster_votes(teachers, images, grouping[1], queries, num_classes, env, members=CLUSTER_MEMBERS,
-                          seed=env.seed) if cfg.query_selection == "clusters"
-            else torch.cat(list(teachers.iter_votes(images, env))))
+    rest[queried] = False
+    return queried, rest.nonzero().squeeze(1), grouping
 
 
 def _aggregate(votes: torch.Tensor, cfg: DGDConfig, event: LaplaceQueries | GaussianQueries,
@@ -290,7 +288,6 @@ def _latent_codes(vae: nn.Module, images: torch.Tensor, cfg: DGDConfig, env: Env
     return noisy.clamp(-cfg.latent_clip, cfg.latent_clip)  # M(·): back into the decoder's input box
 
 
-# --------------------------------------------------------------------------------------- Python API
 class DGD(MethodAPI):
     """`DGD(epsilon=10, queries=1300).fit("mnist")` -> RunResult(student, generator, summary, privacy).
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from privdistill.config import check
 from privdistill.engine.query_selection import QUERY_SELECTIONS
 from privdistill.errors import ConfigError, PrivacyError
 from privdistill.methods.runner import Budget
@@ -43,31 +44,26 @@ class DGDConfig:
     spread_pool: int = 20_000  # samples of the pool the medoids (clusters) are chosen from
 
     def validate(self) -> None:
-        if self.queries < 0:
-            raise ConfigError("dgd.queries must be >= 0")
-        if self.aggregation not in ("laplace", "gaussian"):
-            raise ConfigError("dgd.aggregation must be laplace or gaussian")
-        if self.inputs not in ("generator", "private-holdout"):
-            raise ConfigError("dgd.inputs must be generator or private-holdout")
+        check(self.queries >= 0, "dgd.queries must be >= 0")
+        check(self.aggregation in ("laplace", "gaussian"), "dgd.aggregation must be laplace or gaussian")
+        check(self.inputs in ("generator", "private-holdout"), "dgd.inputs must be generator or private-holdout")
         if min(self.laplace_scale, self.gaussian_sigma, self.epsilon1, self.latent_clip, self.holdout) <= 0:
             raise ConfigError("dgd noise scales, epsilon1, latent_clip and holdout must be > 0")
         if self.holdout >= 1:
             self.holdout = int(self.holdout)  # a count of records (below 1: a fraction)
-        if self.release not in ("argmax", "histogram"):
-            raise ConfigError(f"dgd.release must be argmax or histogram, got {self.release!r}")
-        if self.query_selection not in DGD_QUERY_SELECTIONS:
-            raise ConfigError(f"dgd.query_selection must be one of {', '.join(DGD_QUERY_SELECTIONS)}")
-        if self.spread_pool < 2:
-            raise ConfigError("dgd.spread_pool must be at least 2")
-        if self.query_selection == "clusters" and (self.source_labels or self.queries):
-            raise ConfigError("dgd.query_selection=clusters labels every clustered sample by its cluster's name: it "
-                              "takes neither dgd.source_labels nor dgd.queries (one cluster a class)")
-        if self.query_selection == "clusters" and self.release != "histogram":
-            raise ConfigError("dgd.query_selection=clusters names the clusters from their noisy vote histograms: set "
-                              "dgd.release=histogram")
-        if self.query_selection != "random" and self.inputs != "generator":
-            raise ConfigError(f"dgd.query_selection={self.query_selection} reads the model the generator was fitted "
-                              "to; dgd.inputs=private-holdout has none (use dgd.query_selection=random)")
+        check(self.release in ("argmax", "histogram"), f"dgd.release must be argmax or histogram, got {self.release!r}")
+        check(self.query_selection in DGD_QUERY_SELECTIONS,
+              f"dgd.query_selection must be one of {', '.join(DGD_QUERY_SELECTIONS)}")
+        check(self.spread_pool >= 2, "dgd.spread_pool must be at least 2")
+        clusters = self.query_selection == "clusters"
+        check(not (clusters and (self.source_labels or self.queries)), "dgd.query_selection=clusters labels every "
+              "clustered sample by its cluster's name: it takes neither dgd.source_labels nor dgd.queries (one "
+              "cluster a class)")
+        check(not clusters or self.release == "histogram", "dgd.query_selection=clusters names the clusters from "
+              "their noisy vote histograms: set dgd.release=histogram")
+        check(self.query_selection == "random" or self.inputs == "generator",
+              f"dgd.query_selection={self.query_selection} reads the model the generator was fitted to; "
+              "dgd.inputs=private-holdout has none (use dgd.query_selection=random)")
 
 
 # the ledger keys of the two mechanism uses a run spends budget on
@@ -95,14 +91,12 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
     agg = "Laplace noisy argmax (LNMax)" if aggregation == "laplace" else "Gaussian noisy argmax (GNMax)"
     released = f"{agg} labels" if release == "argmax" else (
         f"{aggregation.capitalize()} noisy vote histograms (whose argmax is {agg.split(' (')[1][:-1]})")
+    queried = "the queried samples"
     if query_selection == "clusters":  # engine/few_label.py's cluster votes
         queried = (f"the pool's k-means clusters in {fitted_to}'s class probabilities (each teacher votes its majority "
                    "over a cluster's members); every member learns its cluster's answer")
-    else:
-        queried = "the queried samples"
     student = [Pathway(PRIVATE, f"n teachers on disjoint subsets -> {released} of {queried}",
-                       "labels of the student's supervised set", True,
-                       "the vote channel: what epsilon prices")]
+                       "labels of the student's supervised set", True, "the vote channel: what epsilon prices")]
     if inputs == "generator":
         why = ("post-processing of the DP source, whose DP-SGD training is in the ledger" if source_is_dp else
                "what the generator is fitted to and the generator are trained on D without noise")
@@ -120,16 +114,12 @@ def dgd_pathways(*, aggregation: str = "laplace", inputs: str = "generator",
                 PRIVATE, f"{fitted_to} -> generator -> synthetic data -> VAE -> latent codes + Laplace(2c/eps1) -> "
                 "decoded triples", "the student's unsupervised regulariser", source_is_dp, why if source_is_dp else
                 "the latent noise perturbs codes of synthetic samples; it does not protect private records"))
-        generator = [Pathway(PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator",
-                             "generator weights", source_is_dp, why if source_is_dp else
-                             "not covered: the generator is fitted to models trained without noise")]
-        out = {"student": student, "generator": generator}
-    else:
-        student += [Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE "
-                            "training data", "the student's inputs", False,
-                            "covered only if that slice is genuinely public")]
-        out = {"student": student}
-    return out
+        return {"student": student, "generator": [Pathway(
+            PRIVATE, f"{fitted_to} (trained on D) as fixed discriminator", "generator weights", source_is_dp,
+            why if source_is_dp else "not covered: the generator is fitted to models trained without noise")]}
+    student.append(Pathway("held-out slice of the private set", "used directly as unlabelled inputs and VAE training "
+                           "data", "the student's inputs", False, "covered only if that slice is genuinely public"))
+    return {"student": student}
 
 
 def vote_event(cfg: DGDConfig, count: int) -> LaplaceQueries | GaussianQueries:

@@ -38,7 +38,6 @@ class StudentConfig(StudentTraining):
         return self.unsupervised
 
 
-# ------------------------------------------------------------------------------------ student learning
 def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tensor, vae: nn.Module | None,
                   cfg: StudentConfig, env: Env, *, run: RunDir | None = None, test: ImageDataset | None = None,
                   vote_share: torch.Tensor | None = None) -> tuple[nn.Module, dict]:

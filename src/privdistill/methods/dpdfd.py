@@ -154,8 +154,7 @@ def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Modul
         t_logits = teacher.logits(x_s.detach()) if isinstance(teacher, TeacherEnsemble) else teacher(x_s.detach())
     t_logits = t_logits.float()
     with env.autocast():
-        s_logits = student(x_s)
-    s_logits = s_logits.float()
+        s_logits = student(x_s).float()
     # line 11: per-sample gradients of L_T w.r.t. the student's logits, [B, K] (or [n, B, K]: one per teacher)
     grads = logit_gradients(s_logits, t_logits, temperature=cfg.temperature, alpha=cfg.dkd_alpha, beta=cfg.dkd_beta)
     # line 12: normalise and add noise; nothing else of the teacher reaches the student or the generator
@@ -207,8 +206,7 @@ def _direct_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Module,
     x, y = private.batch(idx)
     x, y = env.place_batch(x), y.to(env.device)
     with env.autocast():
-        s_logits = student(x)
-    s_logits = s_logits.float()
+        s_logits = student(x).float()
     grads = (torch.softmax(s_logits.detach(), -1) - F.one_hot(y, s_logits.shape[-1]).float())  # dCE/ds, per sample
     # privatise divides by the sampled batch size B_t; use the expected batch size B instead
     noisy = noisy_gradients(grads, cfg, plan, chunk_seed, step) * (len(idx) / cfg.batch_size)
@@ -219,7 +217,6 @@ def _direct_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Module,
     return {"student_loss": float(ls.detach()), "batch": float(len(idx))}
 
 
-# ======================================================================================== the method
 @dataclass
 class _Teacher:
     model: Any = None  # an nn.Module (Alg. 1), a TeacherEnsemble (Alg. 2), None (Alg. 3)
@@ -326,7 +323,6 @@ def _timed(build: Callable[[], tuple[Any, Stage]], log: dict) -> tuple[Any, Stag
     return model, stage
 
 
-# ======================================================================================== Python API
 def run_dpdfd(request: RunRequest, *, teacher: TeacherSpec | None = None, cache: bool = True) -> RunResult:
     """DPDFD end to end (DPDFDMethod on methods.runner): the student, the generator, summary and privacy report."""
     return DPDFDMethod().run(request, cache=cache, teacher=teacher or TeacherSpec())

@@ -15,6 +15,7 @@ steps are charged to the ledger, and what the epsilon covers. The algorithm itse
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -34,7 +35,6 @@ from privdistill.privacy.mechanisms import SecureNoise, make_generator, privatis
 from privdistill.privacy.report import PRIVATE, Pathway
 
 
-# ============================================================================================ config
 @dataclass
 class DPDFDConfig:
     """Config section `dpdfd` (paper values as defaults: DPDFD Sec. 5 and appendix). What may be spent
@@ -128,28 +128,18 @@ class StepPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def resolved_clip_norm(cfg: DPDFDConfig, budget: Budget) -> float:
-    """C: given, or the paper's rule (1e-3 for epsilon <= 1, 5e-3 above)."""
-    if cfg.clip_norm is not None:
-        return cfg.clip_norm
-    return 1e-3 if budget.epsilon is not None and budget.epsilon <= 1 else 5e-3
-
-
-def make_event(cfg: DPDFDConfig, *, steps: int, sigma: float, clip_norm: float, num_teachers: int = 1,
-               num_classes: int | None = None, dataset_size: int | None = None) -> NormalisedGaussian:
-    return NormalisedGaussian(clip_norm=clip_norm, sigma=sigma, batch_size=cfg.batch_size, steps=steps,
-                              num_teachers=num_teachers if cfg.algorithm == 2 else 1, algorithm=cfg.algorithm,
-                              dataset_size=dataset_size if cfg.algorithm == 3 else None, num_classes=num_classes)
-
-
 def plan_steps(cfg: DPDFDConfig, budget: Budget, *, num_teachers: int = 1, num_classes: int | None = None,
                dataset_size: int | None = None) -> StepPlan:
     """T (and sigma, with calibrate_sigma) from the target epsilon under the budget's accounting."""
     check_budget(cfg, budget)
     eps, acc, delta = budget.epsilon, budget.accounting, budget.delta
-    clip, sigma, notes = resolved_clip_norm(cfg, budget), cfg.sigma, []
-    template = make_event(cfg, steps=1, sigma=sigma, clip_norm=clip, num_teachers=num_teachers,
-                          num_classes=num_classes, dataset_size=dataset_size)
+    sigma, notes = cfg.sigma, []
+    clip = cfg.clip_norm  # C: given, or the paper's rule (1e-3 for epsilon <= 1, 5e-3 above)
+    if clip is None:
+        clip = 1e-3 if eps is not None and eps <= 1 else 5e-3
+    template = NormalisedGaussian(clip_norm=clip, sigma=sigma, batch_size=cfg.batch_size, steps=1,
+                                  num_teachers=num_teachers if cfg.algorithm == 2 else 1, algorithm=cfg.algorithm,
+                                  dataset_size=dataset_size if cfg.algorithm == 3 else None, num_classes=num_classes)
     if cfg.calibrate_sigma:
         count = cfg.steps or cfg.max_steps
         sigma = calibration.calibrate_noise(template.with_count(count), target_epsilon=eps, delta=delta, accounting=acc)
@@ -203,16 +193,12 @@ class LedgerChunks:
             start, stop = index * size, min((index + 1) * size, self.plan.steps)
             key = f"dpdfd-steps-{start:09d}-{stop:09d}"
             if self.cfg.secure_noise and key in self.ledger:
-                start, key = step, self._redraw_key(key, step)
+                redrawn = f"{key}-redrawn-from-{step:09d}"
+                attempt = next(a for a in itertools.count(1) if f"{redrawn}-{a}" not in self.ledger)
+                start, key = step, f"{redrawn}-{attempt}"
             answer = self.ledger.spend(key, self.plan.event.with_count(stop - start), lambda: self._draw_seed(index))
             self.current = (index, int(torch.as_tensor(answer).reshape(-1)[0]))
         return self.current[1]
-
-    def _redraw_key(self, key: str, step: int) -> str:
-        attempt = 1
-        while f"{key}-redrawn-from-{step:09d}-{attempt}" in self.ledger:
-            attempt += 1
-        return f"{key}-redrawn-from-{step:09d}-{attempt}"
 
     def _draw_seed(self, index: int) -> torch.Tensor:
         """The chunk's noise seed, from the run's privacy stream (SECURE with secure_noise: nothing to record)."""

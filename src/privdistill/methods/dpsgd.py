@@ -28,12 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privdistill.config import check_augment
+from privdistill.config import check, check_augment
 from privdistill.data.dataset import to_float
 from privdistill.engine import streams
 from privdistill.engine.augment import augment_batch
 from privdistill.engine.loop import TrainingLoop
-from privdistill.engine.optim import lr_factor, make_optimizer
+from privdistill.engine.optim import SCHEDULES, lr_factor, make_optimizer
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import accuracy
 from privdistill.errors import BudgetExceededError, ConfigError, RunError
@@ -77,14 +77,12 @@ class DPSGDConfig:
     variant: Optional[str] = None  # the label --record adds to the result's name
 
     def validate(self) -> None:
-        if self.accountant not in OPACUS_ACCOUNTANTS:
-            raise ConfigError(f"dpsgd.accountant must be one of {OPACUS_ACCOUNTANTS}, got {self.accountant!r}")
-        if self.epochs < 1 or self.batch_size < 1 or self.max_grad_norm <= 0 or self.lr <= 0:
-            raise ConfigError("dpsgd epochs, batch_size must be >= 1; max_grad_norm and lr > 0")
-        if self.optimizer not in ("sgd", "adam"):
-            raise ConfigError("dpsgd.optimizer must be sgd or adam")
-        if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ConfigError("dpsgd.lr_schedule must be constant, linear or cosine")
+        check(self.accountant in OPACUS_ACCOUNTANTS,
+              f"dpsgd.accountant must be one of {OPACUS_ACCOUNTANTS}, got {self.accountant!r}")
+        check(not (self.epochs < 1 or self.batch_size < 1 or self.max_grad_norm <= 0 or self.lr <= 0),
+              "dpsgd epochs, batch_size must be >= 1; max_grad_norm and lr > 0")
+        check(self.optimizer in ("sgd", "adam"), "dpsgd.optimizer must be sgd or adam")
+        check(self.lr_schedule in SCHEDULES, "dpsgd.lr_schedule must be constant, linear or cosine")
         check_augment(self.augment, "dpsgd.augment")
         copies = self.augment_copies > 1
         if (copies and (self.model not in LINEAR_SCATTERNETS or self.augment == "none")) or self.augment_copies < 1 or (
@@ -99,7 +97,6 @@ def dpsgd_pathways() -> dict[str, list[Pathway]]:
                               "every access to the private data goes through the noisy clipped gradients")]}
 
 
-# --------------------------------------------------------------------------------------------- method
 @dataclass
 class _Private:
     """The Opacus-wrapped model, optimiser and loader of a run, and its generators."""
@@ -227,7 +224,6 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
         engine = PrivacyEngine(accountant=cfg.accountant, secure_mode=False)
     common = dict(module=trainable, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.max_grad_norm,
                   poisson_sampling=True, noise_generator=noise_gen, grad_sample_mode=cfg.grad_sample_mode)
-    criterion = None
     if cfg.grad_sample_mode == "ghost":
         # ghost clipping (Opacus's fast gradient clipping): the per-example norms from two backward passes, never
         # the [B, parameters] per-example gradients; the loss must then be per example, so not over augmented copies
@@ -237,10 +233,8 @@ def _make_private(ctx: Context, cfg: DPSGDConfig, plan: Plan) -> _Private:
         common["criterion"] = nn.CrossEntropyLoss()
     # σ as planned (and printed by a dry run): calibrated on the run's T steps under the budget's accounting
     made = engine.make_private(**common, noise_multiplier=plan.details["sigma"])
-    if criterion is None and len(made) == 4:
-        dp_model, dp_optimizer, criterion, dp_loader = made
-    else:
-        dp_model, dp_optimizer, dp_loader = made
+    criterion = made[2] if len(made) == 4 else None  # ghost clipping: (model, optimizer, criterion, loader)
+    dp_model, dp_optimizer, dp_loader = made[0], made[1], made[-1]
     dp_loader.batch_sampler.generator = sample_gen  # the generator re-seeded at every epoch below
     dp_optimizer.generator = noise_gen
     if cfg.secure_mode:
@@ -313,14 +307,11 @@ def _train_epochs(ctx: Context, cfg: DPSGDConfig, plan: Plan, p: _Private) -> tu
                     out = p.dp_model(x)  # [B, classes], or [B, copies, classes]: the loss averages the copies
                     if p.criterion is not None:  # ghost clipping: Opacus's loss runs both backward passes
                         loss = p.criterion(out, y)
-                        loss.backward()
-                        running += float(loss.item()) * len(x)
-                        seen += len(x)
-                        p.optimizer.step()
-                        continue
-                    loss = F.cross_entropy(out.flatten(0, -2), y.repeat_interleave(out[0].numel() // out.shape[-1]))
+                    else:
+                        loss = F.cross_entropy(out.flatten(0, -2),
+                                               y.repeat_interleave(out[0].numel() // out.shape[-1]))
                     loss.backward()
-                    running += float(loss.detach()) * len(x)
+                    running += float(loss.item()) * len(x)
                     seen += len(x)
                 p.optimizer.step()
             loop.extra.update(accountant=p.engine.accountant.state_dict(), noise_multiplier=p.sigma)

@@ -25,8 +25,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from privdistill.config import check_augment, check_model_name
-from privdistill.engine import streams, synthesis
+from privdistill.config import check, check_augment, check_model_name
+from privdistill.engine import streams
 from privdistill.engine.datafree import WithFeatureStatistics
 from privdistill.engine.run import RunDir
 from privdistill.engine.stages import file_digest
@@ -40,7 +40,6 @@ from privdistill.privacy.accounting import MIN_NOISE_MULTIPLIER, strict_noise_mu
 from privdistill.privacy.events import SubsampledGaussian
 from privdistill.privacy.ledger import LedgerAnswer, PrivacyLedger
 from privdistill.privacy.mechanisms import gaussian_feature_statistics, noise_source
-from privdistill.privacy.report import PRIVATE, Pathway
 
 END_TO_END = "end-to-end"
 SOURCE_KEY = "dp-source"
@@ -74,10 +73,10 @@ class DPSourceConfig:
     augment_copies: int = 1
 
     def validate(self) -> None:
-        if not 0 < self.share < 1:
-            raise ConfigError("dp_source.share must lie in (0, 1): the rest of the budget is the method's own channel")
-        if self.statistics_share is not None and not 0 <= self.statistics_share < 1:
-            raise ConfigError("dp_source.statistics_share must lie in [0, 1)")
+        check(0 < self.share < 1,
+              "dp_source.share must lie in (0, 1): the rest of the budget is the method's own channel")
+        check(self.statistics_share is None or 0 <= self.statistics_share < 1,
+              "dp_source.statistics_share must lie in [0, 1)")
         check_augment(self.augment, "dp_source.augment")
         if self.augment_copies < 1 or (self.augment_copies > 1 and (self.model not in LINEAR_SCATTERNETS
                                                                     or self.augment == "none")):
@@ -95,44 +94,6 @@ class DPSourceConfig:
 
 def is_end_to_end(ctx) -> bool:
     return ctx.budget.privacy == END_TO_END
-
-
-def check_generator_end_to_end(ctx, inputs: str = "generator") -> None:
-    """A method whose student reads generator samples (DGD, data-free SRR) is end to end only if the generator's
-    samples (fitted to the DP source) are the student's only inputs."""
-    if inputs != "generator":
-        raise ConfigError("--privacy end-to-end needs the generator's samples as the only inputs (dgd.inputs="
-                          "generator)")
-
-
-def check_source_labels(ctx, source_labels: bool) -> None:
-    if source_labels and not is_end_to_end(ctx):
-        raise ConfigError("dgd.source_labels=true labels samples with the generator's source model: only a DP source "
-                          "(--privacy end-to-end) makes that free; with the non-private baseline it would be uncovered")
-
-
-def student_labels(source_labels: bool, source: nn.Module | None, images, labels, rest, env):
-    """DGD's supervised set: the noisy-vote queries, plus with `source_labels` every unqueried sample labelled by
-    the DP source (end to end: post-processing of a DP model, free of charge; the votes stay the only channel that
-    reads the teachers)."""
-    if not source_labels:
-        return images, labels
-    return torch.cat([images, rest]), torch.cat([labels,
-                                                 synthesis.source_labels(source, rest, env).to(labels.dtype).cpu()])
-
-
-def add_source_label_pathway(pathways: dict, source_labels: bool) -> None:
-    """The privacy report's line for `dgd.source_labels` (only ever on with a DP source, check_source_labels)."""
-    if source_labels:
-        pathways["student"].append(Pathway(PRIVATE, "DP source (DP-SGD) -> labels of the unqueried synthetic samples",
-                                           "the student's supervised set", True, "post-processing of the DP source"))
-
-
-def add_statistics_pathway(pathways: dict) -> None:
-    """The privacy report's line for the DP feature statistics a DGD generator matches end to end."""
-    pathways["generator"].append(Pathway(PRIVATE, "DP source's scattering features -> per-coordinate mean and "
-                                         "variance + Gaussian noise", "the generator's BatchNorm-statistics target",
-                                         True, "one Gaussian sum, in the ledger"))
 
 
 def dgd_source_events(ctx) -> dict[str, SubsampledGaussian]:

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from privdistill.config import check
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine import streams
 from privdistill.engine.context import Env
@@ -74,18 +75,16 @@ class PATEConfig:
     variant: Optional[str] = None  # the label --record adds to the result's name (default: the aggregator)
 
     def validate(self) -> None:
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"pate.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
-        if self.queries < 0:
-            raise ConfigError("pate.queries must be >= 0")
+        check(self.aggregation in AGGREGATIONS,
+              f"pate.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        check(self.queries >= 0, "pate.queries must be >= 0")
         if min(self.laplace_scale, self.sigma, self.sigma1, self.sigma2) <= 0:
             raise ConfigError("pate noise scales must be > 0")
-        if not self.holdout > 0:
-            raise ConfigError("pate.holdout must be > 0 (records, or a fraction of the training set below 1)")
+        check(self.holdout > 0, "pate.holdout must be > 0 (records, or a fraction of the training set below 1)")
         if self.holdout >= 1:
             self.holdout = int(self.holdout)  # a count: recorded as before (10000, not 10000.0)
-        if self.query_selection not in QUERY_SELECTIONS:
-            raise ConfigError(f"pate.query_selection must be one of {QUERY_SELECTIONS}, got {self.query_selection!r}")
+        check(self.query_selection in QUERY_SELECTIONS,
+              f"pate.query_selection must be one of {QUERY_SELECTIONS}, got {self.query_selection!r}")
         if self.filter and self.aggregation != "confident-gnmax":
             # every GNMax / LNMax query is answered, so a filter would change nothing: dropped (and recorded as
             # dropped), so that `--aggregation gnmax` works under a recipe whose Confident-GNMax is filtered
@@ -135,17 +134,14 @@ def pate_pathways(*, aggregation: str = "gnmax") -> dict[str, list[Pathway]]:
 
 def pathways(aggregation: str, *, few_label: bool = False) -> dict[str, list[Pathway]]:
     student = [p for p in pate_pathways(aggregation=aggregation)["student"] if p.source != "public unlabelled data"]
+    spread = ", clustered and its labels spread in a fixed ScatterNet feature space" if few_label else ""
     student.append(Pathway("held-out slice of the training set (PATE's public data)",
-                           "used directly as queries and as the student's unlabelled (VAT) inputs"
-                           + (", clustered and its labels spread in a fixed ScatterNet feature space" if few_label
-                              else ""),
-                           "the student's inputs", False,
-                           "covered only if that slice is genuinely public: its own records get no protection; "
-                           "the epsilon is for the private rest"))
+                           f"used directly as queries and as the student's unlabelled (VAT) inputs{spread}",
+                           "the student's inputs", False, "covered only if that slice is genuinely public: its own "
+                           "records get no protection; the epsilon is for the private rest"))
     return {"student": student}
 
 
-# --------------------------------------------------------------------------------------------- method
 class PATEMethod(Method):
     name = "pate"
     sections = {"teachers": TeacherTraining, "pate": PATEConfig, "pate_student": PATEStudentConfig}

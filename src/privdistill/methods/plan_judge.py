@@ -49,21 +49,13 @@ SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS = 1, 3
 CLUSTER_REFUSE_PER_CLASS, CLUSTER_WEAK_PER_CLASS = 0.5, 0.9
 
 
-def _recipe(ctx: "Context") -> str:
-    return ctx.section("run").recipe
-
-
-def _accounting(ctx: "Context") -> str:
-    return ctx.budget.accounting
-
-
 # each method's other plans, with what says the run already is that plan (no advice to do what it does)
 END_TO_END = ("the end-to-end recipe (-r end-to-end: a DP-SGD teacher, one ε for the whole model)",
-              lambda ctx: _recipe(ctx) == "end-to-end")
+              lambda ctx: ctx.section("run").recipe == "end-to-end")
 OTHER_PLANS = {
     "srr": [END_TO_END,
             ("the paper's accounting (--accounting paper: ε per label, which is not a guarantee for the model)",
-             lambda ctx: _accounting(ctx) == "paper")],
+             lambda ctx: ctx.budget.accounting == "paper")],
     # not "fewer teachers" as for PATE: DGD's vote noise is lowered with the teacher count (privacy/vote_noise.py),
     # so at one ε fewer teachers buy fewer answers, not better ones
     "dgd": [("cluster votes (--set dgd.query_selection=clusters: each answer names a whole cluster of the pool, "
@@ -72,7 +64,7 @@ OTHER_PLANS = {
              END_TO_END[1])],
     "pate": [("fewer teachers, each on more records (--set teachers.num_teachers=N)", lambda ctx: False)],
     "dpdfd": [("the paper's accounting (--accounting paper), as the paper counts",
-               lambda ctx: _accounting(ctx) == "paper")],
+               lambda ctx: ctx.budget.accounting == "paper")],
 }
 R_REFUSE, R_WEAK = 3.0, 0.3  # gradient noise-to-signal ratios (module docstring)
 # DPDFD's student learns through a generator the same noised gradients steer: chance from r 1.0 on (research log,
@@ -102,6 +94,11 @@ class Verdict:
 
 def _signal(p: float, k: int) -> float:
     return max(0.0, (p - 1.0 / k) / (1.0 - 1.0 / k))
+
+
+def _kept(epsilon: float, k: int) -> float:
+    """Randomized response's chance of keeping the label, e^ε / (e^ε + K - 1) (ε capped at 50: no overflow)."""
+    return math.exp(min(epsilon, 50.0)) / (math.exp(min(epsilon, 50.0)) + k - 1)
 
 
 def _labels_verdict(informative: float, k: int, what: str, *, spread: bool = False, clusters: bool = False) -> Verdict:
@@ -150,29 +147,20 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
                                  clusters=bool(plan.details.get("cluster_labels")))
         if isinstance(event, (RandomizedResponse, RandomizedResponseWithPrior)):  # every stage's labels together
             stages = [e for e in events if isinstance(e, (RandomizedResponse, RandomizedResponseWithPrior))]
-            count = sum(e.count for e in stages)
-            informative = 0.0
-            for e in stages:
-                p = math.exp(min(e.epsilon, 50.0)) / (math.exp(min(e.epsilon, 50.0)) + k - 1)
-                informative += e.count * _signal(p, k) ** 2
-            p = math.exp(min(event.epsilon, 50.0)) / (math.exp(min(event.epsilon, 50.0)) + k - 1)
-            what = (f"{count:,} labels at ε {event.epsilon:.3g} each, each kept at least {p:.0%} of the time "
-                    f"(chance {1 / k:.0%})")
+            informative = sum(e.count * _signal(_kept(e.epsilon, k), k) ** 2 for e in stages)
+            what = (f"{sum(e.count for e in stages):,} labels at ε {event.epsilon:.3g} each, each kept at least "
+                    f"{_kept(event.epsilon, k):.0%} of the time (chance {1 / k:.0%})")
             return _labels_verdict(informative, k, what)
         if isinstance(event, NormalisedGaussian):
             ratio = event.sigma * math.sqrt(k) / math.sqrt(event.batch_size * event.steps)
             return _ratio_verdict(ratio, f"{event.steps} steps of B = {event.batch_size} at σ {event.sigma:.4g}",
                                   refuse=R_REFUSE_DPDFD)
     if method.name == "dpsgd" and plan.details.get("sigma") is not None:
-        return _ratio_verdict(_dpsgd_ratio(ctx, plan), f"{plan.details['total']} DP-SGD steps at noise multiplier "
-                                                       f"{plan.details['sigma']:.4g}")
+        ratio = dpsgd_noise_ratio(plan.details["sigma"], trainable_parameters(ctx.section("dpsgd").model, ctx.data),
+                                  plan.details["sample_rate"] * len(ctx.data.train), plan.details["total"])
+        return _ratio_verdict(ratio, f"{plan.details['total']} DP-SGD steps at noise multiplier "
+                                     f"{plan.details['sigma']:.4g}")
     return None
-
-
-def _dpsgd_ratio(ctx: "Context", plan: "Plan") -> float:
-    batch = plan.details["sample_rate"] * len(ctx.data.train)
-    return dpsgd_noise_ratio(plan.details["sigma"], trainable_parameters(ctx.section("dpsgd").model, ctx.data), batch,
-                             plan.details["total"])
 
 
 def nearest_epsilon(method: "Method", ctx: "Context", tries: int = 7) -> float | None:

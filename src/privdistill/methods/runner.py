@@ -23,6 +23,7 @@ from typing import Any, Optional
 from torch import nn
 
 from privdistill.atomic import atomic_write_text
+from privdistill.config import check
 from privdistill.engine.cache import StageCache
 from privdistill.engine.progress import say
 from privdistill.engine.stages import Stages
@@ -39,7 +40,6 @@ from privdistill.privacy.secure import TALLY
 ACCOUNTINGS = ("strict", "paper")
 
 
-# ============================================================================================ budget
 #: the smallest δ a budget may state (see Budget.validate)
 MIN_DELTA = 1e-12
 
@@ -63,21 +63,17 @@ class Budget:
     privacy: str = "method"
 
     def validate(self) -> None:
-        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ConfigError(f"epsilon must be a finite number > 0, got {self.epsilon}")
-        if self.max_epsilon is not None and not self.max_epsilon > 0:
-            raise ConfigError(f"max_epsilon must be > 0, got {self.max_epsilon}")
-        if not 0 < self.delta < 1:
-            raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
-        if self.delta < MIN_DELTA:  # dp-accounting's PLDs truncate tails near 1e-15: every ε there reads inf
-            raise ConfigError(f"delta {self.delta:g} is below {MIN_DELTA:g}, the smallest this package's "
-                              "accountants resolve (with room for the shares an end-to-end run splits it into)")
-        if self.accounting not in ACCOUNTINGS:
-            raise ConfigError(f"accounting must be strict or paper, got {self.accounting!r}")
-        if self.privacy not in ("method", "end-to-end"):
-            raise ConfigError(f"privacy must be method or end-to-end, got {self.privacy!r}")
-        if self.privacy == "end-to-end" and self.accounting != "strict":
-            raise ConfigError("--privacy end-to-end is a guarantee: it needs --accounting strict (the default)")
+        check(self.epsilon is None or (math.isfinite(self.epsilon) and self.epsilon > 0),
+              f"epsilon must be a finite number > 0, got {self.epsilon}")
+        check(self.max_epsilon is None or self.max_epsilon > 0, f"max_epsilon must be > 0, got {self.max_epsilon}")
+        check(0 < self.delta < 1, f"delta must lie in (0, 1), got {self.delta}")
+        # dp-accounting's PLDs truncate tails near 1e-15: every ε there reads inf
+        check(self.delta >= MIN_DELTA, f"delta {self.delta:g} is below {MIN_DELTA:g}, the smallest this package's "
+              "accountants resolve (with room for the shares an end-to-end run splits it into)")
+        check(self.accounting in ACCOUNTINGS, f"accounting must be strict or paper, got {self.accounting!r}")
+        check(self.privacy in ("method", "end-to-end"), f"privacy must be method or end-to-end, got {self.privacy!r}")
+        check(self.privacy != "end-to-end" or self.accounting == "strict",
+              "--privacy end-to-end is a guarantee: it needs --accounting strict (the default)")
 
     @property
     def limit(self) -> float | None:
@@ -85,7 +81,6 @@ class Budget:
         return self.max_epsilon if self.max_epsilon is not None else self.epsilon
 
 
-# ============================================================================================ result
 @dataclass
 class RunResult:
     """What every method returns: the released student (and generator, where the method releases one), the
@@ -115,7 +110,6 @@ def generator_is_covered(privacy: dict[str, Any]) -> bool:
     return bool(pathways) and all(p.get("covered") for p in pathways)
 
 
-# ============================================================================================ method
 @dataclass
 class Context:
     """What a method's plan, train and report see: the resolved sections, the environment, the run
@@ -171,6 +165,26 @@ class Report:
     fields: dict[str, Any] = field(default_factory=dict)  # more summary fields
 
 
+NOISE_DRAWS = "noise_draws.json"  # the secure samplers' draws and bounds, summed over a run's invocations
+
+
+def noise_draws(run_dir) -> dict[str, float]:
+    """Add this invocation's secure draws (privacy.secure.TALLY) to those recorded in the run directory, so that a
+    resumed run keeps the earlier invocations' share of what they add to ε and δ; returns the run's totals."""
+    path = Path(run_dir) / NOISE_DRAWS
+    total = json.loads(path.read_text()) if path.is_file() else {"draws": 0, "rho": 0.0, "tail": 0.0}
+    total = {"draws": int(total["draws"]) + TALLY.draws, "rho": float(total["rho"]) + TALLY.rho,
+             "tail": float(total["tail"]) + TALLY.tail}
+    atomic_write_text(path, json.dumps(total) + "\n")
+    TALLY.reset()
+    return total
+
+
+def _sampling(noise: dict[str, Any], key: str) -> float | None:
+    added = noise.get(key)
+    return None if added is None else float(f"{added:.3g}")
+
+
 class Method:
     """A method: `name`, config `sections`, and the three steps the runner calls."""
 
@@ -205,88 +219,62 @@ class Method:
         raise ConfigError(f"{self.name} has no end-to-end mode: drop --privacy end-to-end")
 
     def run(self, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
-        return execute(self, request, cache=cache, **inputs)
+        prep = prepare_run(self.name, request, {"budget": Budget, **self.sections})
+        budget: Budget = prep.sections["budget"]
+        stages = Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run)
+        ctx = Context(prep=prep, request=request, stages=stages, budget=budget, inputs=inputs)
+        # plan against what an interrupted earlier invocation recorded (read-only: a plan refused by its own
+        # checks leaves no ledger behind), then refuse to start beyond the budget, before anything trains
+        if budget.privacy == "end-to-end":
+            self.check_end_to_end(ctx)
+        plan = self.plan(ctx, LedgerView.read(prep.run.path))
+        plan.notes[:0] = prep.notes  # what was fitted to the data comes first
+        check_plan(self, ctx, plan)  # what the budget buys, and whether it can teach anything (methods/plan_judge.py)
+        ledger = (PrivacyLedger(prep.run.path, max_epsilon=budget.limit, accounting=budget.accounting,
+                                delta=budget.delta) if self.uses_ledger else None)
+        if ledger is not None:
+            ledger.check_can_start(plan.remaining)
+        check_own_budget(self, budget, plan)  # a method without the ledger: its plan's ε (methods/dry_run.py)
+        if request.dry_run:
+            raise DryRunPlan(dry_run_info(self, ctx, plan, ledger))
+        for line in plan_lines(self, ctx, plan):  # said now, on a terminal, a file or a pipe (engine/progress.py)
+            say(line, enabled=prep.env.progress)
 
+        TALLY.reset()  # this invocation's secure draws; earlier invocations' are in the run directory (noise_draws)
+        trained = self.train(ctx, plan, ledger)
+        sampled = noise_draws(prep.run.path)
+        student = trained.student
+        accuracy, chance = evaluate_release(student, prep.data.test, prep.env)  # and whether it answers at chance
+        prep.run.save_weights(self.weights_name, student, metadata={"method": self.name})
+        if trained.generator is not None:
+            prep.run.save_weights("generator", trained.generator, metadata={"method": self.name})
 
-NOISE_DRAWS = "noise_draws.json"  # the secure samplers' draws and bounds, summed over a run's invocations
-
-
-def noise_draws(run_dir) -> dict[str, float]:
-    """Add this invocation's secure draws (privacy.secure.TALLY) to those recorded in the run directory, so that a
-    resumed run keeps the earlier invocations' share of what they add to ε and δ; returns the run's totals."""
-    path = Path(run_dir) / NOISE_DRAWS
-    total = json.loads(path.read_text()) if path.is_file() else {"draws": 0, "rho": 0.0, "tail": 0.0}
-    total = {"draws": int(total["draws"]) + TALLY.draws, "rho": float(total["rho"]) + TALLY.rho,
-             "tail": float(total["tail"]) + TALLY.tail}
-    atomic_write_text(path, json.dumps(total) + "\n")
-    TALLY.reset()
-    return total
-
-
-def _sampling(noise: dict[str, Any], key: str) -> float | None:
-    added = noise.get(key)
-    return None if added is None else float(f"{added:.3g}")
-
-
-def execute(method: Method, request: RunRequest, *, cache: bool = True, **inputs: Any) -> RunResult:
-    prep = prepare_run(method.name, request, {"budget": Budget, **method.sections})
-    budget: Budget = prep.sections["budget"]
-    ctx = Context(prep=prep, request=request, stages=Stages(StageCache(enabled=cache), prep.env, prep.data, prep.run),
-                  budget=budget, inputs=inputs)
-    # plan against what an interrupted earlier invocation recorded (read-only: a plan refused by its own
-    # checks leaves no ledger behind), then refuse to start beyond the budget, before anything trains
-    if budget.privacy == "end-to-end":
-        method.check_end_to_end(ctx)
-    plan = method.plan(ctx, LedgerView.read(prep.run.path))
-    plan.notes[:0] = prep.notes  # what was fitted to the data comes first
-    check_plan(method, ctx, plan)  # what the budget buys, and whether it can teach anything (methods/plan_judge.py)
-    ledger = (PrivacyLedger(prep.run.path, max_epsilon=budget.limit, accounting=budget.accounting,
-                            delta=budget.delta) if method.uses_ledger else None)
-    if ledger is not None:
-        ledger.check_can_start(plan.remaining)
-    check_own_budget(method, budget, plan)  # a method without the ledger: its plan's ε (methods/dry_run.py)
-    if request.dry_run:
-        raise DryRunPlan(dry_run_info(method, ctx, plan, ledger))
-    for line in plan_lines(method, ctx, plan):  # said now, on a terminal, a file or a pipe (engine/progress.py)
-        say(line, enabled=prep.env.progress)
-
-    TALLY.reset()  # this invocation's secure draws; earlier invocations' are in the run directory (noise_draws)
-    trained = method.train(ctx, plan, ledger)
-    sampled = noise_draws(prep.run.path)
-    student = trained.student
-    accuracy, chance = evaluate_release(student, prep.data.test, prep.env)  # and whether it answers at chance
-    prep.run.save_weights(method.weights_name, student, metadata={"method": method.name})
-    if trained.generator is not None:
-        prep.run.save_weights("generator", trained.generator, metadata={"method": method.name})
-
-    report = method.report(ctx, plan, trained, ledger)
-    uncovered = [p.via for p in report.pathways[method.weights_name] if not p.covered]
-    if budget.privacy == "end-to-end" and uncovered:  # check_end_to_end let through what it should have refused
-        raise RunError(f"end-to-end run left pathways uncovered ({'; '.join(uncovered)}): the release is withheld")
-    if report.epsilon is not None:
-        eps = report.epsilon
-    else:
-        eps = {name: r.value for name, r in ledger.epsilon_both().items()}
-    noise = noise_source(report.secure_noise, report.noise_option, draws=sampled["draws"], rho=sampled["rho"],
-                         tail=sampled["tail"], epsilon=eps["strict"], delta=budget.delta)
-    extra = dict(report.extra)
-    if chance.get("warning"):  # the privacy report says first that the model it describes answers at chance
-        extra["release_warning"] = chance["warning"]
-    if report.statement is not None:
-        extra["statement"] = report.statement
-    write_privacy_json(prep.run.path, report.pathways, method=method.name, noise=noise, extra=extra)
-    wall = trained.wall_seconds if trained.wall_seconds is not None else time.perf_counter() - prep.started
-    summary = finish_run(
-        prep, request, method=method.summary_name(ctx), wall_seconds=wall,
-        test_accuracy=round(accuracy, 4),
-        baseline_accuracy=None if trained.baseline_accuracy is None else round(float(trained.baseline_accuracy), 4),
-        epsilon_paper=round_epsilon(eps["paper"]), epsilon_strict=round_epsilon(eps["strict"]), delta=budget.delta,
-        target_epsilon=budget.epsilon, max_epsilon=budget.max_epsilon, accounting=budget.accounting,
-        noise_secure=noise["secure"], epsilon_sampling=_sampling(noise, "epsilon_added"),
-        delta_sampling=_sampling(noise, "delta_added"),
-        not_covered=uncovered, privacy_scope=budget.privacy,
-        plan_notes=plan.notes, **{**trained.fields, **report.fields, **chance})
-    privacy = json.loads((prep.run.path / "privacy.json").read_text())
-    return RunResult(student=student.cpu().eval(),
-                     generator=None if trained.generator is None else trained.generator.cpu().eval(),
-                     summary=summary, privacy=privacy)
+        report = self.report(ctx, plan, trained, ledger)
+        uncovered = [p.via for p in report.pathways[self.weights_name] if not p.covered]
+        if budget.privacy == "end-to-end" and uncovered:  # check_end_to_end let through what it should have refused
+            raise RunError(f"end-to-end run left pathways uncovered ({'; '.join(uncovered)}): the release is withheld")
+        eps = (report.epsilon if report.epsilon is not None
+               else {name: r.value for name, r in ledger.epsilon_both().items()})
+        noise = noise_source(report.secure_noise, report.noise_option, draws=sampled["draws"], rho=sampled["rho"],
+                             tail=sampled["tail"], epsilon=eps["strict"], delta=budget.delta)
+        extra = dict(report.extra)
+        if chance.get("warning"):  # the privacy report says first that the model it describes answers at chance
+            extra["release_warning"] = chance["warning"]
+        if report.statement is not None:
+            extra["statement"] = report.statement
+        write_privacy_json(prep.run.path, report.pathways, method=self.name, noise=noise, extra=extra)
+        wall = trained.wall_seconds if trained.wall_seconds is not None else time.perf_counter() - prep.started
+        summary = finish_run(
+            prep, request, method=self.summary_name(ctx), wall_seconds=wall,
+            test_accuracy=round(accuracy, 4),
+            baseline_accuracy=None if trained.baseline_accuracy is None else round(float(trained.baseline_accuracy), 4),
+            epsilon_paper=round_epsilon(eps["paper"]), epsilon_strict=round_epsilon(eps["strict"]), delta=budget.delta,
+            target_epsilon=budget.epsilon, max_epsilon=budget.max_epsilon, accounting=budget.accounting,
+            noise_secure=noise["secure"], epsilon_sampling=_sampling(noise, "epsilon_added"),
+            delta_sampling=_sampling(noise, "delta_added"),
+            not_covered=uncovered, privacy_scope=budget.privacy,
+            plan_notes=plan.notes, **{**trained.fields, **report.fields, **chance})
+        privacy = json.loads((prep.run.path / "privacy.json").read_text())
+        return RunResult(student=student.cpu().eval(),
+                         generator=None if trained.generator is None else trained.generator.cpu().eval(),
+                         summary=summary, privacy=privacy)

@@ -20,7 +20,7 @@ eight rules:
 A value chosen for the run (by_dataset, --config, --set) is never changed, a recipe's only by a rule for a case no
 recipe was measured in; on MNIST and Fashion-MNIST every rule is a no-op (tested). Every change is a line of the
 plan's notes. Nothing here reads a record's content: only N, which the release discloses anyway. The measurements
-behind each constant: research log, "Notes that left the code: methods/sizing.py".
+behind each constant (experiments/sizing_study.md): research log, "Notes that left the code: methods/sizing.py".
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from privdistill.models import create_model
 from privdistill.privacy.accounting import strict_noise_multiplier
 from privdistill.privacy.vote_noise import scale_for_accuracy
 
-# Each constant's evidence (experiments/sizing_study.md): research log, "Notes that left the code: methods/sizing.py".
 MIN_PARTITION = 100  # records per PATE / DPDFD teacher: below ~100 records of 10 classes a small CNN is weak
 MIN_VOTER_RECORDS = 15  # records per DGD voter: more, weaker voters buy more answers, right about as often down to 15
 MAX_TEACHER_PASSES = 100  # a teacher whose share is under a batch: no gain past ~100 passes, a third of the time

@@ -25,6 +25,7 @@ Readings where the paper is ambiguous (more: research log, "Notes that left the 
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import torch
@@ -52,7 +53,6 @@ from privdistill.privacy.mechanisms import candidate_sets, noise_source, release
 from privdistill.privacy.report import Pathway
 
 
-# ======================================================================================= the method
 class SRRMethod(Method):
     """SRR on the run skeleton (methods/runner.py): plan the labels, run Alg. 1's stages, report."""
 
@@ -115,7 +115,7 @@ class SRRMethod(Method):
                 parts["finetune_loss"] = srr.finetune_generator(i, labels)
             srr.loop.record(parts)  # evaluation at its cadence, log, checkpoint
         loop = srr.loop.finish()  # the last checkpoint stays: resuming a finished run trains nothing
-        srr.remove_synthetic()
+        shutil.rmtree(srr.synthetic_dir, ignore_errors=True)  # the stage images are kept for a resume only
         # release φs^(T): the runner evaluates it and writes its weights (and the fine-tuned generator's)
         return Trained(student=srr.released, generator=srr.generator, baseline_accuracy=srr.teacher_accuracy,
                        wall_seconds=srr.loop.elapsed + time.perf_counter() - ctx.started,
@@ -169,7 +169,6 @@ def stage_prior(srr: SRRTraining, i: int, images: torch.Tensor) -> torch.Tensor:
     return torch.softmax(predict_logits(srr.released, images, srr.env).double(), dim=1)
 
 
-# ======================================================================================== Python API
 class SRR(MethodAPI):
     """`SRR(epsilon=1).fit("mnist")` -> RunResult(student, generator, summary, privacy).
 

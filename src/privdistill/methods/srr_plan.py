@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from privdistill.config import check_model_name
+from privdistill.config import check, check_model_name
 from privdistill.errors import ConfigError
 from privdistill.methods.runner import Budget
 from privdistill.privacy._checks import check_choice
@@ -22,7 +22,6 @@ SETTINGS = ("data-free", "label-dp")
 MECHANISMS = LABEL_MECHANISMS
 
 
-# ===================================================================================== configuration
 @dataclass
 class SRRConfig:
     """Config section `srr`: the staged distillation (the teacher is section `srr_teacher`, the generator
@@ -61,25 +60,21 @@ class SRRConfig:
         check_model_name(self.student_model, "srr.student_model")
         if self.student_model_label_dp:
             check_model_name(self.student_model_label_dp, "srr.student_model_label_dp")
-        for ok, message in [
-            (self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}"),
-            (self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"),
-            (self.stages >= 1, f"stages must be >= 1, got {self.stages}"),
-            (self.num_samples >= 0, "num_samples must be >= 0"),
-            (self.threshold is None or 0 <= self.threshold < 1, "threshold must lie in [0, 1)"),
-            (self.batch_size >= 1 and self.finetune_batch_size >= 1, "batch sizes must be >= 1"),
-            (self.lr > 0 and self.finetune_lr > 0, "learning rates must be > 0"),
-            (self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}"),
-            (self.epochs_per_stage > 0, "epochs_per_stage must be > 0"),
-            (self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative"),
-            (self.loss in ("ce", "likelihood", "soft"), f"loss must be ce, likelihood or soft, got {self.loss!r}"),
-            (0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)"),
-            (0 <= self.student_ema < 1, "student_ema must lie in [0, 1)"),
-            (self.finetune_steps >= 0, "finetune_steps must be >= 0"),
-            (self.eval_every_stages >= 0, "eval_every_stages must be >= 0"),
-        ]:
-            if not ok:
-                raise ConfigError(message)
+        check(self.setting in SETTINGS, f"setting must be one of {SETTINGS}, got {self.setting!r}")
+        check(self.mechanism in MECHANISMS, f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
+        check(self.stages >= 1, f"stages must be >= 1, got {self.stages}")
+        check(self.num_samples >= 0, "num_samples must be >= 0")
+        check(self.threshold is None or 0 <= self.threshold < 1, "threshold must lie in [0, 1)")
+        check(self.batch_size >= 1 and self.finetune_batch_size >= 1, "batch sizes must be >= 1")
+        check(self.lr > 0 and self.finetune_lr > 0, "learning rates must be > 0")
+        check(self.lr_schedule in ("linear", "cosine", "constant"), f"unknown lr_schedule {self.lr_schedule!r}")
+        check(self.epochs_per_stage > 0, "epochs_per_stage must be > 0")
+        check(self.student_data in ("stage", "cumulative"), "student_data must be stage or cumulative")
+        check(self.loss in ("ce", "likelihood", "soft"), f"loss must be ce, likelihood or soft, got {self.loss!r}")
+        check(0 <= self.first_stage_fraction < 1, "first_stage_fraction must lie in [0, 1)")
+        check(0 <= self.student_ema < 1, "student_ema must lie in [0, 1)")
+        check(self.finetune_steps >= 0, "finetune_steps must be >= 0")
+        check(self.eval_every_stages >= 0, "eval_every_stages must be >= 0")
 
     @property
     def student_for_setting(self) -> str:

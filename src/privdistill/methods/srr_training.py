@@ -10,7 +10,6 @@ the same stages; the labels of a stage come from the privacy ledger once drawn (
 from __future__ import annotations
 
 import math
-import shutil
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -113,9 +112,8 @@ class SRRTraining:
         self.lr_schedule = make_schedule(self.optimizer, cfg.lr_schedule, sum(self.schedule.steps))
         # None unless srr.student_ema is set; with warm-up, as a stage's prior may be read after a few hundred steps
         self.average = weight_average(self.student, cfg.student_ema)
-        finetune = self.generator is not None and cfg.finetune_steps > 0
         self.generator_optimizer = (make_optimizer(self.generator.parameters(), "adam", lr=cfg.finetune_lr)
-                                    if finetune else None)
+                                    if self.generator is not None and cfg.finetune_steps > 0 else None)
 
     @property
     def released(self) -> torch.nn.Module:
@@ -162,14 +160,13 @@ class SRRTraining:
 
     def student_data(self, i: int, images: torch.Tensor, labels: torch.Tensor,
                      in_set: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """What φs trains on at stage i: (D̃(i), L_i, I_i), or (cumulative) every stage labelled so far."""
-        return self.labelled_union(i + 1) if self.cfg.student_data == "cumulative" else (images, labels, in_set)
-
-    def labelled_union(self, stages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The inputs, recorded labels and (likelihood loss) candidate sets of the first `stages` stages."""
-        sets = [self.stage_sets(j) for j in range(stages)]
-        return (torch.cat([self.inputs(j)[0] for j in range(stages)]),
-                torch.cat([self.recorded(j) for j in range(stages)]),
+        """What φs trains on at stage i: (D̃(i), L_i, I_i), or (cumulative) the inputs, recorded labels and
+        (likelihood loss) candidate sets of every stage labelled so far."""
+        if self.cfg.student_data != "cumulative":
+            return images, labels, in_set
+        stages = range(i + 1)
+        sets = [self.stage_sets(j) for j in stages]
+        return (torch.cat([self.inputs(j)[0] for j in stages]), torch.cat([self.recorded(j) for j in stages]),
                 None if sets[0] is None else torch.cat(sets))
 
     def label_targets(self, labels: torch.Tensor, in_set: torch.Tensor | None) -> torch.Tensor:
@@ -240,25 +237,6 @@ class SRRTraining:
             student.train()
         return sum(losses) / max(1, len(losses))
 
-    # ---------------------------------------------------------------------------------- bookkeeping
-    def remove_synthetic(self) -> None:
-        """The stage images are kept for a resume only."""
-        shutil.rmtree(self.synthetic_dir, ignore_errors=True)
-
-    def stage_trace(self) -> list[dict[str, Any]]:
-        """Every stage's label statistics with the student's test accuracy after it, where evaluated (each stage
-        with `eval_every_stages: 1`): how the candidate sets and the labels' correctness evolve (evaluation only)."""
-        accuracy = {entry["step"]: entry.get("test_accuracy") for entry in self.loop.history}
-        return [{**stats, "test_accuracy": accuracy.get(stats["stage"])} for stats in self.loop.extra["labels"]]
-
-    def _variant(self) -> str | None:
-        """The result name's suffix: the one given, else the setting and mechanism when they are not what the
-        recipe's name already says (`-r label-dp` records as srr-D-epsE-label-dp.json, not ...-label-dp-label-dp)."""
-        cfg = self.cfg
-        if cfg.variant is not None:
-            return cfg.variant
-        return None if cfg.default_variant == self.recipe else cfg.default_variant
-
     def summary_fields(self, loop_seconds: float) -> dict[str, Any]:
         """The run's SRR fields of summary.json (label statistics are evaluation only: see label_accuracy_note)."""
         cfg, log = self.cfg, self.loop.extra["labels"]
@@ -267,8 +245,17 @@ class SRRTraining:
         def mean(key: str) -> float:  # over all labels, weighting each stage by its label count
             return sum(s[key] * s["count"] for s in log) / count
 
+        # the result name's suffix: the one given, else the setting and mechanism when they are not what the recipe's
+        # name already says (`-r label-dp` records as srr-D-epsE-label-dp.json, not ...-label-dp-label-dp)
+        variant = cfg.variant
+        if variant is None:
+            variant = None if cfg.default_variant == self.recipe else cfg.default_variant
+        # every stage's label statistics with the student's test accuracy after it, where evaluated (each stage with
+        # `eval_every_stages: 1`): how the candidate sets and the labels' correctness evolve (evaluation only)
+        accuracy = {entry["step"]: entry.get("test_accuracy") for entry in self.loop.history}
+        trace = [{**stats, "test_accuracy": accuracy.get(stats["stage"])} for stats in log]
         return dict(epsilon_per_label=self.epsilon,
-                    variant=self._variant(),
+                    variant=variant,
                     setting=cfg.setting, mechanism=NO_MECHANISM if self.end_to_end else cfg.mechanism,
                     stages=cfg.stages, **({"dp_source": self.dp_source} if self.dp_source else {}),
                     num_labels=sum(self.schedule.sizes), threshold=self.threshold,
@@ -277,6 +264,6 @@ class SRRTraining:
                     mean_candidate_set_size=round(mean("mean_set_size"), 3),
                     teacher_label_in_set=round(mean("label_in_set"), 4), stages_used=self.stages_used,
                     loop_seconds=round(loop_seconds, 1), history=self.loop.history[-12:],
-                    label_stats_first_last=[log[0], log[-1]] if log else [], stage_trace=self.stage_trace(),
+                    label_stats_first_last=[log[0], log[-1]] if log else [], stage_trace=trace,
                     config=to_plain(cfg),
                     stopped=None)  # kept for readers of summary.json: a budget error mid-run propagates instead

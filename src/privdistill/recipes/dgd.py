@@ -6,8 +6,8 @@ on a k-center cover of a 240,000-sample pool of adversarial samples, the whole n
 fitted by squared error, teachers trained 270 steps (on MNIST on affine copies). No unsupervised part, so the VAE's
 latent channel (the paper's ε1) is not spent. At ε <= 2 the votes name clusters of the pool in the baseline's class
 probabilities (engine/few_label.py; the baseline is on the same uncovered pathway as the generator), σ fitted to
-the budget. On
-Fashion-MNIST the pool comes from a generator fitted by BatchNorm statistics alone, named by cluster votes at every ε.
+the budget. On Fashion-MNIST the pool comes from a generator fitted by BatchNorm statistics alone, named by cluster
+votes at every ε.
 
 end-to-end: a DP-SGD source on ScatterNet features labels the synthetic samples, DP statistics of its features steer
 the generator, the votes take the rest of ε.
@@ -45,9 +45,8 @@ DEFAULT = Recipe(
                             "the votes only (10 cluster votes; 28.50 % with 48 medoid answers spread, 27.36 % with "
                             "diverse queries)",
               ("fashion-mnist", 9.34): "86.58 % (the recipe's command), strict 9.34 / paper 10.15, the votes only (10 "
-                                       "cluster votes on the "
-                                       "BatchNorm-statistics pool; 73.43 % with 2,547 histograms of the adversarial "
-                                       "pool)",
+                                       "cluster votes on the BatchNorm-statistics pool; 73.43 % with 2,547 histograms "
+                                       "of the adversarial pool)",
               ("fashion-mnist", 1): "83.11 %, strict 1.00 / paper 1.22, the votes only (10 cluster votes on the "
                                     "BatchNorm-statistics pool, a BatchNorm student; the paper's student 78.51 %; "
                                     "34.92 % on the adversarial pool, whose shoes the teachers call 'bag'; the paper "

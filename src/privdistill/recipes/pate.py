@@ -24,8 +24,8 @@ DEFAULT = Recipe(
               ("mnist", 1): "96.64 %, strict 0.990 / paper 1.21, the votes only (the few-label student; 57.49 % "
                             "before)",
               ("fashion-mnist", 10): "78.97 % (re-run; recorded 79.87)",
-              ("fashion-mnist", 1): "77.67 %, strict 0.990 / paper 1.21, the votes "
-                                                                      "only (the few-label student; 60.99 % before)"},
+              ("fashion-mnist", 1): "77.67 %, strict 0.990 / paper 1.21, the votes only (the few-label student; "
+                                    "60.99 % before)"},
 )
 
 PAPER = Recipe(summary="GNMax (σ 40) on every query", covers="the votes; a public slice used directly",
