@@ -10,8 +10,7 @@ Loaded on first use (PEP 562), so importing one module of this package does not 
 
 from importlib import import_module
 
-_EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "DPSGD": "dpsgd", "PATE": "pate",
-            "RunResult": "runner",
+_EXPORTS = {"DGD": "dgd", "DPDFD": "dpdfd", "SRR": "srr", "DPSGD": "dpsgd", "PATE": "pate", "RunResult": "runner",
             "RunRequest": "common", "Budget": "runner", "TeacherSpec": "dpdfd"}
 __all__ = ["DGD", "DPDFD", "DPSGD", "PATE", "SRR", "Budget", "RunRequest", "RunResult", "TeacherSpec"]
 

@@ -79,14 +79,11 @@ def train_student(student: nn.Module, labelled: ImageDataset, codes: torch.Tenso
             x_par = env.place_batch(perturber.tangent(student, z, x_hat, gen).float()) if cfg.tangent else None
             x_perp = env.place_batch(perturber.normal(student, z, x_hat, gen).float()) if cfg.normal else None
             with env.autocast():
-                if x_par is not None:
-                    tangent = (student.features(x_par).float() - clean).pow(2).flatten(1).mean()
-                    loss = loss + tangent
-                    parts["tangent"] = float(tangent.detach())
-                if x_perp is not None:
-                    normal = (student.features(x_perp).float() - clean).pow(2).flatten(1).mean()
-                    loss = loss + normal
-                    parts["normal"] = float(normal.detach())
+                for name, perturbed in (("tangent", x_par), ("normal", x_perp)):
+                    if perturbed is not None:
+                        energy = (student.features(perturbed).float() - clean).pow(2).flatten(1).mean()
+                        loss = loss + energy
+                        parts[name] = float(energy.detach())
                 # entropy MINIMISATION (TNAR/VAT; the text: "more determinate predictions"). Eq. 6 prints
                 # +Σ φ log φ, i.e. minus the entropy, which minimised would push predictions to uniform.
                 log_probs = F.log_softmax(student(x_hat).float(), dim=1)

@@ -91,9 +91,6 @@ def train_dpdfd(*, cfg: DPDFDConfig, plan: StepPlan, env: Env, ledger: PrivacyLe
     """The DPDFD loop: Alg. 1 with a module teacher, Alg. 2 with a TeacherEnsemble, Alg. 3 with `private`. Resumable
     (engine.loop): everything random derives from (seed, step) or from the ledger's recorded seeds."""
     direct = cfg.algorithm == 3
-    if (private if direct else teacher) is None:
-        raise ConfigError("DPDFD Alg. 3 trains on private data: pass `private`" if direct
-                          else "DPDFD Alg. 1/2 need a teacher")
     torch.manual_seed(env.generator(streams.DPDFD_STUDENT_INIT, -1).initial_seed())
     student = env.place(create_model(cfg.student_model, kind="classifier", in_channels=channels,
                                      num_classes=num_classes, image_size=image_size)).train()

@@ -105,18 +105,16 @@ def query_event(cfg: PATEConfig, count: int, answered: int | None = None,
 def plan_queries(cfg: PATEConfig, budget: Budget, available: int) -> tuple[int, list[str]]:
     """Number of queries and notes: `pate.queries`, or the most the target ε allows under the budget's
     accounting (worst case: every Confident-GNMax query answered), capped by the public slice."""
-    notes = []
     if cfg.queries > 0:
         n = cfg.queries
+    elif budget.epsilon is None:
+        raise ConfigError("give either pate.queries or a target budget.epsilon (--epsilon)")
     else:
-        if budget.epsilon is None:
-            raise ConfigError("give either pate.queries or a target budget.epsilon (--epsilon)")
         n = calibration.vote_queries(query_event(cfg, 1), budget, cfg.aggregation)
-    if n > available:
-        notes.append(f"{n} queries allowed/asked but the public slice has {available} images: all of them are queried "
-                     "(ε below the target)")
-        n = available
-    return n, notes
+    if n <= available:
+        return n, []
+    return available, [f"{n} queries allowed/asked but the public slice has {available} images: all of them are "
+                       "queried (ε below the target)"]
 
 
 def uses_few_label(ctx: Context) -> bool:

@@ -169,14 +169,6 @@ class SRRTraining:
         return (torch.cat([self.inputs(j)[0] for j in stages]), torch.cat([self.recorded(j) for j in stages]),
                 None if sets[0] is None else torch.cat(sets))
 
-    def label_targets(self, labels: torch.Tensor, in_set: torch.Tensor | None) -> torch.Tensor:
-        """The student's targets: the released labels [n] (ce), or their log-likelihood under every true class
-        [n, K] (likelihood: `released_label_likelihood`, post-processing of the release)."""
-        if self.cfg.loss == "ce":
-            return labels
-        likelihood = released_label_likelihood(in_set, labels, epsilon=self.epsilon)
-        return likelihood.clamp(min=1e-300).log().float()
-
     @staticmethod
     def student_loss(logits: torch.Tensor, targets: torch.Tensor, soft: bool = False) -> torch.Tensor:
         """Eq. 3's cross-entropy to the released label (targets [b]) or, soft, to the DP teacher's softmax [b, K];
@@ -192,7 +184,11 @@ class SRRTraining:
         or (soft, end to end only) the DP teacher's softmax of its `answers` on the images, post-processing of a DP
         model; the mean loss."""
         cfg, env, student = self.cfg, self.env, self.student
-        targets = answers.float().softmax(1) if cfg.loss == "soft" else self.label_targets(labels, in_set)
+        targets = labels  # ce: the released labels [n]
+        if cfg.loss == "soft":
+            targets = answers.float().softmax(1)
+        elif cfg.loss == "likelihood":  # their log-likelihood under every true class [n, K]: post-processing
+            targets = released_label_likelihood(in_set, labels, epsilon=self.epsilon).clamp(min=1e-300).log().float()
         student.train()
         m, b, losses = len(images), self.schedule.batch[i], []
         per_epoch = math.ceil(m / b)
