@@ -74,10 +74,7 @@ def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, a
     """Train the ensemble as Ray tasks (one task per chunk of teachers) and gather it on the coordinator."""
     ray = connect(address, num_cpus=num_cpus)
     parts = make_partitions(train, cfg)
-    sizes = torch.tensor([len(p) for p in parts])
-    padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
-    for i, p in enumerate(parts):
-        padded[i, :len(p)] = p
+    padded, sizes = ens.padded_partitions(parts)
     chunk = chunk_size or max(1, -(-cfg.num_teachers // max(1, int(ray.cluster_resources().get("CPU", 1)))))
     started = time.perf_counter()
     images_ref, labels_ref = ray.put(train.images), ray.put(train.labels)

@@ -18,6 +18,8 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
@@ -167,13 +169,11 @@ class TeacherEnsemble(nn.Module):
 
     def member(self, i: int) -> nn.Module:
         """Teacher i as an ordinary module (for inspection, audits and the reference loop)."""
-        if self.registry_name:
-            model = create_model(self.registry_name, **self.registry_kwargs)
-        else:
+        if not self.registry_name:
             raise ModelError("this ensemble was built from an unregistered model; cannot rebuild a member")
+        model = create_model(self.registry_name, **self.registry_kwargs)
         params, buffers = self.stacked()
-        state = {k: v[i] for k, v in {**params, **buffers}.items()}
-        model.load_state_dict(state)
+        model.load_state_dict({k: v[i] for k, v in {**params, **buffers}.items()})
         return model
 
     def save(self, path: str | Path, metadata: dict | None = None) -> None:
@@ -186,9 +186,6 @@ class TeacherEnsemble(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "TeacherEnsemble":
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
         tensors = load_file(str(path), device=str(device))
@@ -209,6 +206,15 @@ def make_partitions(train: ImageDataset, cfg: TeacherTraining) -> list[torch.Ten
         raise ConfigError(f"teachers.batch_size {cfg.batch_size} exceeds the smallest partition ({smallest} "
                           f"examples with {cfg.num_teachers} teachers); lower it or use fewer teachers")
     return parts
+
+
+def padded_partitions(parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partitions as rows of one tensor [n, largest size] (zero-padded), and their sizes [n]."""
+    sizes = torch.tensor([len(p) for p in parts])
+    padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
+    for i, p in enumerate(parts):
+        padded[i, :len(p)] = p
+    return padded, sizes
 
 
 def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: str, scale: float, option: str,
@@ -325,10 +331,7 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                       f"example of class(es) {first[1]}): those teachers can never vote for it; the others' plurality "
                       "still can (fewer teachers, each on more records, if the released labels come out poor).",
                       EnsembleWarning, stacklevel=2)
-    sizes = torch.tensor([len(p) for p in parts])
-    padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
-    for i, p in enumerate(parts):
-        padded[i, :len(p)] = p
+    padded, sizes = padded_partitions(parts)
     template = _init_teachers(cfg, train, 1, 0, env)[0]
     has_buffers = any(True for _ in template.buffers())
     if cfg.trainer == "auto":
