@@ -257,9 +257,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                     run: RunDir | None = None, num_classes: int = 0) -> tuple[nn.Module, dict]:
     """Train a DAFL generator against the fixed `classifier` (its weights are never updated), with the student in
     the loop where the config asks for it."""
-    classifier = env.place(classifier).eval()
-    for p in classifier.parameters():
-        p.requires_grad_(False)
+    classifier = env.place(classifier).eval().requires_grad_(False)
     torch.manual_seed(env.generator(streams.GENERATOR_LATENT, -1).initial_seed())
     if cfg.class_targets and num_classes < 2:
         raise ConfigError("generator.class_targets needs the number of classes (train_generator(num_classes=K))")
@@ -315,8 +313,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
         if bn is not None:
             bn.remove()
     result = loop.finish()
-    for p in classifier.parameters():
-        p.requires_grad_(True)
+    classifier.requires_grad_(True)
     return generator, {"wall_seconds": round(result.wall_seconds, 1), "steps": result.steps,
                        "alpha": alpha, "beta": beta, "final": result.history[-1] if result.history else {}}
 
@@ -358,7 +355,6 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
                 x = generator(z.to(env.device)).float()
             out.append((to_uint8(x) if quantise else x).cpu())
     finally:
-        with torch.no_grad():
-            for name, b in generator.named_buffers():
-                b.copy_(buffers[name])
+        for name, b in generator.named_buffers():
+            b.copy_(buffers[name])
     return torch.cat(out).contiguous()
