@@ -1,10 +1,5 @@
-"""The student loop of DGD and PATE: a TrainingLoop with Adam, the papers' linear decay and test evaluation.
-
-    loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, title="DGD student", log_stage="student", ...)
-    for step in loop:                     # restores `student-checkpoint` first
-        loss, parts = ...                 # every random draw derives from (seed, step)
-        loop.update(loss, parts)          # backward, optimiser and schedule step, eval/log, checkpoint, progress
-    student, stats = loop.finish()
+"""The student loop of DGD and PATE: a TrainingLoop (engine/loop.py, iterated and updated the same way, from
+`student-checkpoint`) with Adam, the papers' linear decay and test evaluation; `finish()` gives (student, stats).
 
 History entries hold the evaluated step's own parts (`mean_parts=False`), so DGD's and PATE's summaries stay as
 they were.
