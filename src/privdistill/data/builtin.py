@@ -284,7 +284,7 @@ class DatasetStatus:
 def status(name: str, data_root: str | os.PathLike | None = None, *, verify: bool = True) -> DatasetStatus:
     spec = get_spec(name)
     root = resolve_data_root(data_root)
-    location = _raw_dir(spec, root) if spec.raw_files else (root / spec.folder if spec.folder else root)
+    location = _raw_dir(spec, root) if spec.raw_files else root / spec.folder  # SVHN's folder "": the root
     if not _present(spec, root):
         return DatasetStatus(spec.name, False, location, None, None, None, ["not prepared: " + spec.how_to_get])
     problems: list[str] = []

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privdistill.config import check
 from privdistill.data.dataset import to_uint8
 from privdistill.engine import streams
 from privdistill.engine.context import Env
@@ -59,14 +60,12 @@ class GeneratorTraining:
     adversarial_weight: float = 0.0
 
     def validate(self) -> None:
-        if self.loss not in LOSS_DEFAULTS:
-            raise ConfigError(f"generator.loss must be one of {sorted(LOSS_DEFAULTS)}, got {self.loss!r}")
-        if min(self.rounds, self.steps_per_round, self.batch_size, self.latent_dim, self.width) < 1:
-            raise ConfigError("generator rounds, steps_per_round, batch_size, latent_dim and width must be >= 1")
+        check(self.loss in LOSS_DEFAULTS, f"generator.loss must be one of {sorted(LOSS_DEFAULTS)}, got {self.loss!r}")
+        check(min(self.rounds, self.steps_per_round, self.batch_size, self.latent_dim, self.width) >= 1,
+              "generator rounds, steps_per_round, batch_size, latent_dim and width must be >= 1")
         if self.lr <= 0 or not 0 < self.lr_decay <= 1:
             raise ConfigError("generator.lr must be > 0 and lr_decay in (0, 1]")
-        if self.num_samples < 0:
-            raise ConfigError("generator.num_samples must be >= 0")
+        check(self.num_samples >= 0, "generator.num_samples must be >= 0")
         if self.adversarial_weight < 0:
             raise ConfigError("generator.adversarial_weight must be >= 0")
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from privdistill.atomic import atomic_torch_save, atomic_write_bytes
-from privdistill.config import check_augment
+from privdistill.config import check, check_augment
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
 from privdistill.engine import streams
@@ -65,16 +65,14 @@ class TeacherTraining:
 
     def validate(self) -> None:
         check_augment(self.augment, "teachers.augment")
-        if self.num_teachers < 1:
-            raise ConfigError(f"num_teachers must be >= 1, got {self.num_teachers}")
+        check(self.num_teachers >= 1, f"num_teachers must be >= 1, got {self.num_teachers}")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ConfigError("steps, batch_size and lr must be positive")
-        if self.trainer not in ("auto", "vectorized", "loop"):
-            raise ConfigError(f"trainer must be auto, vectorized or loop, got {self.trainer!r}")
-        if self.lr_schedule not in ("linear", "constant"):
-            raise ConfigError(f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
-        if self.chunk_size < 0:
-            raise ConfigError("chunk_size must be >= 0")
+        check(self.trainer in ("auto", "vectorized", "loop"),
+              f"trainer must be auto, vectorized or loop, got {self.trainer!r}")
+        check(self.lr_schedule in ("linear", "constant"),
+              f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
+        check(self.chunk_size >= 0, "chunk_size must be >= 0")
 
 
 # ------------------------------------------------------------------------------------------ the ensemble

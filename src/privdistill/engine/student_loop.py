@@ -13,14 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from privdistill.config import check_model_name
+from privdistill.config import check, check_model_name
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop, sample_batch  # noqa: F401 - sample_batch: dgd/pate import it here
 from privdistill.engine.optim import make_optimizer, make_schedule
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import evaluate
-from privdistill.errors import ConfigError
 
 CHECKPOINT = "student-checkpoint"
 
@@ -38,10 +37,9 @@ class StudentTraining:
     checkpoint_every: int = 50
 
     def validate(self) -> None:
-        if min(self.steps, self.batch_size, self.unlabeled_batch_size, self.eval_every, self.checkpoint_every) < 1:
-            raise ConfigError("steps, batch sizes, eval_every and checkpoint_every must be >= 1")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        check(min(self.steps, self.batch_size, self.unlabeled_batch_size, self.eval_every, self.checkpoint_every) >= 1,
+              "steps, batch sizes, eval_every and checkpoint_every must be >= 1")
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         check_model_name(self.model, "model")
 
 
