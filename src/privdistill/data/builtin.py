@@ -41,10 +41,8 @@ def resolve_data_root(data_root: str | os.PathLike | None) -> Path:
 def get_spec(name: str) -> DatasetSpec:
     key = canonical_name(name)
     if key not in BUILTIN:
-        raise DataError(
-            f"unknown dataset {name!r}. Built-in: {', '.join(BUILTIN)}; your own data: "
-            "'npz:PATH' (arrays x, y) or 'folder:DIR' (an ImageFolder directory)."
-        )
+        raise DataError(f"unknown dataset {name!r}. Built-in: {', '.join(BUILTIN)}; your own data: "
+                        "'npz:PATH' (arrays x, y) or 'folder:DIR' (an ImageFolder directory).")
     return BUILTIN[key]
 
 
@@ -236,10 +234,8 @@ def load_builtin(name: str, data_root: str | os.PathLike | None = None, *, verif
     except DataError:
         raise
     except Exception as err:  # torchvision raises RuntimeError, ValueError, OSError, EOFError ...
-        raise DataError(
-            f"{spec.name}: files under {root} could not be read ({type(err).__name__}: {err}). "
-            f"They are probably truncated or corrupt: delete them and prepare again. {spec.how_to_get}"
-        ) from err
+        raise DataError(f"{spec.name}: files under {root} could not be read ({type(err).__name__}: {err}). They are "
+                        f"probably truncated or corrupt: delete them and prepare again. {spec.how_to_get}") from err
     return DataSplits(train=train, test=test, test_from=f"the {spec.name} test set")
 
 

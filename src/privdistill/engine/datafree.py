@@ -280,8 +280,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                 "lr": cfg.lr * step_decay_factor(done - 1, decay_every, cfg.lr_decay)}
 
     loop = TrainingLoop(steps=cfg.total_steps, env=env, run=run, checkpoint="generator-checkpoint",
-                        title=f"generator ({cfg.loss})", log_stage="generator", modules=modules,
-                        optimizers=optimizers,
+                        title=f"generator ({cfg.loss})", log_stage="generator", modules=modules, optimizers=optimizers,
                         schedules={"generator": make_step_schedule(optimizer, decay_every, cfg.lr_decay)},
                         eval_every=cfg.steps_per_round, checkpoint_every=cfg.checkpoint_every,
                         entry_fields=round_fields)

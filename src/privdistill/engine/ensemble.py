@@ -362,10 +362,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     buffers = {k[len(_BUFFER_PREFIX):]: stacked.pop(k) for k in list(stacked) if k.startswith(_BUFFER_PREFIX)}
     ensemble = TeacherEnsemble(template, stacked, buffers)
     stats = {"num_teachers": cfg.num_teachers, "trainer": cfg.trainer, "chunk_size": chunk,
-             "wall_seconds": round(wall, 3),
-             "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
-             "partition_sizes": [int(sizes.min()), int(sizes.max())],
-             "partitions_missing_classes": len(lacking)}
+             "wall_seconds": round(wall, 3), "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
+             "partition_sizes": [int(sizes.min()), int(sizes.max())], "partitions_missing_classes": len(lacking)}
     return ensemble, stats
 
 

@@ -80,8 +80,7 @@ class Stages:
             run.save_weights("model", model)
             run.remove_checkpoint()
             return {"test_accuracy": round(evaluate(model, data.test, self.env), 4),
-                    "wall_seconds": round(result.wall_seconds, 1),
-                    "steps": result.steps, "device": self.env.describe()}
+                    "wall_seconds": round(result.wall_seconds, 1), "steps": result.steps, "device": self.env.describe()}
 
         stage = self._get("baseline", self._material(cfg, {"data": self.fingerprint}), build)
         model = stage.run.load_weights("model", device=self.env.device)

@@ -88,8 +88,7 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
     steps = total_steps(cfg, len(train))
     per_epoch = max(1, len(train) // cfg.batch_size)
     loop = TrainingLoop(steps=steps, env=env, run=run, checkpoint=checkpoint, title=description,
-                        log_stage=description, modules={"model": model},
-                        optimizers={"model": optimizer},
+                        log_stage=description, modules={"model": model}, optimizers={"model": optimizer},
                         schedules={"model": make_schedule(optimizer, cfg.lr_schedule, steps)},
                         eval_every=max(1, int(round(cfg.eval_every_epochs * per_epoch))),
                         checkpoint_every=cfg.checkpoint_every, save_rng=True,

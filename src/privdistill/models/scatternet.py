@@ -393,8 +393,7 @@ class FastScattering2D(nn.Module):
         _in_threads(_wavelet_kernel, -(-len(half) // lanes), half.numpy(), filters.numpy(),
                     getattr(self, f"idft_rows{j}").numpy(), getattr(self, f"twiddles_rows{j}").numpy(),
                     getattr(self, f"idft_cols{j}").numpy(), getattr(self, f"twiddles_cols{j}").numpy(),
-                    getattr(self, f"phi_p{j}").numpy(), getattr(self, f"phi_q{j}").numpy(), lanes, s.numpy(),
-                    u.numpy())
+                    getattr(self, f"phi_p{j}").numpy(), getattr(self, f"phi_q{j}").numpy(), lanes, s.numpy(), u.numpy())
         return s, u
 
 
