@@ -94,8 +94,7 @@ class ImageDataset:
         """A short content hash: stages cached on this dataset are keyed by it."""
         h = hashlib.sha256()
         h.update(str((tuple(self.images.shape), str(self.images.dtype), self.num_classes)).encode())
-        h.update(self.images.contiguous().view(-1).numpy().tobytes() if self.images.dtype == torch.uint8
-                 else self.images.contiguous().numpy().tobytes())
+        h.update(self.images.contiguous().numpy().tobytes())
         h.update(self.labels.numpy().tobytes())
         return h.hexdigest()[:16]
 

@@ -192,9 +192,8 @@ class RunDir:
     # --------------------------------------------------------------------------------------- metrics
     def log(self, **metrics: Any) -> None:
         metrics = {"time": round(time.time(), 3), **metrics}
-        with open(self.path / "metrics.jsonl", "a") as f:
+        with open(self.path / "metrics.jsonl", "a") as f:  # closed, so flushed, at each entry
             f.write(json.dumps(metrics, default=float) + "\n")
-            f.flush()
 
     def metrics(self) -> list[dict[str, Any]]:
         p = self.path / "metrics.jsonl"
@@ -212,8 +211,7 @@ class RunDir:
     def save_weights(self, name: str, module: nn.Module, metadata: dict[str, str] | None = None) -> Path:
         state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
         meta = {"registry_name": getattr(module, "registry_name", ""),
-                "registry_kwargs": json.dumps(getattr(module, "registry_kwargs", {}))}
-        meta.update(metadata or {})
+                "registry_kwargs": json.dumps(getattr(module, "registry_kwargs", {})), **(metadata or {})}
         path = self.path / f"{name}.safetensors"
         atomic_write_bytes(path, safetensors_bytes(state, meta))
         return path
@@ -278,11 +276,8 @@ class RunDir:
 
     # ---------------------------------------------------------------------------------------- summary
     def write_summary(self, **fields: Any) -> dict[str, Any]:
-        summary = {k: None for k in SUMMARY_KEYS}
-        summary.update(git_commit=git_commit(), command=self.command())
-        summary.update(fields)
-        summary["run_dir"] = str(self.path)
-        summary["finished"] = datetime.now(timezone.utc).isoformat()
+        summary = {**dict.fromkeys(SUMMARY_KEYS), "git_commit": git_commit(), "command": self.command(), **fields,
+                   "run_dir": str(self.path), "finished": datetime.now(timezone.utc).isoformat()}
         if summary.get("warning"):  # e.g. a model at chance (methods/chance.py): the summary's first line says so
             summary = {"warning": summary.pop("warning"), **summary}
         atomic_write_json(self.path / "summary.json", summary)
