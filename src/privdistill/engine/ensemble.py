@@ -224,16 +224,12 @@ def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: st
                            threshold=threshold, sigma1=sigma1)
 
 
-def _new_teacher(cfg: TeacherTraining, train: ImageDataset) -> nn.Module:
-    return create_model(cfg.model, kind="classifier", in_channels=train.channels, num_classes=train.num_classes,
-                        image_size=train.image_size[0])
-
-
 def _init_teachers(cfg: TeacherTraining, train: ImageDataset, count: int, first: int, env: Env) -> list[nn.Module]:
     models = []
     for i in range(first, first + count):
         torch.manual_seed(env.generator(streams.TEACHER_INIT, i).initial_seed())
-        models.append(_new_teacher(cfg, train))
+        models.append(create_model(cfg.model, kind="classifier", in_channels=train.channels,
+                                   num_classes=train.num_classes, image_size=train.image_size[0]))
     return models
 
 
