@@ -430,9 +430,8 @@ class ScatterNet(nn.Module):
         self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, in_h, in_w)
         self.in_channels = in_channels
         # what the fixed features depend on (the head does not): the key of their cached stage
-        self.transform_id = (f"scattering-J2-L8-{in_channels}x{in_h}x{in_w}" + (f"-padded{h}x{w}" if any(self._pad)
-                                                                                else "")
-                             + f"-groupnorm{groups}" + ("-fineJ1" if fine else ""))
+        padded, scales = f"-padded{h}x{w}" if any(self._pad) else "", "-fineJ1" if fine else ""
+        self.transform_id = f"scattering-J2-L8-{in_channels}x{in_h}x{in_w}{padded}-groupnorm{groups}{scales}"
         if prior != "none":
             # buffers, saved with the weights: a released model carries its projection. Zero until fit_prior()
             # (or loading saved weights) fills them; scatter() refuses to run before that.
