@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import os
 
-from privdistill.data.builtin import (
-    default_data_root,
-    get_spec,
-    load_builtin,
-    prepare,
-    resolve_data_root,
-    status,
-)
+from privdistill.data.builtin import default_data_root, get_spec, load_builtin, prepare, resolve_data_root, status
 from privdistill.data.catalog import BUILTIN, canonical_name
 from privdistill.data.custom import ARRAYS_PREFIX, load_arrays, load_image_folder, load_npz
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float, to_uint8

@@ -41,10 +41,8 @@ def resolve_data_root(data_root: str | os.PathLike | None) -> Path:
 def get_spec(name: str) -> DatasetSpec:
     key = canonical_name(name)
     if key not in BUILTIN:
-        raise DataError(
-            f"unknown dataset {name!r}. Built-in: {', '.join(BUILTIN)}; your own data: "
-            "'npz:PATH' (arrays x, y) or 'folder:DIR' (an ImageFolder directory)."
-        )
+        raise DataError(f"unknown dataset {name!r}. Built-in: {', '.join(BUILTIN)}; your own data: "
+                        "'npz:PATH' (arrays x, y) or 'folder:DIR' (an ImageFolder directory).")
     return BUILTIN[key]
 
 
@@ -146,18 +144,26 @@ def _prepare_idx(spec: DatasetSpec, root: Path, source: Path | None, download: b
                     f"{spec.how_to_get}")
 
 
-def _download(spec: DatasetSpec, root: Path) -> None:
+def _torchvision_class(spec: DatasetSpec, verify: bool = True):
     from torchvision import datasets
 
     cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST,
            "cifar10": datasets.CIFAR10, "svhn": datasets.SVHN}[spec.name]
+    return cls if verify or spec.raw_files else _unverified(cls)  # IDX files: no md5 check to turn off
+
+
+def _open_split(cls, spec: DatasetSpec, root: Path, split: str, download: bool):
+    """torchvision's dataset of one split, "train" or "test" (SVHN's takes it by name, the others as a flag)."""
+    if spec.name == "svhn":
+        return cls(str(root), split=split, download=download)
+    return cls(str(root), train=split == "train", download=download)
+
+
+def _download(spec: DatasetSpec, root: Path) -> None:
+    cls = _torchvision_class(spec)
     try:
-        if spec.name == "svhn":
-            for split in ("train", "test"):
-                cls(str(root), split=split, download=True)
-        else:
-            cls(str(root), train=True, download=True)
-            cls(str(root), train=False, download=True)
+        for split in ("train", "test"):
+            _open_split(cls, spec, root, split, download=True)
     except Exception as err:  # network errors come in many types (URLError, socket errors, HTTP errors)
         raise DataError(f"{spec.name}: download failed ({err}). {spec.how_to_get}") from err
 
@@ -228,43 +234,26 @@ def load_builtin(name: str, data_root: str | os.PathLike | None = None, *, verif
     except DataError:
         raise
     except Exception as err:  # torchvision raises RuntimeError, ValueError, OSError, EOFError ...
-        raise DataError(
-            f"{spec.name}: files under {root} could not be read ({type(err).__name__}: {err}). "
-            f"They are probably truncated or corrupt: delete them and prepare again. {spec.how_to_get}"
-        ) from err
+        raise DataError(f"{spec.name}: files under {root} could not be read ({type(err).__name__}: {err}). They are "
+                        f"probably truncated or corrupt: delete them and prepare again. {spec.how_to_get}") from err
     return DataSplits(train=train, test=test, test_from=f"the {spec.name} test set")
 
 
 def _load_torchvision(spec: DatasetSpec, root: Path, verify: bool) -> tuple[ImageDataset, ImageDataset]:
-    from torchvision import datasets
-
-    def wrap(images: np.ndarray | torch.Tensor, labels, split: str) -> ImageDataset:
-        images = torch.as_tensor(np.asarray(images))
-        return ImageDataset(images=images.contiguous(), labels=torch.as_tensor(np.asarray(labels), dtype=torch.long),
-                            num_classes=spec.num_classes, name=spec.name, classes=spec.classes,
-                            source=f"{root} ({split})")
-
-    if spec.name in ("mnist", "fashion-mnist"):
-        cls = datasets.MNIST if spec.name == "mnist" else datasets.FashionMNIST
-        out = []
-        for train in (True, False):
-            ds = cls(str(root), train=train, download=False)
-            out.append(wrap(ds.data.unsqueeze(1), ds.targets, "train" if train else "test"))
-        return out[0], out[1]
-
-    if spec.name == "cifar10":
-        cls = datasets.CIFAR10 if verify else _unverified(datasets.CIFAR10)
-        out = []
-        for train in (True, False):
-            ds = cls(str(root), train=train, download=False)
-            out.append(wrap(ds.data.transpose(0, 3, 1, 2), ds.targets, "train" if train else "test"))
-        return out[0], out[1]
-
-    cls = datasets.SVHN if verify else _unverified(datasets.SVHN)
+    cls = _torchvision_class(spec, verify)
     out = []
     for split in ("train", "test"):
-        ds = cls(str(root), split=split, download=False)
-        out.append(wrap(ds.data, ds.labels, split))  # SVHN data is already [N, 3, 32, 32]; label 10 -> 0
+        ds = _open_split(cls, spec, root, split, download=False)
+        if spec.name == "svhn":
+            images, labels = ds.data, ds.labels  # SVHN data is already [N, 3, 32, 32]; label 10 -> 0
+        elif spec.name == "cifar10":
+            images, labels = ds.data.transpose(0, 3, 1, 2), ds.targets
+        else:
+            images, labels = ds.data.unsqueeze(1), ds.targets
+        out.append(ImageDataset(images=torch.as_tensor(np.asarray(images)).contiguous(),
+                                labels=torch.as_tensor(np.asarray(labels), dtype=torch.long),
+                                num_classes=spec.num_classes, name=spec.name, classes=spec.classes,
+                                source=f"{root} ({split})"))
     return out[0], out[1]
 
 
@@ -291,7 +280,7 @@ class DatasetStatus:
 def status(name: str, data_root: str | os.PathLike | None = None, *, verify: bool = True) -> DatasetStatus:
     spec = get_spec(name)
     root = resolve_data_root(data_root)
-    location = _raw_dir(spec, root) if spec.raw_files else (root / spec.folder if spec.folder else root)
+    location = _raw_dir(spec, root) if spec.raw_files else root / spec.folder  # SVHN's folder "": the root
     if not _present(spec, root):
         return DatasetStatus(spec.name, False, location, None, None, None, ["not prepared: " + spec.how_to_get])
     problems: list[str] = []

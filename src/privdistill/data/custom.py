@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import warnings
 import zipfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +176,6 @@ def _renumber(y: torch.Tensor, test: tuple[torch.Tensor, torch.Tensor] | None, w
     lookup[torch.tensor(present)] = torch.arange(len(present))
     y = lookup[y]
     test = None if test is None else (test[0], lookup[test[1]])
-    import warnings
-
     warnings.warn(f"{where}: the labels ({_show_labels(present)}) skip class numbers, so they are renumbered "
                   f"0..{len(present) - 1} in order, a {len(present)}-class model (label {present[-1]} is class "
                   f"{len(present) - 1}); the run's summary (label_map) and the model card record the labels as given",
@@ -309,18 +310,14 @@ def load_image_folder(directory: str | Path, *, image_size: int | None = None, t
     if not directory.is_dir():
         raise DataError(f"ImageFolder directory {directory} does not exist")
     name = f"folder:{directory.name}" + (f"?size={image_size}" if image_size else "")
-    if (directory / "train").is_dir() and (directory / "test").is_dir():
-        x, y, classes = _read_image_folder(directory / "train", image_size, None)
-        xt, yt, _ = _read_image_folder(directory / "test", image_size, classes)
-        _check_square(x, directory, FOLDER_FIX)
-        k = len(classes)
-        return DataSplits(train=ImageDataset(x, y, k, name=name, classes=tuple(classes), source=str(directory)),
-                          test=ImageDataset(xt, yt, k, name=name, classes=tuple(classes), source=str(directory)),
-                          test_from=f"the test/ folder of {directory.name}")
-    x, y, classes = _read_image_folder(directory, image_size, None)
+    given_test = (directory / "train").is_dir() and (directory / "test").is_dir()
+    x, y, classes = _read_image_folder(directory / "train" if given_test else directory, image_size, None)
+    test = _read_image_folder(directory / "test", image_size, classes)[:2] if given_test else None
     _check_square(x, directory, FOLDER_FIX)
-    data = ImageDataset(x, y, len(classes), name=name, classes=tuple(classes), source=str(directory))
-    return holdout_split(data, test_fraction, seed)
+    dataset = partial(ImageDataset, num_classes=len(classes), name=name, classes=tuple(classes), source=str(directory))
+    if test is None:
+        return holdout_split(dataset(x, y), test_fraction, seed)
+    return DataSplits(train=dataset(x, y), test=dataset(*test), test_from=f"the test/ folder of {directory.name}")
 
 
 #: Arrays passed to fit, in this process's memory only, by their dataset name ("arrays:NAME"): never written to disk.
@@ -362,8 +359,6 @@ def as_dataset_spec(data: Any, labels: Any = None, *, value_range: tuple[float, 
     resumed fit finds them); nothing is written to disk. NAME is `name` (letters, digits, '.', '_', '-'), or else
     `sha256-` and a hash of the content, so that the same data gives the same name; summaries and model cards name
     the data by it. Values are checked like any npz (NPZ_HELP), now, before anything trains."""
-    import hashlib
-
     if data is None or isinstance(data, (str, os.PathLike)):
         if labels is not None or test is not None:
             raise DataError("labels or test arrays given with a dataset name: pass fit(images, labels, test=...) or "

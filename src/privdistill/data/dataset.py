@@ -8,7 +8,8 @@ synthetic images live in the same space.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -59,14 +60,10 @@ class ImageDataset:
         if self.images.shape[1] not in (1, 3):
             raise DataError(f"{self.name}: images must have 1 or 3 channels, got {self.images.shape[1]}")
         if self.labels.ndim != 1 or len(self.labels) != len(self.images):
-            raise DataError(
-                f"{self.name}: {len(self.images)} images but labels of shape {tuple(self.labels.shape)}"
-            )
+            raise DataError(f"{self.name}: {len(self.images)} images but labels of shape {tuple(self.labels.shape)}")
         if len(self.labels) and (int(self.labels.min()) < 0 or int(self.labels.max()) >= self.num_classes):
-            raise DataError(
-                f"{self.name}: labels must lie in [0, {self.num_classes - 1}], "
-                f"found [{int(self.labels.min())}, {int(self.labels.max())}]"
-            )
+            raise DataError(f"{self.name}: labels must lie in [0, {self.num_classes - 1}], "
+                            f"found [{int(self.labels.min())}, {int(self.labels.max())}]")
         self.labels = self.labels.long()
         if not self.classes:
             self.classes = tuple(str(k) for k in range(self.num_classes))
@@ -83,14 +80,7 @@ class ImageDataset:
         return int(self.images.shape[2]), int(self.images.shape[3])
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> "ImageDataset":
-        return ImageDataset(
-            images=self.images[indices],
-            labels=self.labels[indices],
-            num_classes=self.num_classes,
-            name=name or self.name,
-            classes=self.classes,
-            source=self.source,
-        )
+        return replace(self, images=self.images[indices], labels=self.labels[indices], name=name or self.name)
 
     def class_counts(self) -> torch.Tensor:
         return torch.bincount(self.labels, minlength=self.num_classes)
@@ -102,12 +92,9 @@ class ImageDataset:
 
     def fingerprint(self) -> str:
         """A short content hash: stages cached on this dataset are keyed by it."""
-        import hashlib
-
         h = hashlib.sha256()
         h.update(str((tuple(self.images.shape), str(self.images.dtype), self.num_classes)).encode())
-        h.update(self.images.contiguous().view(-1).numpy().tobytes() if self.images.dtype == torch.uint8
-                 else self.images.contiguous().numpy().tobytes())
+        h.update(self.images.contiguous().numpy().tobytes())
         h.update(self.labels.numpy().tobytes())
         return h.hexdigest()[:16]
 

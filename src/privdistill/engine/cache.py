@@ -74,7 +74,7 @@ class StageCache:
         key = stage_key(name, version, material)
         if not self.enabled:
             assert private_dir is not None, "a disabled cache needs a private directory"
-            return self._build_in(private_dir / f"{name}-{key}", name, key, version, material, build, reused=False)
+            return self._build_in(private_dir / f"{name}-{key}", name, key, version, material, build)
         final = self.root / f"{name}-{key}"
         if (final / MARKER).is_file():
             return Stage(name, key, final, reused=True)
@@ -83,7 +83,7 @@ class StageCache:
             if (final / MARKER).is_file():  # built by another process while we waited
                 return Stage(name, key, final, reused=True)
             partial = self.root / f"{name}-{key}.partial"
-            self._build_in(partial, name, key, version, material, build, reused=False)
+            self._build_in(partial, name, key, version, material, build)
             if final.exists():
                 shutil.rmtree(final)  # an incomplete directory without a marker: never reused
             os.replace(partial, final)
@@ -91,7 +91,7 @@ class StageCache:
 
     @staticmethod
     def _build_in(directory: Path, name: str, key: str, version: str, material: dict[str, Any],
-                  build: Callable[[RunDir], dict[str, Any]], reused: bool) -> Stage:
+                  build: Callable[[RunDir], dict[str, Any]]) -> Stage:
         if (directory / MARKER).is_file():
             return Stage(name, key, directory, reused=True)
         run = RunDir.open(directory, config={"stage": name, "version": version, **material}, resume=True,
@@ -101,7 +101,7 @@ class StageCache:
         info = {"stage": name, "key": key, "version": version, "build_seconds": round(time.perf_counter() - started, 1),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **info}
         atomic_write_json(directory / MARKER, info)
-        return Stage(name, key, directory, reused)
+        return Stage(name, key, directory, reused=False)
 
     def entries(self) -> list[dict[str, Any]]:
         out = []

@@ -35,18 +35,13 @@ class Env:
     def autocast(self):
         return dev.autocast(self.device, self.precision)
 
+    # channels-last models and batches: measured faster for convolutions on both CPU (oneDNN) and CUDA (tensor cores)
     def place(self, model: nn.Module) -> nn.Module:
-        """Move a model to the device, channels-last for convolutions."""
-        model = model.to(self.device)
-        if dev.use_channels_last(self.device, self.precision):
-            model = model.to(memory_format=torch.channels_last)
-        return model
+        return model.to(self.device).to(memory_format=torch.channels_last)
 
     def place_batch(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device, non_blocking=True)
-        if x.ndim == 4 and dev.use_channels_last(self.device, self.precision):
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        return x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
 
     def generator(self, *stream: int) -> torch.Generator:
         """A CPU generator for the named random stream (see `derived_generator`)."""

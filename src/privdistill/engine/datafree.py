@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privdistill.config import check
 from privdistill.data.dataset import to_uint8
 from privdistill.engine import streams
 from privdistill.engine.context import Env
@@ -59,14 +60,12 @@ class GeneratorTraining:
     adversarial_weight: float = 0.0
 
     def validate(self) -> None:
-        if self.loss not in LOSS_DEFAULTS:
-            raise ConfigError(f"generator.loss must be one of {sorted(LOSS_DEFAULTS)}, got {self.loss!r}")
-        if min(self.rounds, self.steps_per_round, self.batch_size, self.latent_dim, self.width) < 1:
-            raise ConfigError("generator rounds, steps_per_round, batch_size, latent_dim and width must be >= 1")
+        check(self.loss in LOSS_DEFAULTS, f"generator.loss must be one of {sorted(LOSS_DEFAULTS)}, got {self.loss!r}")
+        check(min(self.rounds, self.steps_per_round, self.batch_size, self.latent_dim, self.width) >= 1,
+              "generator rounds, steps_per_round, batch_size, latent_dim and width must be >= 1")
         if self.lr <= 0 or not 0 < self.lr_decay <= 1:
             raise ConfigError("generator.lr must be > 0 and lr_decay in (0, 1]")
-        if self.num_samples < 0:
-            raise ConfigError("generator.num_samples must be >= 0")
+        check(self.num_samples >= 0, "generator.num_samples must be >= 0")
         if self.adversarial_weight < 0:
             raise ConfigError("generator.adversarial_weight must be >= 0")
 
@@ -257,9 +256,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                     run: RunDir | None = None, num_classes: int = 0) -> tuple[nn.Module, dict]:
     """Train a DAFL generator against the fixed `classifier` (its weights are never updated), with the student in
     the loop where the config asks for it."""
-    classifier = env.place(classifier).eval()
-    for p in classifier.parameters():
-        p.requires_grad_(False)
+    classifier = env.place(classifier).eval().requires_grad_(False)
     torch.manual_seed(env.generator(streams.GENERATOR_LATENT, -1).initial_seed())
     if cfg.class_targets and num_classes < 2:
         raise ConfigError("generator.class_targets needs the number of classes (train_generator(num_classes=K))")
@@ -283,8 +280,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
                 "lr": cfg.lr * step_decay_factor(done - 1, decay_every, cfg.lr_decay)}
 
     loop = TrainingLoop(steps=cfg.total_steps, env=env, run=run, checkpoint="generator-checkpoint",
-                        title=f"generator ({cfg.loss})", log_stage="generator", modules=modules,
-                        optimizers=optimizers,
+                        title=f"generator ({cfg.loss})", log_stage="generator", modules=modules, optimizers=optimizers,
                         schedules={"generator": make_step_schedule(optimizer, decay_every, cfg.lr_decay)},
                         eval_every=cfg.steps_per_round, checkpoint_every=cfg.checkpoint_every,
                         entry_fields=round_fields)
@@ -315,8 +311,7 @@ def train_generator(classifier: nn.Module, cfg: GeneratorTraining, env: Env, *, 
         if bn is not None:
             bn.remove()
     result = loop.finish()
-    for p in classifier.parameters():
-        p.requires_grad_(True)
+    classifier.requires_grad_(True)
     return generator, {"wall_seconds": round(result.wall_seconds, 1), "steps": result.steps,
                        "alpha": alpha, "beta": beta, "final": result.history[-1] if result.history else {}}
 
@@ -358,7 +353,6 @@ def generate(generator: nn.Module, n: int, env: Env, *, batch_size: int = 500, s
                 x = generator(z.to(env.device)).float()
             out.append((to_uint8(x) if quantise else x).cpu())
     finally:
-        with torch.no_grad():
-            for name, b in generator.named_buffers():
-                b.copy_(buffers[name])
+        for name, b in generator.named_buffers():
+            b.copy_(buffers[name])
     return torch.cat(out).contiguous()

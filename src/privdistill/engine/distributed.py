@@ -45,21 +45,13 @@ def connect(address: str | None = None, *, num_cpus: int | None = None):
     return ray
 
 
-def _env_spec(env: Env) -> dict:
-    return {"precision": env.precision, "seed": env.seed, "deterministic": env.deterministic}
-
-
-def _remote_env(spec: dict) -> Env:
-    device = dev.select_device("auto")
-    return Env(device=device,
-               precision=spec["precision"] if device.type == "cpu" else dev.resolve_precision("auto", device),
-               seed=spec["seed"], deterministic=spec["deterministic"], progress=False)
-
-
 def _train_chunk_task(images, labels, num_classes, cfg_dict, ids, parts_padded, sizes, env_spec):
     """Runs inside a Ray worker: train teachers `ids` exactly as the local trainer would."""
     cfg = TeacherTraining(**cfg_dict)
-    env = _remote_env(env_spec)
+    device = dev.select_device("auto")  # the worker's own device: on a GPU its own automatic precision
+    env = Env(device=device,
+              precision=env_spec["precision"] if device.type == "cpu" else dev.resolve_precision("auto", device),
+              seed=env_spec["seed"], deterministic=env_spec["deterministic"], progress=False)
     train = ImageDataset(images, labels, num_classes)
     models = ens._init_teachers(cfg, train, len(ids), int(ids[0]), env)
     bar = type("NoBar", (), {"advance": lambda self, *a, **k: None})()
@@ -73,17 +65,14 @@ def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, a
                        chunk_size: int = 0, num_cpus: int | None = None) -> tuple[TeacherEnsemble, dict]:
     """Train the ensemble as Ray tasks (one task per chunk of teachers) and gather it on the coordinator."""
     ray = connect(address, num_cpus=num_cpus)
-    parts = make_partitions(train, cfg)
-    sizes = torch.tensor([len(p) for p in parts])
-    padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
-    for i, p in enumerate(parts):
-        padded[i, :len(p)] = p
+    padded, sizes = ens.padded_partitions(make_partitions(train, cfg))
     chunk = chunk_size or max(1, -(-cfg.num_teachers // max(1, int(ray.cluster_resources().get("CPU", 1)))))
     started = time.perf_counter()
     images_ref, labels_ref = ray.put(train.images), ray.put(train.labels)
+    env_spec = {"precision": env.precision, "seed": env.seed, "deterministic": env.deterministic}
     remote = ray.remote(num_cpus=1)(_train_chunk_task)
     futures = [remote.remote(images_ref, labels_ref, train.num_classes, asdict(cfg),
-                             torch.arange(first, min(first + chunk, cfg.num_teachers)), padded, sizes, _env_spec(env))
+                             torch.arange(first, min(first + chunk, cfg.num_teachers)), padded, sizes, env_spec)
                for first in range(0, cfg.num_teachers, chunk)]
     chunks = ray.get(futures)
     wall = time.perf_counter() - started

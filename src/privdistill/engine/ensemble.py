@@ -18,11 +18,13 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from privdistill.atomic import atomic_torch_save, atomic_write_bytes
-from privdistill.config import check_augment
+from privdistill.config import check, check_augment
 from privdistill.data.dataset import ImageDataset, to_float
 from privdistill.data.partition import missing_classes, partition_indices
 from privdistill.engine import streams
@@ -63,16 +65,14 @@ class TeacherTraining:
 
     def validate(self) -> None:
         check_augment(self.augment, "teachers.augment")
-        if self.num_teachers < 1:
-            raise ConfigError(f"num_teachers must be >= 1, got {self.num_teachers}")
+        check(self.num_teachers >= 1, f"num_teachers must be >= 1, got {self.num_teachers}")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ConfigError("steps, batch_size and lr must be positive")
-        if self.trainer not in ("auto", "vectorized", "loop"):
-            raise ConfigError(f"trainer must be auto, vectorized or loop, got {self.trainer!r}")
-        if self.lr_schedule not in ("linear", "constant"):
-            raise ConfigError(f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
-        if self.chunk_size < 0:
-            raise ConfigError("chunk_size must be >= 0")
+        check(self.trainer in ("auto", "vectorized", "loop"),
+              f"trainer must be auto, vectorized or loop, got {self.trainer!r}")
+        check(self.lr_schedule in ("linear", "constant"),
+              f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
+        check(self.chunk_size >= 0, "chunk_size must be >= 0")
 
 
 # ------------------------------------------------------------------------------------------ the ensemble
@@ -167,13 +167,11 @@ class TeacherEnsemble(nn.Module):
 
     def member(self, i: int) -> nn.Module:
         """Teacher i as an ordinary module (for inspection, audits and the reference loop)."""
-        if self.registry_name:
-            model = create_model(self.registry_name, **self.registry_kwargs)
-        else:
+        if not self.registry_name:
             raise ModelError("this ensemble was built from an unregistered model; cannot rebuild a member")
+        model = create_model(self.registry_name, **self.registry_kwargs)
         params, buffers = self.stacked()
-        state = {k: v[i] for k, v in {**params, **buffers}.items()}
-        model.load_state_dict(state)
+        model.load_state_dict({k: v[i] for k, v in {**params, **buffers}.items()})
         return model
 
     def save(self, path: str | Path, metadata: dict | None = None) -> None:
@@ -186,9 +184,6 @@ class TeacherEnsemble(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "TeacherEnsemble":
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
         tensors = load_file(str(path), device=str(device))
@@ -211,6 +206,15 @@ def make_partitions(train: ImageDataset, cfg: TeacherTraining) -> list[torch.Ten
     return parts
 
 
+def padded_partitions(parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partitions as rows of one tensor [n, largest size] (zero-padded), and their sizes [n]."""
+    sizes = torch.tensor([len(p) for p in parts])
+    padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
+    for i, p in enumerate(parts):
+        padded[i, :len(p)] = p
+    return padded, sizes
+
+
 def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: str, scale: float, option: str,
                   threshold: float | None = None, sigma1: float | None = None) -> str:
     """Checks of a teacher ensemble's plan, run before anything trains: the partitions can be made, and what the
@@ -220,16 +224,12 @@ def plan_teachers(train: ImageDataset, cfg: TeacherTraining, *, distribution: st
                            threshold=threshold, sigma1=sigma1)
 
 
-def _new_teacher(cfg: TeacherTraining, train: ImageDataset) -> nn.Module:
-    return create_model(cfg.model, kind="classifier", in_channels=train.channels, num_classes=train.num_classes,
-                        image_size=train.image_size[0])
-
-
 def _init_teachers(cfg: TeacherTraining, train: ImageDataset, count: int, first: int, env: Env) -> list[nn.Module]:
     models = []
     for i in range(first, first + count):
         torch.manual_seed(env.generator(streams.TEACHER_INIT, i).initial_seed())
-        models.append(_new_teacher(cfg, train))
+        models.append(create_model(cfg.model, kind="classifier", in_channels=train.channels,
+                                   num_classes=train.num_classes, image_size=train.image_size[0]))
     return models
 
 
@@ -325,10 +325,7 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                       f"example of class(es) {first[1]}): those teachers can never vote for it; the others' plurality "
                       "still can (fewer teachers, each on more records, if the released labels come out poor).",
                       EnsembleWarning, stacklevel=2)
-    sizes = torch.tensor([len(p) for p in parts])
-    padded = torch.zeros(len(parts), int(sizes.max()), dtype=torch.long)
-    for i, p in enumerate(parts):
-        padded[i, :len(p)] = p
+    padded, sizes = padded_partitions(parts)
     template = _init_teachers(cfg, train, 1, 0, env)[0]
     has_buffers = any(True for _ in template.buffers())
     if cfg.trainer == "auto":
@@ -361,10 +358,8 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
     buffers = {k[len(_BUFFER_PREFIX):]: stacked.pop(k) for k in list(stacked) if k.startswith(_BUFFER_PREFIX)}
     ensemble = TeacherEnsemble(template, stacked, buffers)
     stats = {"num_teachers": cfg.num_teachers, "trainer": cfg.trainer, "chunk_size": chunk,
-             "wall_seconds": round(wall, 3),
-             "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
-             "partition_sizes": [int(sizes.min()), int(sizes.max())],
-             "partitions_missing_classes": len(lacking)}
+             "wall_seconds": round(wall, 3), "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
+             "partition_sizes": [int(sizes.min()), int(sizes.max())], "partitions_missing_classes": len(lacking)}
     return ensemble, stats
 
 

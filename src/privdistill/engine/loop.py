@@ -61,10 +61,8 @@ class TrainingLoop:
         self.mean_parts = mean_parts
         self.extra: dict[str, Any] = dict(extra or {})
         self.start, self.elapsed, self.history = 0, 0.0, []
-        self._sums: dict[str, float] = {}
-        self._count = 0
-        self._step = 0
-        self._bar = None
+        self._sums: dict[str, float] = {}  # the window since the last entry: sums of the parts, and steps
+        self._count, self._step, self._bar = 0, 0, None
         state = run.load_checkpoint(checkpoint) if run is not None else None
         if state is not None:
             self._restore(state)

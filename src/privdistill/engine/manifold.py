@@ -62,9 +62,7 @@ class ManifoldPerturber:
 
     def __init__(self, decoder: nn.Module, cfg: PerturbationConfig,
                  autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
-        self.decoder = decoder.eval()
-        for p in self.decoder.parameters():
-            p.requires_grad_(False)
+        self.decoder = decoder.eval().requires_grad_(False)
         self.cfg = cfg
         self.autocast = autocast
 

@@ -10,22 +10,15 @@ import sys
 import time
 from contextlib import contextmanager
 
+import rich.progress as rp
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.text import Text
 
 console = Console(stderr=True)
 
 
 class _Bar:
-    def __init__(self, progress: Progress | None, task):
+    def __init__(self, progress: rp.Progress | None, task):
         self._progress, self._task = progress, task
 
     def advance(self, n: int = 1, **metrics) -> None:
@@ -37,14 +30,12 @@ class _Bar:
         self._progress.update(self._task, advance=n, info=info)
 
 
-class _RateColumn(TextColumn):
+class _RateColumn(rp.TextColumn):
     def __init__(self):
         super().__init__("")
 
     def render(self, task):
         speed = task.finished_speed or task.speed
-        from rich.text import Text
-
         return Text(f"{speed:.1f} it/s" if speed else "- it/s", style="progress.data.speed")
 
 
@@ -119,9 +110,9 @@ def progress_bar(total: int, description: str, *, enabled: bool = True, complete
     if not _interactive():
         yield _PlainBar(total, description, completed, every=_plain_every())
         return
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
-               _RateColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-               TextColumn("{task.fields[info]}")]
-    with Progress(*columns, console=console, transient=False) as progress:
+    columns = [rp.TextColumn("[bold]{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+               rp.TaskProgressColumn(), _RateColumn(), rp.TimeElapsedColumn(), rp.TextColumn("eta"),
+               rp.TimeRemainingColumn(), rp.TextColumn("{task.fields[info]}")]
+    with rp.Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(description, total=total, completed=completed, info="")
         yield _Bar(progress, task)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -23,6 +24,8 @@ from typing import Any
 
 import torch
 import yaml
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 from torch import nn
 
 from privdistill.atomic import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -87,8 +90,6 @@ def lock_run_dir(path: str | os.PathLike) -> None:
     Two processes on one run would each draw fresh noise for the same records and each spend the budget, and
     the ledger would record both: the second process is refused here, before it reads or writes anything.
     The same process may take the lock again (a retry from Python after a crash keeps it)."""
-    import fcntl
-
     path = Path(path)
     make_run_dir(path)
     key = os.path.realpath(path)
@@ -109,8 +110,6 @@ def lock_run_dir(path: str | os.PathLike) -> None:
 
 
 def unlock_run_dir(path: str | os.PathLike) -> None:
-    import fcntl
-
     fd = _HELD.pop(os.path.realpath(path), None)
     if fd is not None:
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -121,8 +120,6 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]
     """safetensors.torch.save, with the header's metadata in sorted key order (safetensors writes a Rust HashMap's
     order, which changes per process, so equal weights got two digests and stages keyed by them were rebuilt). The
     format: an 8-byte little-endian header length, the JSON header (space-padded to a multiple of 8), the data."""
-    from safetensors.torch import save
-
     raw = save(tensors, metadata=metadata)
     length = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8:8 + length])
@@ -195,9 +192,8 @@ class RunDir:
     # --------------------------------------------------------------------------------------- metrics
     def log(self, **metrics: Any) -> None:
         metrics = {"time": round(time.time(), 3), **metrics}
-        with open(self.path / "metrics.jsonl", "a") as f:
+        with open(self.path / "metrics.jsonl", "a") as f:  # closed, so flushed, at each entry
             f.write(json.dumps(metrics, default=float) + "\n")
-            f.flush()
 
     def metrics(self) -> list[dict[str, Any]]:
         p = self.path / "metrics.jsonl"
@@ -215,8 +211,7 @@ class RunDir:
     def save_weights(self, name: str, module: nn.Module, metadata: dict[str, str] | None = None) -> Path:
         state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
         meta = {"registry_name": getattr(module, "registry_name", ""),
-                "registry_kwargs": json.dumps(getattr(module, "registry_kwargs", {}))}
-        meta.update(metadata or {})
+                "registry_kwargs": json.dumps(getattr(module, "registry_kwargs", {})), **(metadata or {})}
         path = self.path / f"{name}.safetensors"
         atomic_write_bytes(path, safetensors_bytes(state, meta))
         return path
@@ -226,8 +221,6 @@ class RunDir:
 
     def weights_metadata(self, name: str) -> dict[str, str]:
         """The metadata stored with `name`.safetensors (the registry name and arguments, and what else was saved)."""
-        from safetensors import safe_open
-
         path = self.path / f"{name}.safetensors"
         if not path.is_file():
             raise RunError(f"{path} not found: the run did not finish this stage")
@@ -237,8 +230,6 @@ class RunDir:
     def load_weights(self, name: str, module: nn.Module | None = None, device: str | torch.device = "cpu") -> nn.Module:
         """Load weights into `module`, or rebuild the module from the registry metadata stored with them. Weights
         that do not fit the module (e.g. saved by another version of an architecture) are a RunError."""
-        from safetensors.torch import load_file
-
         path = self.path / f"{name}.safetensors"
         meta = self.weights_metadata(name)
         if module is None:
@@ -285,11 +276,8 @@ class RunDir:
 
     # ---------------------------------------------------------------------------------------- summary
     def write_summary(self, **fields: Any) -> dict[str, Any]:
-        summary = {k: None for k in SUMMARY_KEYS}
-        summary.update(git_commit=git_commit(), command=self.command())
-        summary.update(fields)
-        summary["run_dir"] = str(self.path)
-        summary["finished"] = datetime.now(timezone.utc).isoformat()
+        summary = {**dict.fromkeys(SUMMARY_KEYS), "git_commit": git_commit(), "command": self.command(), **fields,
+                   "run_dir": str(self.path), "finished": datetime.now(timezone.utc).isoformat()}
         if summary.get("warning"):  # e.g. a model at chance (methods/chance.py): the summary's first line says so
             summary = {"warning": summary.pop("warning"), **summary}
         atomic_write_json(self.path / "summary.json", summary)
@@ -324,7 +312,7 @@ def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "
         method = summary["method"].rstrip("+") if named_recipe else summary["method"]
         name = f"{method}-{dataset_slug(summary['dataset'])}"
         if summary.get("target_epsilon") is not None:
-            name += f"-eps{_fmt_eps(summary['target_epsilon'])}"
+            name += f"-eps{summary['target_epsilon']:g}"
         if named_recipe:
             name += f"-{summary['recipe']}"
         if summary.get("variant"):  # ablations and sweeps: dgd-mnist-eps10-no-tangent.json
@@ -332,10 +320,6 @@ def record_result(summary: dict[str, Any], *, results_dir: str | os.PathLike = "
     path = Path(results_dir) / preset / f"{name}.json"
     atomic_write_json(path, summary)
     return path
-
-
-def _fmt_eps(eps: float) -> str:
-    return f"{eps:g}"
 
 
 def _abandoned_before_doing_anything(path: Path) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from privdistill.atomic import atomic_write_json, file_sha256
@@ -59,9 +60,9 @@ class Stages:
             self._fingerprint = self.data.train.fingerprint()
         return self._fingerprint
 
-    def _material(self, cfg, **extra) -> dict:
-        return {"data": self.fingerprint, "config": keyed_config(cfg), "seed": self.env.seed,
-                "precision": self.env.precision, **extra}
+    def _material(self, cfg, source: dict, **extra) -> dict:
+        """A trained stage's key material: what it is trained on (`source`), its configuration, seed, precision."""
+        return {**source, "config": keyed_config(cfg), "seed": self.env.seed, "precision": self.env.precision, **extra}
 
     def _get(self, name: str, material: dict, build) -> Stage:
         return self.cache.get_or_build(name, VERSIONS[name], material, build, private_dir=self.run.path / "stages")
@@ -72,16 +73,16 @@ class Stages:
         data = self.data
 
         def build(run: RunDir) -> dict:
-            model = self._new_classifier(cfg.model)
+            model = create_model(cfg.model, kind="classifier", in_channels=data.channels, num_classes=data.num_classes,
+                                 image_size=data.image_size[0])
             result = train_classifier(model, data.train, cfg=cfg, env=self.env, run=run, test=data.test,
                                       description="baseline")
             run.save_weights("model", model)
             run.remove_checkpoint()
             return {"test_accuracy": round(evaluate(model, data.test, self.env), 4),
-                    "wall_seconds": round(result.wall_seconds, 1),
-                    "steps": result.steps, "device": self.env.describe()}
+                    "wall_seconds": round(result.wall_seconds, 1), "steps": result.steps, "device": self.env.describe()}
 
-        stage = self._get("baseline", self._material(cfg), build)
+        stage = self._get("baseline", self._material(cfg, {"data": self.fingerprint}), build)
         model = stage.run.load_weights("model", device=self.env.device)
         return self.env.place(model).eval(), stage
 
@@ -105,7 +106,7 @@ class Stages:
             return {**stats, **ensemble_accuracy(ensemble.to(self.env.device), self.data.test, self.env,
                                                  laplace_scale=TEACHER_EVAL_LAPLACE_SCALE, seed=self.env.seed)}
 
-        stage = self._get("teachers", self._material(cfg), build)
+        stage = self._get("teachers", self._material(cfg, {"data": self.fingerprint}), build)
         return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
 
     def generator(self, classifier: nn.Module, classifier_key: str, cfg: GeneratorTraining) -> tuple[nn.Module, Stage]:
@@ -120,26 +121,20 @@ class Stages:
             return {**stats, "class_balance": class_balance(stats["final"], self.data.num_classes),
                     "source": classifier_key}
 
-        material = {"classifier": classifier_key, "config": keyed_config(cfg), "seed": self.env.seed,
-                    "precision": self.env.precision, "shape": [channels, size]}
+        material = self._material(cfg, {"classifier": classifier_key}, shape=[channels, size])
         stage = self._get("generator", material, build)
         # checked on every use, so a cached collapsed generator warns again (stages made before the check too)
         warn_if_collapsed(stage.info().get("final", {}), self.data.num_classes, f"generator stage {stage.key}")
-        gen = stage.run.load_weights("generator", device=self.env.device)
-        return gen, stage
+        return stage.run.load_weights("generator", device=self.env.device), stage
 
     def synthetic(self, generator: nn.Module, generator_stage: Stage, n: int) -> tuple[torch.Tensor, Stage]:
         """n synthetic images (uint8) from the generator. No labels are stored with them: labels must come from a
         privacy mechanism (votes, randomized response, noisy gradients), never from this stage."""
         def build(run: RunDir) -> dict:
-            from safetensors.torch import save_file
-
             save_file({"images": generate(generator, n, self.env)}, str(run.path / "synthetic.safetensors"))
             return {"num_samples": n}
 
         stage = self._get("synthetic", {"generator": generator_stage.key, "n": n, "seed": self.env.seed}, build)
-        from safetensors.torch import load_file
-
         return load_file(str(stage.path / "synthetic.safetensors"))["images"], stage
 
     def teachers_on(self, train, cfg: TeacherTraining) -> tuple[TeacherEnsemble, Stage]:
@@ -151,8 +146,7 @@ class Stages:
                 leftover.unlink()
             return {**stats, **ensemble_accuracy(ensemble.to(self.env.device), self.data.test, self.env)}
 
-        material = {**self._material(cfg), "data": train.fingerprint()}
-        stage = self._get("teachers", material, build)
+        stage = self._get("teachers", self._material(cfg, {"data": train.fingerprint()}), build)
         return TeacherEnsemble.load(stage.path / "teachers.safetensors", self.env.device), stage
 
     def features(self, model: nn.Module, augment: str = "none", copies: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,8 +160,6 @@ class Stages:
             self.scatter_prior(model)
 
         def build(run: RunDir) -> dict:
-            from safetensors.torch import save_file
-
             train = plain = fixed_features(model, self.data.train.images, self.env)  # copy 0: the images as they are
             if copies > 1:  # filled in place: stacking a list of copies would hold them all twice
                 train = torch.empty((len(plain), copies, *plain.shape[1:]))
@@ -182,8 +174,6 @@ class Stages:
         material = {"data": self.fingerprint, "test": self.data.test.fingerprint(), "transform": model.transform_id,
                     "copies": copies, "augment": augment if copies > 1 else "none"}  # one copy: the images as they are
         stage = self._get("features", material, build)
-        from safetensors.torch import load_file
-
         saved = load_file(str(stage.path / "features.safetensors"))
         return saved["train"], saved["test"]
 
@@ -191,8 +181,6 @@ class Stages:
         """Fill a ScatterNet's prior projection (models/random_prior.py), cached by its transform: it reads no data
         (dead-leaves images from a public seed), so one stage serves every dataset of the same image shape."""
         def build(run: RunDir) -> dict:
-            from safetensors.torch import save_file
-
             started = time.perf_counter()
             model.fit_prior()
             save_file({"projection": model.prior_projection.detach().cpu().contiguous()},
@@ -200,8 +188,6 @@ class Stages:
             return {"transform": model.transform_id, "build_seconds": round(time.perf_counter() - started, 1)}
 
         stage = self._get("scatter-prior", {"transform": model.transform_id}, build)
-        from safetensors.torch import load_file
-
         with torch.no_grad():
             model.prior_projection.copy_(load_file(str(stage.path / "projection.safetensors"))["projection"])
             model.prior_fitted.fill_(True)
@@ -214,12 +200,6 @@ class Stages:
             run.remove_checkpoint("vae-checkpoint")
             return stats
 
-        stage = self._get("vae", {"images": images_key, "config": keyed_config(cfg), "seed": self.env.seed,
-                                  "precision": self.env.precision}, build)
+        stage = self._get("vae", self._material(cfg, {"images": images_key}), build)
         return stage.run.load_weights("vae", device=self.env.device).eval(), stage
-
-    # -------------------------------------------------------------------------------------- helpers
-    def _new_classifier(self, name: str) -> nn.Module:
-        return create_model(name, kind="classifier", in_channels=self.data.channels,
-                            num_classes=self.data.num_classes, image_size=self.data.image_size[0])
 

@@ -1,10 +1,5 @@
-"""The student loop of DGD and PATE: a TrainingLoop with Adam, the papers' linear decay and test evaluation.
-
-    loop = StudentLoop(student, lr=cfg.lr, steps=cfg.steps, title="DGD student", log_stage="student", ...)
-    for step in loop:                     # restores `student-checkpoint` first
-        loss, parts = ...                 # every random draw derives from (seed, step)
-        loop.update(loss, parts)          # backward, optimiser and schedule step, eval/log, checkpoint, progress
-    student, stats = loop.finish()
+"""The student loop of DGD and PATE: a TrainingLoop (engine/loop.py, iterated and updated the same way, from
+`student-checkpoint`) with Adam, the papers' linear decay and test evaluation; `finish()` gives (student, stats).
 
 History entries hold the evaluated step's own parts (`mean_parts=False`), so DGD's and PATE's summaries stay as
 they were.
@@ -18,14 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from privdistill.config import check_model_name
+from privdistill.config import check, check_model_name
 from privdistill.data.dataset import ImageDataset
 from privdistill.engine.context import Env
 from privdistill.engine.loop import TrainingLoop, sample_batch  # noqa: F401 - sample_batch: dgd/pate import it here
 from privdistill.engine.optim import make_optimizer, make_schedule
 from privdistill.engine.run import RunDir
 from privdistill.engine.trainer import evaluate
-from privdistill.errors import ConfigError
 
 CHECKPOINT = "student-checkpoint"
 
@@ -43,10 +37,9 @@ class StudentTraining:
     checkpoint_every: int = 50
 
     def validate(self) -> None:
-        if min(self.steps, self.batch_size, self.unlabeled_batch_size, self.eval_every, self.checkpoint_every) < 1:
-            raise ConfigError("steps, batch sizes, eval_every and checkpoint_every must be >= 1")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        check(min(self.steps, self.batch_size, self.unlabeled_batch_size, self.eval_every, self.checkpoint_every) >= 1,
+              "steps, batch sizes, eval_every and checkpoint_every must be >= 1")
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         check_model_name(self.model, "model")
 
 

@@ -83,12 +83,12 @@ def load_teacher(spec: TeacherSpec, *, dataset: str, channels: int, num_classes:
         model, key = _from_module_file(Path(spec.module_file), device)
     else:
         model, key = _from_torchvision(spec, num_classes)
-    want = _first_conv_channels(model)
-    if want is not None and want != channels:
-        if channels == 1 and want == 3:
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is not None and conv.in_channels != channels:
+        if channels == 1 and conv.in_channels == 3:
             model = _RepeatChannels(model, 3)
         else:
-            raise ModelError(f"the teacher expects {want}-channel images; {dataset} has {channels}")
+            raise ModelError(f"the teacher expects {conv.in_channels}-channel images; {dataset} has {channels}")
     if spec.input_range is not None:
         lo, hi = (float(v) for v in spec.input_range)
         if not lo < hi:
@@ -167,11 +167,6 @@ class _RepeatChannels(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x.expand(-1, self.channels, -1, -1) if x.shape[1] == 1 else x)
-
-
-def _first_conv_channels(model: nn.Module) -> int | None:
-    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    return conv.in_channels if conv is not None else None
 
 
 def _state_digest(model: nn.Module) -> str:

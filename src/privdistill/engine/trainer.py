@@ -82,15 +82,13 @@ def train_classifier(model: nn.Module, train: ImageDataset, *, cfg: ClassifierTr
     distribution, i.e. distillation of the whole answer instead of its argmax."""
     if soft_targets is not None and tuple(soft_targets.shape) != (len(train), train.num_classes):
         raise ConfigError(f"soft_targets must be [{len(train)}, {train.num_classes}], got {tuple(soft_targets.shape)}")
-    model = env.place(model)
-    model.train()
+    model = env.place(model).train()
     optimizer = make_optimizer(model.parameters(), cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
     steps = total_steps(cfg, len(train))
     per_epoch = max(1, len(train) // cfg.batch_size)
     loop = TrainingLoop(steps=steps, env=env, run=run, checkpoint=checkpoint, title=description,
-                        log_stage=description, modules={"model": model},
-                        optimizers={"model": optimizer},
+                        log_stage=description, modules={"model": model}, optimizers={"model": optimizer},
                         schedules={"model": make_schedule(optimizer, cfg.lr_schedule, steps)},
                         eval_every=max(1, int(round(cfg.eval_every_epochs * per_epoch))),
                         checkpoint_every=cfg.checkpoint_every, save_rng=True,

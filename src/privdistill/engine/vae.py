@@ -62,6 +62,5 @@ def train_vae(images: torch.Tensor, cfg: VAETraining, env: Env, *, run: RunDir |
         x = env.place_batch(to_float(images[:512]))
         recon, _, _ = vae(x)
         mse = float(((recon.float() - x) ** 2).mean())
-    return vae, {"wall_seconds": round(result.wall_seconds, 1),
-                 "final_loss": round(float(loss.detach()), 3),
+    return vae, {"wall_seconds": round(result.wall_seconds, 1), "final_loss": round(float(loss.detach()), 3),
                  "reconstruction_mse": round(mse, 5)}

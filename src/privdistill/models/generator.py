@@ -33,16 +33,11 @@ class DAFLGenerator(nn.Module):
         self.width = width
         self.body = nn.Sequential(
             nn.BatchNorm2d(width),
-            nn.Upsample(scale_factor=2),
-            nn.Conv2d(width, width, 3, stride=1, padding=1),
-            nn.BatchNorm2d(width, eps=0.8),
-            nn.LeakyReLU(0.2, inplace=True),
-            nn.Upsample(scale_factor=2),
-            nn.Conv2d(width, width // 2, 3, stride=1, padding=1),
-            nn.BatchNorm2d(width // 2, eps=0.8),
-            nn.LeakyReLU(0.2, inplace=True),
-            nn.Conv2d(width // 2, out_channels, 3, stride=1, padding=1),
-            nn.Tanh(),
+            nn.Upsample(scale_factor=2), nn.Conv2d(width, width, 3, stride=1, padding=1),
+            nn.BatchNorm2d(width, eps=0.8), nn.LeakyReLU(0.2, inplace=True),
+            nn.Upsample(scale_factor=2), nn.Conv2d(width, width // 2, 3, stride=1, padding=1),
+            nn.BatchNorm2d(width // 2, eps=0.8), nn.LeakyReLU(0.2, inplace=True),
+            nn.Conv2d(width // 2, out_channels, 3, stride=1, padding=1), nn.Tanh(),
         )
         # DAFL's last layer: per-batch standardisation of the output (no learned scale or shift)
         self.output_norm = nn.BatchNorm2d(out_channels, affine=False) if output_norm else None

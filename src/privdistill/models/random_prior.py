@@ -36,8 +36,7 @@ def dead_leaves(n: int, *, channels: int = 1, size: tuple[int, int] = (28, 28), 
     g = torch.Generator().manual_seed(seed)
     texture_g = torch.Generator().manual_seed(seed + 1)  # its own stream: the shapes are the untextured ones
     h, w = size
-    yy, xx = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
-                            indexing="ij")
+    yy, xx = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
     out = []
     for start in range(0, n, batch):
         m = min(batch, n - start)

@@ -347,45 +347,36 @@ class FastScattering2D(nn.Module):
         x = x.reshape(-1, *self.shape).to(self.psi0.dtype)
         compiled = (x.device.type == "cpu" and x.dtype == torch.float32
                     and not (torch.is_grad_enabled() and x.requires_grad))
-        scatter = self._scatter_compiled if compiled else self._scatter_torch
         # the low-pass is a matrix product: kept in float32 under autocast (kymatio's FFTs and products are too)
         with torch.autocast(x.device.type, enabled=False):
-            parts = [scatter(x[i:i + self.chunk]) for i in range(0, len(x), self.chunk)]
+            parts = [self._scatter(x[i:i + self.chunk], compiled) for i in range(0, len(x), self.chunk)]
         s = torch.cat(parts) if parts else x.new_zeros(0, *self.out_shape)
         return s.reshape(*batch, *s.shape[1:])
 
-    def _scatter_torch(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, M, N] -> [B, K, h, w] as torch operations (differentiable, any device): kymatio's
-        core.scattering2d, all the wavelets of a scale at once."""
+    def _scatter(self, x: torch.Tensor, compiled: bool) -> torch.Tensor:
+        """[B, M, N] -> [B, K, h, w]: kymatio's core.scattering2d, all the wavelets of a scale at once. `compiled`:
+        from half spectra (torch's rfft2), every scale of wavelets one call of the compiled kernel (on the CPU, in
+        float32, without gradients); else torch operations (differentiable, any device)."""
         J, L, (_, h, w) = self.J, self.L, self.out_shape
-        spectrum = torch.fft.fft2(x[:, self.pad_rows][:, :, self.pad_cols])
+        spectrum, wavelets = (_half_spectrum, self._wavelets) if compiled else (torch.fft.fft2, self._wavelets_torch)
         out, second = [_lowpass(x, self.phi_p_image, self.phi_q_image)[:, None]], []
+        x_hat = spectrum(x[:, self.pad_rows][:, :, self.pad_cols])
         for j1 in range(J):
-            u1 = torch.fft.ifft2(_periodised_product(spectrum, getattr(self, f"psi{j1}"), 2 ** j1)).abs()
-            out.append(_lowpass(u1, getattr(self, f"phi_p{j1}"), getattr(self, f"phi_q{j1}")))  # [B, L, h, w]
-            if j1 + 1 < J:
-                u1_hat = torch.fft.fft2(u1)
-                second.append(torch.cat([
-                    _lowpass(torch.fft.ifft2(_periodised_product(u1_hat, getattr(self, f"psi{j1}_{j2}"),
-                                                                 2 ** (j2 - j1))).abs(),
-                             getattr(self, f"phi_p{j2}"), getattr(self, f"phi_q{j2}")).view(len(x), L, L, h, w)
-                    for j2 in range(j1 + 1, J)], 2).flatten(1, 2))
-        return torch.cat(out + second, 1)
-
-    def _scatter_compiled(self, x: torch.Tensor) -> torch.Tensor:
-        """_scatter_torch from half spectra (torch's rfft2), every scale of wavelets one call of the compiled
-        kernel: on the CPU, in float32, without gradients."""
-        J, L, (_, h, w) = self.J, self.L, self.out_shape
-        out, second = [_lowpass(x, self.phi_p_image, self.phi_q_image)[:, None]], []
-        half = _half_spectrum(x[:, self.pad_rows][:, :, self.pad_cols])
-        for j1 in range(J):
-            s1, u1 = self._wavelets(half, f"psi{j1}", j1, keep=j1 + 1 < J)
+            s1, u1 = wavelets(x_hat, f"psi{j1}", j1, keep=j1 + 1 < J)
             out.append(s1.view(len(x), L, h, w))
             if j1 + 1 < J:
-                half1 = _half_spectrum(u1.flatten(0, 1))
-                second.append(torch.cat([self._wavelets(half1, f"psi{j1}_{j2}", j2)[0].view(len(x), L, L, h, w)
+                u1_hat = spectrum(u1.flatten(0, 1))
+                second.append(torch.cat([wavelets(u1_hat, f"psi{j1}_{j2}", j2)[0].view(len(x), L, L, h, w)
                                          for j2 in range(j1 + 1, J)], 2).flatten(1, 2))
         return torch.cat(out + second, 1)
+
+    def _wavelets_torch(self, spectrum: torch.Tensor, filters: str, j: int, keep: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """_wavelets as torch operations, on full spectra [R, M', N'] (the moduli are always returned)."""
+        filters = getattr(self, filters)
+        k = filters.shape[-1] // getattr(self, f"phi_q{j}").shape[1]  # the periodisation: M' / m
+        u = torch.fft.ifft2(_periodised_product(spectrum, filters, k)).abs()
+        return _lowpass(u, getattr(self, f"phi_p{j}"), getattr(self, f"phi_q{j}")), u
 
     def _wavelets(self, half: torch.Tensor, filters: str, j: int, keep: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -402,8 +393,7 @@ class FastScattering2D(nn.Module):
         _in_threads(_wavelet_kernel, -(-len(half) // lanes), half.numpy(), filters.numpy(),
                     getattr(self, f"idft_rows{j}").numpy(), getattr(self, f"twiddles_rows{j}").numpy(),
                     getattr(self, f"idft_cols{j}").numpy(), getattr(self, f"twiddles_cols{j}").numpy(),
-                    getattr(self, f"phi_p{j}").numpy(), getattr(self, f"phi_q{j}").numpy(), lanes, s.numpy(),
-                    u.numpy())
+                    getattr(self, f"phi_p{j}").numpy(), getattr(self, f"phi_q{j}").numpy(), lanes, s.numpy(), u.numpy())
         return s, u
 
 
@@ -440,9 +430,8 @@ class ScatterNet(nn.Module):
         self.prior, self.prior_images, self.image_shape = prior, prior_images, (in_channels, in_h, in_w)
         self.in_channels = in_channels
         # what the fixed features depend on (the head does not): the key of their cached stage
-        self.transform_id = (f"scattering-J2-L8-{in_channels}x{in_h}x{in_w}" + (f"-padded{h}x{w}" if any(self._pad)
-                                                                                else "")
-                             + f"-groupnorm{groups}" + ("-fineJ1" if fine else ""))
+        padded, scales = f"-padded{h}x{w}" if any(self._pad) else "", "-fineJ1" if fine else ""
+        self.transform_id = f"scattering-J2-L8-{in_channels}x{in_h}x{in_w}{padded}-groupnorm{groups}{scales}"
         if prior != "none":
             # buffers, saved with the weights: a released model carries its projection. Zero until fit_prior()
             # (or loading saved weights) fills them; scatter() refuses to run before that.

@@ -26,8 +26,7 @@ class ConvVAE(nn.Module):
         self.encoder = nn.Sequential(
             nn.Conv2d(in_channels, width, 4, stride=2, padding=1), nn.LeakyReLU(0.2, inplace=True),
             nn.Conv2d(width, 2 * width, 4, stride=2, padding=1), nn.BatchNorm2d(2 * width),
-            nn.LeakyReLU(0.2, inplace=True),
-            nn.Flatten(), nn.Linear(flat, hidden), nn.LeakyReLU(0.2, inplace=True),
+            nn.LeakyReLU(0.2, inplace=True), nn.Flatten(), nn.Linear(flat, hidden), nn.LeakyReLU(0.2, inplace=True),
         )
         self.to_mu = nn.Linear(hidden, latent_dim)
         self.to_logvar = nn.Linear(hidden, latent_dim)
