@@ -102,6 +102,11 @@ def table(rows: Iterable[dict], columns: list[tuple[str, Callable[[dict], str]]]
     return head + "".join("| " + " | ".join(f(r) for _, f in columns) + " |\n" for r in rows)
 
 
+def _by_position(titles: tuple[str, ...]) -> list[tuple[str, Callable[[tuple], str]]]:
+    """Columns showing a row tuple's items in order."""
+    return [(title, lambda r, i=i: r[i]) for i, title in enumerate(titles)]
+
+
 def _fmt(value, spec: str = "g") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -389,31 +394,23 @@ def headline_table(results: list[dict]) -> str:
             for dataset, epsilon in sorted(cells, key=lambda c: (HEADLINE_DATASETS.index(c[0])
                                                                   if c[0] in HEADLINE_DATASETS else 9, c[1])):
                 command = _short_command(method, name, recipe, dataset, epsilon)
+                cell = (method, name, dataset, f"{epsilon:g}")
                 r = recorded.get((method, name, dataset, epsilon))
                 if r is not None:
-                    rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}",
-                                 "acc": _pct(r.get("test_accuracy")) + _missed(r),
-                                 "strict": _eps(r.get("epsilon_strict")), "paper": _eps(r.get("epsilon_paper")),
-                                 "covers": f"whole model: {_covered(r)}",
-                                 "how": f"re-run with the recipe ({Path(r['_file']).name})", "cmd": command})
+                    rows.append((*cell, _pct(r.get("test_accuracy")) + _missed(r), _eps(r.get("epsilon_strict")),
+                                 _eps(r.get("epsilon_paper")), f"whole model: {_covered(r)}",
+                                 f"re-run with the recipe ({Path(r['_file']).name})", command))
                 elif (dataset, epsilon) in recipe.measured or (dataset, int(epsilon)) in recipe.measured:
                     text = recipe.measured.get((dataset, epsilon), recipe.measured.get((dataset, int(epsilon))))
-                    rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}", "acc": text,
-                                 "strict": "", "paper": "", "covers": recipe.guarantee,
-                                 "how": "recorded by a longer command (research log); not re-run with this one",
-                                 "cmd": command})
+                    rows.append((*cell, text, "", "", recipe.guarantee,
+                                 "recorded by a longer command (research log); not re-run with this one", command))
                 elif name == "default" and not any(d == dataset and e != epsilon and abs(e / epsilon - 1) < 0.1
                                                    for d, e in cells):
                     # a hole in the headline matrix is shown, never skipped (a cell measured at a nearby ε, e.g.
                     # DGD's strict 9.34, stands for ε 10)
-                    rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}", "acc": "not measured",
-                                 "strict": "", "paper": "", "covers": recipe.guarantee, "how": "not run yet",
-                                 "cmd": command})
-    return table(rows, [("method", lambda r: r["m"]), ("recipe", lambda r: r["r"]), ("dataset", lambda r: r["d"]),
-                        ("ε", lambda r: r["e"]), ("accuracy %", lambda r: r["acc"]),
-                        ("strict ε", lambda r: r["strict"]), ("paper ε", lambda r: r["paper"]),
-                        ("what ε covers", lambda r: r["covers"]), ("record", lambda r: r["how"]),
-                        ("command", lambda r: r["cmd"])])
+                    rows.append((*cell, "not measured", "", "", recipe.guarantee, "not run yet", command))
+    return table(rows, _by_position(("method", "recipe", "dataset", "ε", "accuracy %", "strict ε", "paper ε",
+                                     "what ε covers", "record", "command")))
 
 
 def _missed(run: dict) -> str:
@@ -472,8 +469,8 @@ def readme_table(results: list[dict]) -> str:
                 covers += f" (strict ε {' / '.join(f'{e:g}' for _, e, acc, _ in cells[:2] if acc != '–')})"
             dataset, epsilon = next((d, e) for d, e, acc, _ in cells if acc != "–")
             rows.append((title, name, covers, *pairs, _short_command(method, name, recipe, dataset, epsilon)))
-    return table(rows, [(title, lambda r, i=i: r[i]) for i, title in enumerate(
-        ("method", "recipe", "what its ε covers", "MNIST ε 1 / 10", "Fashion-MNIST ε 1 / 10", "command"))])
+    return table(rows, _by_position(("method", "recipe", "what its ε covers", "MNIST ε 1 / 10",
+                                     "Fashion-MNIST ε 1 / 10", "command")))
 
 
 def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/results.md") -> list[str]:

@@ -23,9 +23,8 @@ console = Console()
 @o.private_command("dpsgd", cache=False)
 def dpsgd_command(
     run: o.RunArgs,
-    accountant: Annotated[
-        Optional[str], typer.Option("--accountant", help="Opacus accountant for --accounting paper: rdp or prv")
-    ] = None,
+    accountant: Annotated[Optional[str], typer.Option(
+        "--accountant", help="Opacus accountant for --accounting paper: rdp or prv")] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="training epochs (dpsgd.epochs)")] = None,
 ) -> None:
     """DP-SGD through Opacus: a model trained on the private data with clipped, noised gradients (the default
@@ -47,12 +46,10 @@ def dpsgd_command(
 @o.private_command("pate")
 def pate_command(
     run: o.RunArgs,
-    queries: Annotated[
-        Optional[int], typer.Option("--queries", "-q", min=1, help="number of queries (overrides --epsilon)")
-    ] = None,
-    aggregation: Annotated[
-        Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")
-    ] = None,
+    queries: Annotated[Optional[int], typer.Option(
+        "--queries", "-q", min=1, help="number of queries (overrides --epsilon)")] = None,
+    aggregation: Annotated[Optional[str], typer.Option(
+        "--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")] = None,
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
     extra = o.section_overrides("pate", queries=queries, aggregation=aggregation)

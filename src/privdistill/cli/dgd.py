@@ -19,14 +19,11 @@ dgd = lazy_module("privdistill.methods.dgd")
 @o.private_command("dgd")
 def command(
     run: o.RunArgs,
-    queries: Annotated[
-        Optional[int],
-        typer.Option("--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)"),
-    ] = None,
+    queries: Annotated[Optional[int], typer.Option(
+        "--queries", "-q", min=1, help="|D̂s|: number of labelled queries (overrides --epsilon)")] = None,
     aggregation: Annotated[Optional[str], typer.Option("--aggregation", help="laplace (DGD), gaussian (DGD+)")] = None,
-    no_latent_noise: Annotated[
-        bool, typer.Option("--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")
-    ] = False,
+    no_latent_noise: Annotated[bool, typer.Option(
+        "--no-latent-noise", help="skip the Laplace noise on VAE codes (ablation)")] = False,
     inputs: Annotated[Optional[str], typer.Option("--inputs", help="generator, or private-holdout (Fig. 7)")] = None,
 ) -> None:
     """DGD: teacher ensemble + noisy votes, data-free generator, VAE, semi-supervised student."""

@@ -21,26 +21,18 @@ console = Console()
 @o.private_command("dpdfd")
 def command(
     run: o.RunArgs,
-    algorithm: Annotated[
-        Optional[int],
-        typer.Option("--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly"),
-    ] = None,
-    steps: Annotated[
-        Optional[int],
-        typer.Option("--steps", min=0, help="exactly this many steps (refused over budget); 0: all the budget allows"),
-    ] = None,
+    algorithm: Annotated[Optional[int], typer.Option(
+        "--algorithm", "-a", help="1: one teacher, 2: n disjoint teachers, 3: private data directly")] = None,
+    steps: Annotated[Optional[int], typer.Option(
+        "--steps", min=0, help="exactly this many steps (refused over budget); 0: all the budget allows")] = None,
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="cap on the steps the budget allows")] = None,
     teacher: Annotated[Optional[Path], typer.Option(
-        "--teacher", "-t",
-        help="run directory of a trained classifier (model.safetensors); default: the cached baseline stage",
-    )] = None,
-    teacher_module: Annotated[
-        Optional[Path],
-        typer.Option("--teacher-module", help="a torch.save'd nn.Module (unpickled: trusted files only)"),
-    ] = None,
-    torchvision_model: Annotated[
-        Optional[str], typer.Option("--torchvision", help="torchvision model name (with --weights)")
-    ] = None,
+        "--teacher", "-t", help="run directory of a trained classifier (model.safetensors); default: the cached "
+                                "baseline stage")] = None,
+    teacher_module: Annotated[Optional[Path], typer.Option(
+        "--teacher-module", help="a torch.save'd nn.Module (unpickled: trusted files only)")] = None,
+    torchvision_model: Annotated[Optional[str], typer.Option(
+        "--torchvision", help="torchvision model name (with --weights)")] = None,
     weights: Annotated[Optional[Path], typer.Option("--weights", help="state_dict file for --torchvision")] = None,
     teacher_range: Annotated[Optional[str], typer.Option(
         "--teacher-range", help="LO,HI: the pixel range the given teacher was trained on (e.g. 0,1 for ToTensor); "
