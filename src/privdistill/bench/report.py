@@ -116,7 +116,7 @@ def _col(title: str, key: str, fmt: Callable[[Any], str] = _fmt) -> tuple[str, C
     return title, lambda r: fmt(r.get(key))
 
 
-def _variant_label(r: dict) -> str:
+def variant_label(r: dict) -> str:
     return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
 
 
@@ -160,7 +160,7 @@ def method_table(results: list[dict], methods: tuple[str, ...]) -> str:
     rows.sort(key=lambda r: (r.get("method"), r.get("dataset"), -(r.get("target_epsilon") or 0),
                              r.get("variant") or ""))
 
-    return table(rows, [("method", _variant_label), DATASET, TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER,
+    return table(rows, [("method", variant_label), DATASET, TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER,
                         EPS_STRICT, DELTA, MINUTES, *METHOD_COLUMNS.get(methods[0], []), FILE])
 
 
@@ -291,7 +291,7 @@ def audit_table(results: list[dict]) -> str:
         return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
     return table(rows, [
-        ("model", _variant_label), DATASET, TARGET_EPS, ACCURACY,
+        ("model", variant_label), DATASET, TARGET_EPS, ACCURACY,
         ("LiRA AUC [95% CI]", lambda r: attack(r, "lira-online", "auc")),
         ("LiRA TPR@1%FPR [95% CI]", lambda r: attack(r, "lira-online", "tpr_at_1pct_fpr")),
         ("LiRA offline AUC", lambda r: attack(r, "lira-offline", "auc")),
@@ -327,7 +327,7 @@ def bench_table(results: list[dict]) -> str:
                   key=_order)
 
     return table(rows, [
-        DATASET, ("method", _variant_label), TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER, EPS_STRICT,
+        DATASET, ("method", variant_label), TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER, EPS_STRICT,
         ("released model fully covered by ε", _covered), _col("MIA AUC", "mia_auc", _num),
         _col("MIA TPR@1%FPR", "mia_tpr_at_1pct_fpr", _num), MINUTES, FILE,
     ])
@@ -340,7 +340,7 @@ def strict_end_to_end_table(results: list[dict]) -> str:
              and isinstance(r.get("epsilon_strict"), (int, float))]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in whole:
-        label = _variant_label(r)
+        label = variant_label(r)
         if r.get("privacy_scope") == "end-to-end" and "end-to-end" not in label:
             label += " [end-to-end]"
         groups.setdefault((r["dataset"], label), []).append(r)
