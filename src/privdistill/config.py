@@ -116,7 +116,6 @@ def check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-# ----------------------------------------------------------------------------------------------- presets
 def load_preset(name: str) -> dict[str, Any]:
     """A preset is the union of the YAML files in presets/<name>/ (one file per method or stage family).
 

@@ -95,7 +95,6 @@ class Release:
         return self.model(self.preprocess(images)).argmax(dim=1)
 
 
-# ---------------------------------------------------------------------------------------------------- export
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_private: bool = False,
                generator: bool = False, overwrite: bool = False, allow_reproducible_noise: bool = False,
                allow_chance: bool = False) -> Path:
@@ -209,7 +208,6 @@ def _scale_sentence(summary: dict[str, Any]) -> str:
             f"{lo:g}..{hi:g} values as they are, it sees nearly black images.")
 
 
-# ------------------------------------------------------------------------------------------------------ card
 def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, is_dp: bool, classes: list[str],
                meta: dict[str, str], *, generator: bool = False) -> str:
     """The model card, in the Hugging Face README.md format (YAML front matter, then markdown)."""
@@ -292,7 +290,6 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
     return "\n".join(front + lines)
 
 
-# -------------------------------------------------------------------------------------------------------- load
 def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Release:
     """Load an exported release (a directory from `export_run`, or its model.safetensors)."""
     path = Path(path)

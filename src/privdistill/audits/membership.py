@@ -201,7 +201,6 @@ def load_shadows(stage: Stage) -> dict[str, np.ndarray]:
     return torch.load(stage.path / "shadows.pt", weights_only=False)
 
 
-# ---------------------------------------------------------------------------------------------- LiRA
 def lira_scores(target_phi: np.ndarray, shadow_phi: np.ndarray, in_mask: np.ndarray, *,
                 fix_variance: bool = True) -> dict[str, np.ndarray]:
     """Online and offline LiRA scores of each audit example (higher = more likely a member)."""

@@ -164,7 +164,6 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
     return Matrix(preset=preset, cells=cells, source=str(path))
 
 
-# ------------------------------------------------------------------------------------------------ locks
 @contextmanager
 def file_lock(path: str | Path | None, *, blocking: bool = True) -> Iterator[int | None]:
     """Hold an exclusive flock on `path` (None: no lock); yields the fd (to pass to a child) or None.
@@ -221,7 +220,6 @@ def audited_run_dir(cell: Cell) -> Path | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------- runner
 Runner = Callable[[list[str], Path, int | None], int]
 
 

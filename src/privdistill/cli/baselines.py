@@ -31,10 +31,8 @@ def dpsgd_command(
     recipe: a linear head on ScatterNet features; -r paper: the papers' CNN). σ is
     calibrated to --epsilon under --accounting: strict (the default) on the replace-one ε, paper by Opacus's
     make_private_with_epsilon under --accountant (add/remove-one, as DP-SGD papers report)."""
-    extra = o.section_overrides("dpsgd", accountant=accountant, epochs=epochs)
-    request = run.request(extra)
-    s = dpsgd.run_dpsgd(request).summary
-    show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
+    s = dpsgd.run_dpsgd(run.request(o.section_overrides("dpsgd", accountant=accountant, epochs=epochs))).summary
+    show_summary(s, title=f"DP-SGD on {s['dataset']}")
     a = s["dpsgd_accounting"]
     console.print(f"σ = {a['noise_multiplier']:g}, q = {a['sample_rate']:.4g}, {a['steps']} steps, "
                   f"C = {a['max_grad_norm']:g}. ε at δ = {s['delta']:g}: Opacus RDP {a['epsilon_opacus_rdp']:g}, "
@@ -52,8 +50,7 @@ def pate_command(
         "--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")] = None,
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
-    extra = o.section_overrides("pate", queries=queries, aggregation=aggregation)
-    request = run.request(extra)
+    request = run.request(o.section_overrides("pate", queries=queries, aggregation=aggregation))
     s = pate.run_pate(request, cache=not run.no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{count_of(s['queries'], 'query', 'queries')}, {s['answered']} answered (label accuracy "

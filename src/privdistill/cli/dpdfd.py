@@ -39,15 +39,13 @@ def command(
                                 "default: this package's -1,1")] = None,
 ) -> None:
     """Convert a teacher into a DP student by data-free distillation with noised output gradients (DPDFD)."""
-    extra = o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps)
-    request = run.request(extra)
+    request = run.request(o.section_overrides("dpdfd", algorithm=algorithm, steps=steps, max_steps=max_steps))
     spec = dpdfd.TeacherSpec(run_dir=str(teacher) if teacher else None,
                              module_file=str(teacher_module) if teacher_module else None,
                              torchvision=torchvision_model, weights=str(weights) if weights else None,
                              input_range=o.parse_range(teacher_range, "--teacher-range"))
     summary = dpdfd.run_dpdfd(request, teacher=spec, cache=not run.no_cache).summary
-    show_summary({k: v for k, v in summary.items() if k != "history"},
-                 title=f"DPDFD (Alg. {summary['algorithm']}) on {summary['dataset']}")
+    show_summary(summary, title=f"DPDFD (Alg. {summary['algorithm']}) on {summary['dataset']}")
     console.print(f"{summary['steps']} steps (planned {summary['planned_steps']}), sigma {summary['sigma']:g}, "
                   f"C {summary['clip_norm']:g}, B {summary['batch_size']}; target epsilon {summary['target_epsilon']} "
                   f"({summary['accounting']} accounting); steps the target allows: {summary['steps_allowed']}",

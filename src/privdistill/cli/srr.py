@@ -42,9 +42,9 @@ def srr_command(
     Prints the student's accuracy with both epsilons: the paper's (per label, pure) and the strict one
     (composed over every label from the one teacher), and what neither covers.
     """
-    extra = o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
-                                   stages=stages, num_samples=samples)
-    request = run.request(extra)
+    request = run.request(o.section_overrides("srr", setting=setting and setting.value,
+                                              mechanism=mechanism and mechanism.value, stages=stages,
+                                              num_samples=samples))
     summary = srr.run_srr(request, cache=not run.no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
     if summary.get("dp_source"):  # end to end: the labels are a DP teacher's own, no mechanism ran
