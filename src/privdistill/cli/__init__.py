@@ -42,13 +42,8 @@ def _flags_without_metavar() -> None:
 
 _flags_without_metavar()
 
-app = typer.Typer(
-    name="privdistill",
-    help="Release classifiers with a stated differential-privacy guarantee by data-free distillation.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+app = typer.Typer(name="privdistill", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  help="Release classifiers with a stated differential-privacy guarantee by data-free distillation.")
 
 
 def _version(value: bool) -> None:

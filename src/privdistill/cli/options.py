@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -145,10 +148,6 @@ class RunArgs:
         """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides). A dry
         run plans in a throw-away directory (main() prints the plan and removes it)."""
         if self.dry_run:
-            import atexit
-            import shutil
-            import tempfile
-
             self.run_dir, self.resume, self.record = Path(tempfile.mkdtemp(prefix="privdistill-dry-run-")), False, False
             atexit.register(shutil.rmtree, self.run_dir, ignore_errors=True)  # also when the plan is refused
         overrides = run_overrides(self.set_, extra={**self.budget, **self.method, **(extra or {})}, seed=self.seed,
