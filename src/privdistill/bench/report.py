@@ -96,7 +96,7 @@ def _bench_cells(preset: str) -> dict[str, Any]:
     return {cell.name: cell for cell in load_matrix(preset).cells}
 
 
-def table(rows: Iterable[dict], columns: list[tuple[str, Callable[[dict], str]]]) -> str:
+def table(rows: Iterable[Any], columns: list[tuple[str, Callable[[Any], str]]]) -> str:
     rows = list(rows)
     head = "| " + " | ".join(c for c, _ in columns) + " |\n| " + " | ".join("---" for _ in columns) + " |\n"
     return head + "".join("| " + " | ".join(f(r) for _, f in columns) + " |\n" for r in rows)
