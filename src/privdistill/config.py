@@ -13,6 +13,7 @@ The resolved configuration is written to the run directory as ``config.yaml``.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -115,7 +116,6 @@ def check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-# ----------------------------------------------------------------------------------------------- presets
 def load_preset(name: str) -> dict[str, Any]:
     """A preset is the union of the YAML files in presets/<name>/ (one file per method or stage family).
 
@@ -253,7 +253,7 @@ def build_section(cls: type[T], values: dict[str, Any], section: str) -> T:
     return obj
 
 
-_UNIONS = (typing.Union, getattr(__import__("types"), "UnionType", None))
+_UNIONS = (typing.Union, types.UnionType)
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -266,13 +266,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return None
         raise ConfigError(f"{where} cannot be empty")
     if origin in _UNIONS:
-        for arg in args:
-            if arg is type(None):
-                continue
+        for arg in (a for a in args if a is not type(None)):
             try:
                 return _coerce(value, arg, where)
             except ConfigError:
-                continue
+                pass
         raise ConfigError(f"{where}: {value!r} does not fit {hint}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):

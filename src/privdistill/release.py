@@ -42,6 +42,12 @@ PREPROCESSING = {"input": "uint8 images in [0, 255], or floats already in [-1, 1
 
 _WEIGHTS = ("student", "model")  # the released classifier's weights, by method (student: distillation methods)
 
+_RELATION = "replace-one: substitute one record of the private training set"  # a summary that names none
+
+# The card's fields that model.safetensors' metadata (strings only) holds as JSON, read back as such by `load`.
+_JSON_FIELDS = ("dp_as_a_whole", "epsilon_strict", "epsilon_paper", "delta", "preprocessing", "classes",
+                "test_accuracy", "at_chance", "data_value_range")
+
 
 class NonPrivateReleaseWarning(UserWarning):
     """An artifact that is not differentially private as a whole was exported because the caller asked for it."""
@@ -89,7 +95,6 @@ class Release:
         return self.model(self.preprocess(images)).argmax(dim=1)
 
 
-# ---------------------------------------------------------------------------------------------------- export
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_private: bool = False,
                generator: bool = False, overwrite: bool = False, allow_reproducible_noise: bool = False,
                allow_chance: bool = False) -> Path:
@@ -143,17 +148,14 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, allow_non_
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     classes = _classes(summary, meta)
-    card_meta = {"privdistill_version": __version__, "method": str(summary.get("method")),
-                 "dataset": str(summary.get("dataset")), "dp_as_a_whole": json.dumps(is_dp),
-                 "guarantee": sentence, "epsilon_strict": json.dumps(summary.get("epsilon_strict")),
-                 "epsilon_paper": json.dumps(summary.get("epsilon_paper")), "delta": json.dumps(summary.get("delta")),
-                 "relation": str(summary.get("relation") or "replace-one: substitute one record of the private "
-                                                              "training set"),
-                 "preprocessing": json.dumps(PREPROCESSING), "classes": json.dumps(classes),
-                 "test_accuracy": json.dumps(summary.get("test_accuracy")),
-                 "at_chance": json.dumps(bool(summary.get("at_chance"))),
-                 "test_split": str(summary.get("test_split") or ""),
-                 "data_value_range": json.dumps(summary.get("data_value_range"))}
+    card = {"privdistill_version": __version__, "method": str(summary.get("method")),
+            "dataset": str(summary.get("dataset")), "dp_as_a_whole": is_dp, "guarantee": sentence,
+            "epsilon_strict": summary.get("epsilon_strict"), "epsilon_paper": summary.get("epsilon_paper"),
+            "delta": summary.get("delta"), "relation": str(summary.get("relation") or _RELATION),
+            "preprocessing": PREPROCESSING, "classes": classes, "test_accuracy": summary.get("test_accuracy"),
+            "at_chance": bool(summary.get("at_chance")), "test_split": str(summary.get("test_split") or ""),
+            "data_value_range": summary.get("data_value_range")}
+    card_meta = {k: json.dumps(v) if k in _JSON_FIELDS else v for k, v in card.items()}
     RunDir(partial).save_weights("model", model, metadata={**meta, **card_meta})
     if generator:
         shutil.copy2(gen_path, partial / "generator.safetensors")
@@ -206,13 +208,12 @@ def _scale_sentence(summary: dict[str, Any]) -> str:
             f"{lo:g}..{hi:g} values as they are, it sees nearly black images.")
 
 
-# ------------------------------------------------------------------------------------------------------ card
 def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, is_dp: bool, classes: list[str],
                meta: dict[str, str], *, generator: bool = False) -> str:
     """The model card, in the Hugging Face README.md format (YAML front matter, then markdown)."""
     method, dataset = summary.get("method"), summary.get("dataset")
     kwargs = json.loads(meta.get("registry_kwargs", "{}"))
-    relation = summary.get("relation") or "replace-one: substitute one record of the private training set"
+    relation = summary.get("relation") or _RELATION
     size, channels = kwargs.get("image_size", "?"), kwargs.get("in_channels", "?")
     acc = summary.get("test_accuracy")
     front = ["---", "library_name: privdistill", "pipeline_tag: image-classification",
@@ -224,13 +225,12 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
     if summary.get("at_chance"):
         title += ", AT CHANCE"
     lines = [f"# {meta.get('registry_name')} on {dataset}, trained by {method} ({title})", ""]
+    chance = summary.get("chance_check") or {}
     if summary.get("at_chance"):
-        finding = (summary.get("chance_check") or {}).get("finding") or "AT CHANCE: it has learned (almost) nothing"
-        lines += [f"**{finding}** (rule: "
-                  f"{(summary.get('chance_check') or {}).get('rule', 'see privdistill.methods.chance')}).", ""]
-    elif (summary.get("chance_check") or {}).get("missed_classes"):
-        check = summary["chance_check"]
-        lines += [f"**{check['finding']}** (rule: {check['missed_rule']}).", ""]
+        finding = chance.get("finding") or "AT CHANCE: it has learned (almost) nothing"
+        lines += [f"**{finding}** (rule: {chance.get('rule', 'see privdistill.methods.chance')}).", ""]
+    elif chance.get("missed_classes"):
+        lines += [f"**{chance['finding']}** (rule: {chance['missed_rule']}).", ""]
     if summary.get("noise_secure") is False:
         lines += ["**Reproducible noise: the guarantee below holds only while the seed of the run that made this "
                   "model stays secret** (its privacy noise was drawn from generators seeded with it; the seed is "
@@ -290,7 +290,6 @@ def model_card(summary: dict[str, Any], privacy: dict[str, Any], sentence: str, 
     return "\n".join(front + lines)
 
 
-# -------------------------------------------------------------------------------------------------------- load
 def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Release:
     """Load an exported release (a directory from `export_run`, or its model.safetensors)."""
     path = Path(path)
@@ -302,8 +301,6 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Rele
     kwargs = json.loads(meta.get("registry_kwargs", "{}"))
     model = release.load_weights(name, device=device).eval()
     classes = json.loads(meta["classes"]) if "classes" in meta else [str(i) for i in range(kwargs["num_classes"])]
-    card = {k: (json.loads(v) if k in ("dp_as_a_whole", "epsilon_strict", "epsilon_paper", "delta", "preprocessing",
-                                       "classes", "test_accuracy", "at_chance", "data_value_range") else v)
-            for k, v in meta.items()}
+    card = {k: json.loads(v) if k in _JSON_FIELDS else v for k, v in meta.items()}
     size = kwargs.get("image_size", 28)
     return Release(model=model, classes=classes, card=card, image_shape=(kwargs.get("in_channels", 1), size, size))

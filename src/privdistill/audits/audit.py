@@ -92,16 +92,14 @@ def audit_run(run_dir: str | Path, *, preset: str | None = None, config_file: st
                             **{k.replace("-", "_"): v for k, v in mia["scores"].items()})
         _roc_figure(mia, out_dir / "mia_roc.png", title=f"{summary.get('method')} on {dataset}")
         head = mia["attacks"][mia["headline_attack"]]
-        block["mia"] = {"headline_attack": mia["headline_attack"], "attacks": mia["attacks"],
-                        "accuracy_members": mia["accuracy_members"], "accuracy_nonmembers": mia["accuracy_nonmembers"],
-                        "mean_loss_members": mia["mean_loss_members"],
-                        "mean_loss_nonmembers": mia["mean_loss_nonmembers"],
-                        "shadows": cfg.shadows, "fix_variance": cfg.fix_variance, "shadow_stage": stage_ref,
-                        "roc": str(out_dir / "mia_roc.png")}
+        block["mia"] = {k: mia[k] for k in ("headline_attack", "attacks", "accuracy_members", "accuracy_nonmembers",
+                                            "mean_loss_members", "mean_loss_nonmembers")}
+        block["mia"].update(shadows=cfg.shadows, fix_variance=cfg.fix_variance, shadow_stage=stage_ref,
+                            roc=str(out_dir / "mia_roc.png"))
+        loss = mia["attacks"]["loss"]
         fields.update(mia_auc=head["auc"], mia_tpr_at_1pct_fpr=head["tpr_at_1pct_fpr"],
-                      mia_attack=mia["headline_attack"],
-                      mia_loss_auc=mia["attacks"]["loss"]["auc"],
-                      mia_loss_tpr_at_1pct_fpr=mia["attacks"]["loss"]["tpr_at_1pct_fpr"])
+                      mia_attack=mia["headline_attack"], mia_loss_auc=loss["auc"],
+                      mia_loss_tpr_at_1pct_fpr=loss["tpr_at_1pct_fpr"])
         atomic_write_json(out_dir / "mia.json", block["mia"])
 
     if cfg.inversion:

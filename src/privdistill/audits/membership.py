@@ -19,6 +19,7 @@ records look like those of a model that saw them?); research log, "Notes that le
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from torch import nn
 
 from privdistill.atomic import atomic_torch_save
 from privdistill.audits.metrics import attack_metrics
-from privdistill.config import ClassifierTraining, to_plain
+from privdistill.config import ClassifierTraining, check, to_plain
 from privdistill.data.dataset import DataSplits, ImageDataset, to_float
 from privdistill.engine import streams
 from privdistill.engine.cache import Stage, StageCache
@@ -60,17 +61,14 @@ class AuditConfig:
     inversion: bool = True
 
     def validate(self) -> None:
-        if self.members < 1 or self.nonmembers < 1:
-            raise ConfigError("audit.members and audit.nonmembers must be >= 1")
+        check(self.members >= 1 and self.nonmembers >= 1, "audit.members and audit.nonmembers must be >= 1")
         if self.holdout < 0:
             raise ConfigError("audit.holdout must be >= 0")
         if self.holdout >= 1:
             self.holdout = int(self.holdout)  # a count: recorded as before (10000, not 10000.0)
-        if self.shadows < 0 or self.shadows % 2:
-            raise ConfigError("audit.shadows must be 0 (loss attack only) or an even number (each example is IN "
-                              "for half of them)")
-        if self.bootstrap < 0:
-            raise ConfigError("audit.bootstrap must be >= 0")
+        check(self.shadows >= 0 and self.shadows % 2 == 0, "audit.shadows must be 0 (loss attack only) or an even "
+              "number (each example is IN for half of them)")
+        check(self.bootstrap >= 0, "audit.bootstrap must be >= 0")
 
 
 @dataclass
@@ -88,8 +86,6 @@ class AuditSplit:
         return np.r_[np.ones(len(self.members), bool), np.zeros(len(self.nonmembers), bool)]
 
     def digest(self) -> str:
-        import hashlib
-
         h = hashlib.sha256(self.members.numpy().tobytes() + b"|" + self.nonmembers.numpy().tobytes())
         return h.hexdigest()[:16]
 
@@ -205,7 +201,6 @@ def load_shadows(stage: Stage) -> dict[str, np.ndarray]:
     return torch.load(stage.path / "shadows.pt", weights_only=False)
 
 
-# ---------------------------------------------------------------------------------------------- LiRA
 def lira_scores(target_phi: np.ndarray, shadow_phi: np.ndarray, in_mask: np.ndarray, *,
                 fix_variance: bool = True) -> dict[str, np.ndarray]:
     """Online and offline LiRA scores of each audit example (higher = more likely a member)."""

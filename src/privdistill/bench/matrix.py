@@ -141,9 +141,10 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
             if datasets and dataset is not None and dataset not in datasets:
                 continue
             values = {"preset": preset, **({"dataset": dataset} if dataset else {}), **(row or {})}
+            texts = {k: _fmt(v) for k, v in values.items()}
             try:
-                name = str(entry["name"]).format(**{k: _fmt(v) for k, v in values.items()})
-                args = [str(a).format(**{k: _fmt(v) for k, v in values.items()}) for a in _spliced(entry["args"])]
+                name = str(entry["name"]).format(**texts)
+                args = [str(a).format(**texts) for a in _spliced(entry["args"])]
             except KeyError as err:
                 raise ConfigError(f"{path}: cell {entry['name']!r} uses {err} which is neither 'dataset', 'preset' "
                                   "nor a grid key") from None
@@ -163,7 +164,6 @@ def load_matrix(name_or_path: str, *, results_dir: str | Path = "results", runs_
     return Matrix(preset=preset, cells=cells, source=str(path))
 
 
-# ------------------------------------------------------------------------------------------------ locks
 @contextmanager
 def file_lock(path: str | Path | None, *, blocking: bool = True) -> Iterator[int | None]:
     """Hold an exclusive flock on `path` (None: no lock); yields the fd (to pass to a child) or None.
@@ -220,7 +220,6 @@ def audited_run_dir(cell: Cell) -> Path | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------- runner
 Runner = Callable[[list[str], Path, int | None], int]
 
 
@@ -233,14 +232,13 @@ def _subprocess_runner(cmd: list[str], log: Path, pass_fd: int | None) -> int:
     return proc.returncode
 
 
-@dataclass
-class BenchLog:
-    path: Path
-
-    def write(self, **event: Any) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n")
+def _log_event(path: Path | None, **event: Any) -> None:
+    """Append one event to the bench's log (bench.jsonl beside the cells' run directories)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n")
 
 
 def run_matrix(matrix: Matrix, *, lock: str | Path | None = CPU_LOCK, audits: bool = True, dry_run: bool = False,
@@ -249,7 +247,7 @@ def run_matrix(matrix: Matrix, *, lock: str | Path | None = CPU_LOCK, audits: bo
     """Run every cell not yet recorded, then the audits; returns {cell name: status} and timings."""
     runner = runner or _subprocess_runner
     exe = privdistill or privdistill_command()
-    log = BenchLog(Path(matrix.cells[0].run_dir).parent / "bench.jsonl") if matrix.cells else None
+    log = Path(matrix.cells[0].run_dir).parent / "bench.jsonl" if matrix.cells else None
     statuses: dict[str, str] = {}
     started = time.perf_counter()
     for cell in matrix.cells:
@@ -288,7 +286,7 @@ def run_matrix(matrix: Matrix, *, lock: str | Path | None = CPU_LOCK, audits: bo
     return {"statuses": statuses, "wall_seconds": round(time.perf_counter() - started, 1)}
 
 
-def _run_locked(cell: Cell, cmd: list[str], log_path: Path, lock, runner: Runner, say, log: BenchLog | None,
+def _run_locked(cell: Cell, cmd: list[str], log_path: Path, lock, runner: Runner, say, log: Path | None,
                 what: str = "run") -> str:
     cell_lock = cell.run_dir.parent / f".{cell.name}.lock"
     try:
@@ -302,8 +300,7 @@ def _run_locked(cell: Cell, cmd: list[str], log_path: Path, lock, runner: Runner
                 seconds = round(time.perf_counter() - t0, 1)
     except BlockingIOError:
         return "skipped: running in another process"
-    if log is not None:
-        log.write(cell=cell.name, what=what, returncode=rc, seconds=seconds, command=cmd)
+    _log_event(log, cell=cell.name, what=what, returncode=rc, seconds=seconds, command=cmd)
     if rc != 0:
         say(f"[{cell.name}] {what} FAILED (exit {rc}); see {log_path}")
         return f"failed (exit {rc}, {seconds} s; log {log_path})"

@@ -28,17 +28,14 @@ class NoiseTiming:
         return self.secure_ns / self.plain_ns
 
 
-def _best(fn, repeats: int) -> float:
+def _timed(fn) -> float:
     # each timing follows a call of the same function (numba compiles once a process, a sampler's constants are
     # cached per scale, and the caches then hold what that function reads): both sides timed in steady state,
     # where timing a side right after the other measures the other's cache evictions too
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return best
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
 def bench_noise(size: int = 39_700, repeats: int = 7, opendp_size: int = 2_000) -> list[NoiseTiming]:
@@ -70,12 +67,12 @@ def bench_noise(size: int = 39_700, repeats: int = 7, opendp_size: int = 2_000) 
         # interleave: best secure and best plain measured over the same stretch of time
         secure_s, plain_s = float("inf"), float("inf")
         for _ in range(repeats):
-            secure_s = min(secure_s, _best(secure_fn, 1))
-            plain_s = min(plain_s, _best(plain_fn, 1))
+            secure_s = min(secure_s, _timed(secure_fn))
+            plain_s = min(plain_s, _timed(plain_fn))
         opendp_ns = None
         if reference is not None and opendp_size:
-            opendp_ns = _best(lambda: opendp_integers(opendp_size, distribution=reference[0], scale=reference[1]),
-                              1) / opendp_size * 1e9
+            opendp = _timed(lambda: opendp_integers(opendp_size, distribution=reference[0], scale=reference[1]))
+            opendp_ns = opendp / opendp_size * 1e9
         out.append(NoiseTiming(name, (size,), secure_s / size * 1e9, plain_s / size * 1e9, opendp_ns))
     return out
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from privdistill.audits.metrics import roc_curve
-from privdistill.bench.report import load_results
+from privdistill.bench.report import load_results, variant_label
 from privdistill.privacy.accounting import epsilon
 from privdistill.privacy.events import GaussianQueries, LaplaceOnSyntheticCodes, LaplaceQueries
 from privdistill.privacy.report import guarantee
@@ -38,10 +38,6 @@ def _save(fig, path: str | Path, dpi: int = 120) -> Path:
     return path
 
 
-def _label(r: dict) -> str:
-    return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
-
-
 def _colours(names) -> dict[str, tuple]:
     """One distinct colour per series name, the same in every panel (tab20 has 20; more names repeat)."""
     cmap = _plt().get_cmap("tab20")
@@ -62,8 +58,8 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     rows = [r for r in results if r.get("test_accuracy") is not None and r.get("target_epsilon") is not None]
     # the Table I cells, plus variants that form a curve (e.g. DPDFD direct at three ε); one-point ablations
     # would only clutter the legend (they are in the tables)
-    points = Counter((_label(r), r["dataset"]) for r in rows)
-    rows = [r for r in rows if not r.get("variant") or points[(_label(r), r["dataset"])] > 1]
+    points = Counter((variant_label(r), r["dataset"]) for r in rows)
+    rows = [r for r in rows if not r.get("variant") or points[(variant_label(r), r["dataset"])] > 1]
     baselines = {r["dataset"]: r["test_accuracy"] for r in results if r.get("method") == "baseline"}
     datasets = sorted({r["dataset"] for r in rows} | set(baselines))
     if not rows or not datasets:
@@ -71,7 +67,7 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
     whole = [guarantee(r)[0] and isinstance(r.get("epsilon_strict"), (int, float)) for r in rows]
     # one colour per series within a row of panels (the same in both datasets' panels): over both rows there are
     # more series than tab20 has colours, and a repeated colour within one panel would mislabel a curve
-    colours = {w: _colours(_label(r) for r, rw in zip(rows, whole) if rw == w) for w in (True, False)}
+    colours = {w: _colours(variant_label(r) for r, rw in zip(rows, whole) if rw == w) for w in (True, False)}
     plt = _plt()
     fig, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets) + 2.6, 8), squeeze=False)
     panels = (("DP as a whole: strict ε (replace-one, δ = 1e-5)", True),
@@ -84,17 +80,17 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path) -> Path | None:
                 if r["dataset"] == ds and w == is_whole:
                     eps = float(r["epsilon_strict"] if is_whole else r["target_epsilon"])
                     if is_whole and eps > PLOTTED_MAX_EPSILON:
-                        vacuous.add(_label(r))
+                        vacuous.add(variant_label(r))
                         continue
-                    series.setdefault(_label(r), []).append((eps, 100 * float(r["test_accuracy"])))
+                    series.setdefault(variant_label(r), []).append((eps, 100 * float(r["test_accuracy"])))
             if vacuous:
                 ax.text(0.02, 0.12, f"not plotted, strict ε > {PLOTTED_MAX_EPSILON:g}: " + ", ".join(sorted(vacuous)),
                         transform=ax.transAxes, fontsize=7, va="bottom", wrap=True)
             for name, pts in sorted(series.items()):
                 pts.sort()
                 colour = colours[is_whole][name]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if is_whole else "s--", label=name,
-                        color=colour, mfc=colour if is_whole else "white")
+                ax.plot(*zip(*pts), "o-" if is_whole else "s--", label=name, color=colour,
+                        mfc=colour if is_whole else "white")
             if ds in baselines:
                 ax.axhline(100 * baselines[ds], color="k", ls=":", lw=1, label="non-private baseline")
             ax.set(xscale="log", xlabel=what, ylabel="test accuracy %", title=ds)
@@ -158,6 +154,12 @@ def privacy_vs_queries(path: str | Path, *, max_queries: int = 1500, delta: floa
     return _save(fig, path)
 
 
+def _with_epsilon(r: dict) -> str:
+    """A run's label with its target ε, if it has one."""
+    eps = r.get("target_epsilon")
+    return variant_label(r) + ("" if eps is None else f" ε={eps:g}")
+
+
 def _audited(results: list[dict], dataset: str) -> list[tuple[dict, Path]]:
     out = []
     for r in results:
@@ -174,16 +176,15 @@ def mia_roc(results: list[dict], dataset: str, path: str | Path, attack: str = "
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    colours = _colours(f"{_label(r)} {r.get('target_epsilon')}" for r, _ in runs)
+    colours = _colours(f"{variant_label(r)} {r.get('target_epsilon')}" for r, _ in runs)
     for r, run in runs:
         z = np.load(run / "audit" / "mia_scores.npz")
         if attack not in z:
             continue
         fpr, tpr = roc_curve(z[attack], z["is_member"])
-        eps = r.get("target_epsilon")
-        label = f"{_label(r)}{'' if eps is None else f' ε={eps:g}'} (AUC {r.get('mia_auc', float('nan')):.3f})"
+        label = f"{_with_epsilon(r)} (AUC {r.get('mia_auc', float('nan')):.3f})"
         ax.plot(np.maximum(fpr, 1e-4), np.maximum(tpr, 1e-4), label=label, lw=1,
-                color=colours[f"{_label(r)} {r.get('target_epsilon')}"])
+                color=colours[f"{variant_label(r)} {r.get('target_epsilon')}"])
     ax.plot([1e-4, 1], [1e-4, 1], "k:", lw=0.8)
     ax.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1), xlabel="false positive rate",
            ylabel="true positive rate", title=f"LiRA ({attack.replace('_', ' ')}) on {dataset}")
@@ -212,8 +213,7 @@ def inversion_grids(results: list[dict], dataset: str, path: str | Path) -> Path
     for r, run in _audited(results, dataset):
         grid = run / "audit" / "inversion.png"
         if grid.is_file():
-            eps = r.get("target_epsilon")
-            images.append((f"{_label(r)}{'' if eps is None else f' ε={eps:g}'}", grid))
+            images.append((_with_epsilon(r), grid))
     return _compose(images, path, f"Model inversion on {dataset} (columns: classes 0-9; rows: restarts)")
 
 
@@ -232,7 +232,7 @@ def sample_grids(results: list[dict], dataset: str, path: str | Path) -> Path | 
         for c in candidates:
             if c.is_file() and c.resolve() not in seen:
                 seen.add(c.resolve())
-                images.append((f"{_label(r)} ({c.parent.name})", c))
+                images.append((f"{variant_label(r)} ({c.parent.name})", c))
     return _compose(images, path, f"Synthetic samples on {dataset} (one row per class, as labelled by the teacher)")
 
 
@@ -249,14 +249,13 @@ def srr_stage_traces(results: list[dict], dataset: str, path: str | Path, max_ep
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     panels = [("mean_set_size", "mean candidate-set size |I|", 1), ("correct", "released labels correct %", 100),
               ("test_accuracy", "student test accuracy % (after the stage)", 100)]
-    for r in sorted(rows, key=_label):
+    for r in sorted(rows, key=variant_label):
         trace = r["stage_trace"]
         total = sum(t["count"] for t in trace)
         x = [sum(t["count"] for t in trace[:i + 1]) / total for i in range(len(trace))]
         for ax, (key, _, scale) in zip(axes, panels):
             pts = [(xi, scale * t[key]) for xi, t in zip(x, trace) if t.get(key) is not None]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3,
-                    label=f"{_label(r)} ε={r['target_epsilon']:g}")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=_with_epsilon(r))
     for ax, (_, title, _) in zip(axes, panels):
         ax.set(xlabel="share of the labels drawn", title=title)
         ax.grid(alpha=0.3)

@@ -96,10 +96,15 @@ def _bench_cells(preset: str) -> dict[str, Any]:
     return {cell.name: cell for cell in load_matrix(preset).cells}
 
 
-def table(rows: Iterable[dict], columns: list[tuple[str, Callable[[dict], str]]]) -> str:
+def table(rows: Iterable[Any], columns: list[tuple[str, Callable[[Any], str]]]) -> str:
     rows = list(rows)
     head = "| " + " | ".join(c for c, _ in columns) + " |\n| " + " | ".join("---" for _ in columns) + " |\n"
     return head + "".join("| " + " | ".join(f(r) for _, f in columns) + " |\n" for r in rows)
+
+
+def _by_position(titles: tuple[str, ...]) -> list[tuple[str, Callable[[tuple], str]]]:
+    """Columns showing a row tuple's items in order."""
+    return [(title, lambda r, i=i: r[i]) for i, title in enumerate(titles)]
 
 
 def _fmt(value, spec: str = "g") -> str:
@@ -111,7 +116,7 @@ def _col(title: str, key: str, fmt: Callable[[Any], str] = _fmt) -> tuple[str, C
     return title, lambda r: fmt(r.get(key))
 
 
-def _variant_label(r: dict) -> str:
+def variant_label(r: dict) -> str:
     return r["method"] + (f" ({r['variant']})" if r.get("variant") else "")
 
 
@@ -155,7 +160,7 @@ def method_table(results: list[dict], methods: tuple[str, ...]) -> str:
     rows.sort(key=lambda r: (r.get("method"), r.get("dataset"), -(r.get("target_epsilon") or 0),
                              r.get("variant") or ""))
 
-    return table(rows, [("method", _variant_label), DATASET, TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER,
+    return table(rows, [("method", variant_label), DATASET, TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER,
                         EPS_STRICT, DELTA, MINUTES, *METHOD_COLUMNS.get(methods[0], []), FILE])
 
 
@@ -286,7 +291,7 @@ def audit_table(results: list[dict]) -> str:
         return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
     return table(rows, [
-        ("model", _variant_label), DATASET, TARGET_EPS, ACCURACY,
+        ("model", variant_label), DATASET, TARGET_EPS, ACCURACY,
         ("LiRA AUC [95% CI]", lambda r: attack(r, "lira-online", "auc")),
         ("LiRA TPR@1%FPR [95% CI]", lambda r: attack(r, "lira-online", "tpr_at_1pct_fpr")),
         ("LiRA offline AUC", lambda r: attack(r, "lira-offline", "auc")),
@@ -322,7 +327,7 @@ def bench_table(results: list[dict]) -> str:
                   key=_order)
 
     return table(rows, [
-        DATASET, ("method", _variant_label), TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER, EPS_STRICT,
+        DATASET, ("method", variant_label), TARGET_EPS, ACCURACY, ("paper %", _paper_pct), EPS_PAPER, EPS_STRICT,
         ("released model fully covered by ε", _covered), _col("MIA AUC", "mia_auc", _num),
         _col("MIA TPR@1%FPR", "mia_tpr_at_1pct_fpr", _num), MINUTES, FILE,
     ])
@@ -335,7 +340,7 @@ def strict_end_to_end_table(results: list[dict]) -> str:
              and isinstance(r.get("epsilon_strict"), (int, float))]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in whole:
-        label = _variant_label(r)
+        label = variant_label(r)
         if r.get("privacy_scope") == "end-to-end" and "end-to-end" not in label:
             label += " [end-to-end]"
         groups.setdefault((r["dataset"], label), []).append(r)
@@ -344,8 +349,7 @@ def strict_end_to_end_table(results: list[dict]) -> str:
         fits = [r for r in rs if r["epsilon_strict"] <= eps * 1.0005]
         return max(fits, key=lambda r: r.get("test_accuracy") or 0.0) if fits else None
 
-    lines = ["| dataset | method | ε ≤ 1 | ε ≤ 3 | ε ≤ 10 | MIA AUC (at ε ≤ 10) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    rows = []
     for (dataset, label), rs in sorted(groups.items()):
         top = best(rs, 10)
         if top is None:  # only runs above ε = 10 (DPDFD as the paper counts it): not a useful guarantee
@@ -354,8 +358,8 @@ def strict_end_to_end_table(results: list[dict]) -> str:
         for eps in (1, 3, 10):
             r = best(rs, eps)
             cells.append("-" if r is None else f"{_pct(r.get('test_accuracy'))} (ε {_eps(r['epsilon_strict'])})")
-        lines.append(f"| {dataset} | {label} | " + " | ".join(cells) + f" | {_num(top.get('mia_auc'))} |")
-    return "\n".join(lines)
+        rows.append((dataset, label, *cells, _num(top.get("mia_auc"))))
+    return table(rows, _by_position(("dataset", "method", "ε ≤ 1", "ε ≤ 3", "ε ≤ 10", "MIA AUC (at ε ≤ 10)")))
 
 
 HEADLINE_DATASETS, HEADLINE_EPSILONS = ("mnist", "fashion-mnist"), (1.0, 10.0)
@@ -389,31 +393,23 @@ def headline_table(results: list[dict]) -> str:
             for dataset, epsilon in sorted(cells, key=lambda c: (HEADLINE_DATASETS.index(c[0])
                                                                   if c[0] in HEADLINE_DATASETS else 9, c[1])):
                 command = _short_command(method, name, recipe, dataset, epsilon)
+                cell = (method, name, dataset, f"{epsilon:g}")
                 r = recorded.get((method, name, dataset, epsilon))
                 if r is not None:
-                    rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}",
-                                 "acc": _pct(r.get("test_accuracy")) + _missed(r),
-                                 "strict": _eps(r.get("epsilon_strict")), "paper": _eps(r.get("epsilon_paper")),
-                                 "covers": f"whole model: {_covered(r)}",
-                                 "how": f"re-run with the recipe ({Path(r['_file']).name})", "cmd": command})
+                    rows.append((*cell, _pct(r.get("test_accuracy")) + _missed(r), _eps(r.get("epsilon_strict")),
+                                 _eps(r.get("epsilon_paper")), f"whole model: {_covered(r)}",
+                                 f"re-run with the recipe ({Path(r['_file']).name})", command))
                 elif (dataset, epsilon) in recipe.measured or (dataset, int(epsilon)) in recipe.measured:
                     text = recipe.measured.get((dataset, epsilon), recipe.measured.get((dataset, int(epsilon))))
-                    rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}", "acc": text,
-                                 "strict": "", "paper": "", "covers": recipe.guarantee,
-                                 "how": "recorded by a longer command (research log); not re-run with this one",
-                                 "cmd": command})
+                    rows.append((*cell, text, "", "", recipe.guarantee,
+                                 "recorded by a longer command (research log); not re-run with this one", command))
                 elif name == "default" and not any(d == dataset and e != epsilon and abs(e / epsilon - 1) < 0.1
                                                    for d, e in cells):
                     # a hole in the headline matrix is shown, never skipped (a cell measured at a nearby ε, e.g.
                     # DGD's strict 9.34, stands for ε 10)
-                    rows.append({"m": method, "r": name, "d": dataset, "e": f"{epsilon:g}", "acc": "not measured",
-                                 "strict": "", "paper": "", "covers": recipe.guarantee, "how": "not run yet",
-                                 "cmd": command})
-    return table(rows, [("method", lambda r: r["m"]), ("recipe", lambda r: r["r"]), ("dataset", lambda r: r["d"]),
-                        ("ε", lambda r: r["e"]), ("accuracy %", lambda r: r["acc"]),
-                        ("strict ε", lambda r: r["strict"]), ("paper ε", lambda r: r["paper"]),
-                        ("what ε covers", lambda r: r["covers"]), ("record", lambda r: r["how"]),
-                        ("command", lambda r: r["cmd"])])
+                    rows.append((*cell, "not measured", "", "", recipe.guarantee, "not run yet", command))
+    return table(rows, _by_position(("method", "recipe", "dataset", "ε", "accuracy %", "strict ε", "paper ε",
+                                     "what ε covers", "record", "command")))
 
 
 def _missed(run: dict) -> str:
@@ -472,8 +468,8 @@ def readme_table(results: list[dict]) -> str:
                 covers += f" (strict ε {' / '.join(f'{e:g}' for _, e, acc, _ in cells[:2] if acc != '–')})"
             dataset, epsilon = next((d, e) for d, e, acc, _ in cells if acc != "–")
             rows.append((title, name, covers, *pairs, _short_command(method, name, recipe, dataset, epsilon)))
-    return table(rows, [(title, lambda r, i=i: r[i]) for i, title in enumerate(
-        ("method", "recipe", "what its ε covers", "MNIST ε 1 / 10", "Fashion-MNIST ε 1 / 10", "command"))])
+    return table(rows, _by_position(("method", "recipe", "what its ε covers", "MNIST ε 1 / 10",
+                                     "Fashion-MNIST ε 1 / 10", "command")))
 
 
 def regenerate(results_dir: str | Path = "results", doc: str | Path = "docs/results.md") -> list[str]:

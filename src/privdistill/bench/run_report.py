@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -128,12 +129,6 @@ def render(run_dir: str | Path, *, fmt: str = "md", output: str | Path | None = 
     return out
 
 
-def _rel(path: Path, base: Path) -> str:
-    import os
-
-    return os.path.relpath(path.resolve(), base.resolve())
-
-
 PLAN = "The plan (sized, calibrated and checked before anything trained)"
 
 
@@ -156,7 +151,8 @@ def _markdown(title, rows, privacy, notes, audit, inversion, figures, base: Path
                f"{inversion['steps']} steps).", ""]
     if figures:
         md += ["## Figures", ""]
-        md += [f"![{caption}]({_rel(path, base)})\n\n*{caption}*\n" for path, caption in figures]
+        md += [f"![{caption}]({os.path.relpath(path.resolve(), base.resolve())})\n\n*{caption}*\n"
+               for path, caption in figures]
     return "\n".join(md) + "\n"
 
 

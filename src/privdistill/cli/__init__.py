@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import functools
+import os
 import sys
+import warnings
+from pathlib import Path
 
 import typer
 
@@ -37,13 +42,8 @@ def _flags_without_metavar() -> None:
 
 _flags_without_metavar()
 
-app = typer.Typer(
-    name="privdistill",
-    help="Release classifiers with a stated differential-privacy guarantee by data-free distillation.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+app = typer.Typer(name="privdistill", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  help="Release classifiers with a stated differential-privacy guarantee by data-free distillation.")
 
 
 def _version(value: bool) -> None:
@@ -58,14 +58,8 @@ def _main(version: bool = typer.Option(False, "--version", help="print the versi
     """Release classifiers with a stated differential-privacy guarantee by data-free distillation."""
 
 
-_MOUNTED = False
-
-
+@functools.cache  # mounted once, however often get_app() and main() are called
 def _mount_subcommands() -> None:
-    global _MOUNTED
-    if _MOUNTED:
-        return
-    _MOUNTED = True
     app.add_typer(data.app, name="data")
     app.add_typer(train.app, name="train")
     app.add_typer(stages.teachers_app, name="teachers")
@@ -104,8 +98,6 @@ _LIBRARY_NOISE = [
 
 
 def _quiet_library_warnings() -> None:
-    import warnings
-
     for pattern in _LIBRARY_NOISE:
         warnings.filterwarnings("ignore", message=pattern)
     default_show = warnings.showwarning
@@ -126,10 +118,6 @@ _UNWRITABLE = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT")
 def unwritable_message(err: OSError) -> str | None:
     """The one-line message for an OSError that says a file could not be written (permissions, a read-only or full
     file system), naming the file and, when it lies in one, the run directory; None for any other OSError."""
-    import errno
-    import os
-    from pathlib import Path
-
     codes = {getattr(errno, name) for name in _UNWRITABLE if hasattr(errno, name)}
     if err.errno not in codes or not err.filename:
         return None
@@ -157,26 +145,27 @@ def main() -> None:
     try:
         app()
     except PrivdistillError as err:
-        from rich.console import Console
-        from rich.markup import escape
-
-        # escaped: a message's own brackets ("'value_range' ([lo, hi], ...") are text, not markup to swallow
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _exit_with(str(err))
     except OSError as err:
         message = unwritable_message(err)
         if message is None:
             raise
-        from rich.console import Console
-        from rich.markup import escape
-
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _exit_with(message)
     except Exception as exc:
         # a dry run ends by raising its plan (methods/dry_run.py, which imports no torch): printed, not an error
         if not isinstance(exc, DryRunPlan):
             raise
         show_plan(exc.info)
+
+
+def _exit_with(message: str) -> None:
+    """One line on stderr, no traceback, exit status 2."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    # escaped: a message's own brackets ("'value_range' ([lo, hi], ...") are text, not markup to swallow
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

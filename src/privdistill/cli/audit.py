@@ -19,12 +19,10 @@ console = Console()
 
 
 def audit_command(
-    run_dirs: Annotated[
-        list[Path], typer.Argument(help="run directories (each with summary.json and a released model)")
-    ],
-    preset: Annotated[
-        Optional[str], typer.Option("--preset", "-p", help="audit settings (default: the run's preset)")
-    ] = None,
+    run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with summary.json and a released "
+                                                         "model)")],
+    preset: Annotated[Optional[str], typer.Option(
+        "--preset", "-p", help="audit settings (default: the run's preset)")] = None,
     config: o.ConfigFile = None, set_: o.Overrides = None, record: o.Record = False,
     device: o.Device = None, data_root: o.DataRoot = None, no_progress: o.NoProgress = False,
     no_mia: Annotated[bool, typer.Option("--no-mia", help="skip membership inference")] = False,
@@ -32,20 +30,13 @@ def audit_command(
     shadows: Annotated[Optional[int], typer.Option("--shadows", help="LiRA shadow models (audit.shadows)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="train the shadow models inside the run")] = False,
     result_name: Annotated[Optional[str], typer.Option(
-        "--result-name",
-        help="with --record and one run: the results/<preset>/<NAME>.json to update "
-             "(default: derived from the summary)",
-    )] = None,
+        "--result-name", help="with --record and one run: the results/<preset>/<NAME>.json to update (default: "
+                              "derived from the summary)")] = None,
 ) -> None:
     """Membership inference (loss threshold, LiRA online/offline) and model inversion; numbers go into
     each run's summary.json (and results/<preset>/ with --record)."""
-    extra: dict = {}
-    if no_mia:
-        extra["audit.mia"] = False
-    if no_inversion:
-        extra["audit.inversion"] = False
-    if shadows is not None:
-        extra["audit.shadows"] = shadows
+    extra = o.section_overrides("audit", mia=False if no_mia else None, inversion=False if no_inversion else None,
+                                shadows=shadows)
     overrides = o.run_overrides(set_, extra=extra, device=device, data_root=data_root, no_progress=no_progress)
     table = Table(title="membership inference (members: training data, non-members: test data)")
     for col in ("run", "attack", "AUC", "TPR @ 1% FPR", "loss-attack AUC", "inversion corr.", "seconds"):

@@ -23,19 +23,16 @@ console = Console()
 @o.private_command("dpsgd", cache=False)
 def dpsgd_command(
     run: o.RunArgs,
-    accountant: Annotated[
-        Optional[str], typer.Option("--accountant", help="Opacus accountant for --accounting paper: rdp or prv")
-    ] = None,
+    accountant: Annotated[Optional[str], typer.Option(
+        "--accountant", help="Opacus accountant for --accounting paper: rdp or prv")] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="training epochs (dpsgd.epochs)")] = None,
 ) -> None:
     """DP-SGD through Opacus: a model trained on the private data with clipped, noised gradients (the default
     recipe: a linear head on ScatterNet features; -r paper: the papers' CNN). σ is
     calibrated to --epsilon under --accounting: strict (the default) on the replace-one ε, paper by Opacus's
     make_private_with_epsilon under --accountant (add/remove-one, as DP-SGD papers report)."""
-    extra = o.section_overrides("dpsgd", accountant=accountant, epochs=epochs)
-    request = run.request(extra)
-    s = dpsgd.run_dpsgd(request).summary
-    show_summary({k: v for k, v in s.items() if k != "history"}, title=f"DP-SGD on {s['dataset']}")
+    s = dpsgd.run_dpsgd(run.request(o.section_overrides("dpsgd", accountant=accountant, epochs=epochs))).summary
+    show_summary(s, title=f"DP-SGD on {s['dataset']}")
     a = s["dpsgd_accounting"]
     console.print(f"σ = {a['noise_multiplier']:g}, q = {a['sample_rate']:.4g}, {a['steps']} steps, "
                   f"C = {a['max_grad_norm']:g}. ε at δ = {s['delta']:g}: Opacus RDP {a['epsilon_opacus_rdp']:g}, "
@@ -47,16 +44,13 @@ def dpsgd_command(
 @o.private_command("pate")
 def pate_command(
     run: o.RunArgs,
-    queries: Annotated[
-        Optional[int], typer.Option("--queries", "-q", min=1, help="number of queries (overrides --epsilon)")
-    ] = None,
-    aggregation: Annotated[
-        Optional[str], typer.Option("--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")
-    ] = None,
+    queries: Annotated[Optional[int], typer.Option(
+        "--queries", "-q", min=1, help="number of queries (overrides --epsilon)")] = None,
+    aggregation: Annotated[Optional[str], typer.Option(
+        "--aggregation", "-a", help="lnmax, gnmax or confident-gnmax")] = None,
 ) -> None:
     """PATE: teachers on the private part, noisy aggregation of queries on a held-out public slice, VAT student."""
-    extra = o.section_overrides("pate", queries=queries, aggregation=aggregation)
-    request = run.request(extra)
+    request = run.request(o.section_overrides("pate", queries=queries, aggregation=aggregation))
     s = pate.run_pate(request, cache=not run.no_cache).summary
     show_summary(s, title=f"PATE ({s['aggregation']}) on {s['dataset']}")
     console.print(f"{count_of(s['queries'], 'query', 'queries')}, {s['answered']} answered (label accuracy "

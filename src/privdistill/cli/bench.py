@@ -3,6 +3,7 @@ results tables (`bench report`) and timing benchmarks (`bench teachers`); `privd
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,15 +26,12 @@ app = typer.Typer(help="The reproduction matrix (run with no sub-command), its r
                   invoke_without_command=True)
 console = Console()
 
-PresetOpt = Annotated[
-    str, typer.Option("--preset", "-p", help="preset whose matrix to run (bench/matrix/<preset>.yaml)")
-]
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="preset whose matrix to run "
+                                                               "(bench/matrix/<preset>.yaml)")]
 MatrixOpt = Annotated[Optional[str], typer.Option("--matrix", "-m", help="a matrix YAML file instead of the preset's")]
 DatasetsOpt = Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="only these datasets (repeatable)")]
-OnlyOpt = Annotated[
-    Optional[list[str]],
-    typer.Option("--only", help="only cells whose name contains this, or =NAME for exactly that cell (repeatable)"),
-]
+OnlyOpt = Annotated[Optional[list[str]], typer.Option(
+    "--only", help="only cells whose name contains this, or =NAME for exactly that cell (repeatable)")]
 ResultsOpt = Annotated[Path, typer.Option("--results", help="results directory")]
 DocOpt = Annotated[Path, typer.Option("--doc", help="markdown file whose tables are regenerated")]
 FiguresOpt = Annotated[Path, typer.Option("--figures", help="directory for the figures")]
@@ -45,12 +43,27 @@ NoLockOpt = Annotated[bool, typer.Option("--no-lock", help="run cells without th
 StopOpt = Annotated[bool, typer.Option("--stop-on-failure", help="stop at the first failed cell")]
 
 
-def _run_matrix(preset: str, matrix: str | None, datasets, only, results: Path, doc: Path, figures: Path,
-                dry_run: bool, no_audit: bool, no_report: bool, lock: str, no_lock: bool,
-                stop_on_failure: bool) -> None:
-    import time
+@app.callback()
+def bench(ctx: typer.Context, preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None,
+          only: OnlyOpt = None, results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
+          figures: FiguresOpt = Path("docs/figures"), dry_run: DryRunOpt = False, no_audit: NoAuditOpt = False,
+          no_report: NoReportOpt = False, lock: LockOpt = "/tmp/privdistill-cpu.lock", no_lock: NoLockOpt = False,
+          stop_on_failure: StopOpt = False) -> None:
+    """Run the reproduction matrix at a preset (resumable: recorded cells are skipped), audit every released
+    model, regenerate docs/results.md and docs/figures/. `privdistill bench --preset quick`."""
+    if ctx.invoked_subcommand is None:
+        run(preset, matrix, dataset, only, results, doc, figures, dry_run, no_audit, no_report, lock, no_lock,
+            stop_on_failure)
 
-    m = bench_matrix.load_matrix(matrix or preset, results_dir=results, datasets=datasets, only=only)
+
+@app.command("run")
+def run(preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None, only: OnlyOpt = None,
+        results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
+        figures: FiguresOpt = Path("docs/figures"), dry_run: DryRunOpt = False, no_audit: NoAuditOpt = False,
+        no_report: NoReportOpt = False, lock: LockOpt = "/tmp/privdistill-cpu.lock", no_lock: NoLockOpt = False,
+        stop_on_failure: StopOpt = False) -> None:
+    """The same as `privdistill bench` without a sub-command."""
+    m = bench_matrix.load_matrix(matrix or preset, results_dir=results, datasets=dataset, only=only)
     console.print(f"matrix {m.source}: {len(m.cells)} cells at preset {m.preset}", highlight=False)
     started = time.perf_counter()
     out = bench_matrix.run_matrix(m, lock=None if no_lock else lock, audits=not no_audit, dry_run=dry_run,
@@ -81,31 +94,6 @@ def _report(results: Path, doc: Path, figures: Path | None) -> None:
         console.print(f"wrote {len(files)} figures to {figures}", highlight=False)
 
 
-@app.callback()
-def bench(ctx: typer.Context, preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None,
-          only: OnlyOpt = None, results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
-          figures: FiguresOpt = Path("docs/figures"), dry_run: DryRunOpt = False, no_audit: NoAuditOpt = False,
-          no_report: NoReportOpt = False, lock: LockOpt = "/tmp/privdistill-cpu.lock", no_lock: NoLockOpt = False,
-          stop_on_failure: StopOpt = False) -> None:
-    """Run the reproduction matrix at a preset (resumable: recorded cells are skipped), audit every released
-    model, regenerate docs/results.md and docs/figures/. `privdistill bench --preset quick`."""
-    if ctx.invoked_subcommand is not None:
-        return
-    _run_matrix(preset, matrix, dataset, only, results, doc, figures, dry_run, no_audit, no_report, lock, no_lock,
-                stop_on_failure)
-
-
-@app.command("run")
-def run(preset: PresetOpt = "quick", matrix: MatrixOpt = None, dataset: DatasetsOpt = None, only: OnlyOpt = None,
-        results: ResultsOpt = Path("results"), doc: DocOpt = Path("docs/results.md"),
-        figures: FiguresOpt = Path("docs/figures"), dry_run: DryRunOpt = False, no_audit: NoAuditOpt = False,
-        no_report: NoReportOpt = False, lock: LockOpt = "/tmp/privdistill-cpu.lock", no_lock: NoLockOpt = False,
-        stop_on_failure: StopOpt = False) -> None:
-    """The same as `privdistill bench` without a sub-command."""
-    _run_matrix(preset, matrix, dataset, only, results, doc, figures, dry_run, no_audit, no_report, lock, no_lock,
-                stop_on_failure)
-
-
 @app.command("status")
 def status(preset: PresetOpt = "quick", matrix: MatrixOpt = None, results: ResultsOpt = Path("results")) -> None:
     """Each cell of the matrix: recorded, finished, resumable or new; audited or not."""
@@ -127,15 +115,13 @@ def teachers(dataset: Annotated[str, typer.Option("--dataset", "-d")] = "mnist",
              full_steps: Annotated[int, typer.Option("--full-steps", help="schedule to project (paper: 3000)")] = 3000,
              batch_size: Annotated[int, typer.Option("--batch-size")] = 128,
              model: Annotated[str, typer.Option("--model")] = "paper-cnn",
-             trainers: Annotated[
-                 str, typer.Option("--trainers", help="comma-separated: vectorized,loop")
-             ] = "vectorized,loop",
+             trainers: Annotated[str, typer.Option("--trainers", help="comma-separated: vectorized,loop")] = (
+                 "vectorized,loop"),
              chunk_size: Annotated[int, typer.Option("--chunk-size", help="teachers per vmap step (0: auto)")] = 0,
              device: Annotated[str, typer.Option("--device")] = "auto",
              precision: Annotated[str, typer.Option("--precision")] = "auto",
-             output: Annotated[
-                 Optional[Path], typer.Option("--output", "-o", help="write the result as JSON")
-             ] = None) -> None:
+             output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write the result as JSON")] = None,
+             ) -> None:
     """Teachers per minute, vectorised vs plain loop, measured side by side on the same teachers."""
     r = teacher_bench.bench_teachers(dataset, num_teachers=num_teachers, steps=steps, batch_size=batch_size,
                                      model=model, trainers=tuple(t.strip() for t in trainers.split(",")),
@@ -172,10 +158,8 @@ def noise(size: Annotated[int, typer.Option("--size", help="coordinates a draw (
 @app.command("report")
 def report(results_dir: Annotated[Path, typer.Option("--results", help="results directory")] = Path("results"),
            doc: Annotated[Path, typer.Option("--doc", help="markdown file to update")] = Path("docs/results.md"),
-           figures: Annotated[
-               Optional[Path],
-               typer.Option("--figures", help="also write the figures to this directory (e.g. docs/figures)"),
-           ] = None) -> None:
+           figures: Annotated[Optional[Path], typer.Option(
+               "--figures", help="also write the figures to this directory (e.g. docs/figures)")] = None) -> None:
     """Regenerate the tables of docs/results.md from results/<preset>/*.json (and the figures with --figures)."""
     _report(results_dir, doc, figures)
 
@@ -183,9 +167,8 @@ def report(results_dir: Annotated[Path, typer.Option("--results", help="results 
 def run_report_command(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
     format: Annotated[str, typer.Option("--format", "-f", help="md or html")] = "md",
-    output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="where to write (default RUN_DIR/report.<format>)")
-    ] = None,
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="where to write (default RUN_DIR/report.<format>)")] = None,
 ) -> None:
     """A short report of one run: summary, privacy report, audits and figures (markdown or self-contained HTML)."""
     console.print(f"wrote {run_reports.render(run_dir, fmt=format, output=output)}", highlight=False)

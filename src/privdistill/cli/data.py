@@ -46,9 +46,8 @@ def data_main(ctx: typer.Context, data_root: o.DataRoot = None,
 
 @app.command("prepare")
 def prepare_cmd(names: Annotated[list[str], typer.Argument(help="datasets, e.g. mnist fashion-mnist")],
-                source: Annotated[
-                    Optional[Path], typer.Option("--from", help="directory holding the official files")
-                ] = None,
+                source: Annotated[Optional[Path], typer.Option("--from", help="directory holding the official "
+                                                                              "files")] = None,
                 data_root: o.DataRoot = None,
                 offline: Annotated[bool, typer.Option("--offline", help="never download")] = False) -> None:
     """Copy (and verify) datasets into the data root from offline files, or download them."""

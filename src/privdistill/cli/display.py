@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from rich.console import Console
@@ -62,22 +63,12 @@ def show_summary(summary: dict[str, Any], title: str | None = None) -> None:
                       highlight=False)
 
 
-def _runs(items: list[str]) -> list[tuple[str, int]]:
-    """Consecutive equal items as (item, how many times)."""
-    out: list[tuple[str, int]] = []
-    for item in items:
-        if out and out[-1][0] == item:
-            out[-1] = (item, out[-1][1] + 1)
-        else:
-            out.append((item, 1))
-    return out
-
-
 def show_plan(info: dict[str, Any]) -> None:
     """A dry run's plan: what it would spend (ε under both accountings) and the plan's notes; nothing trained."""
     console.print(f"[bold]Dry run[/] of {info['method']} on {info['dataset']} ({info['train_records']} training "
                   f"records): nothing was trained, nothing spent.", highlight=False)
-    for event, times in _runs(info["events"]):  # SRR's 20 stages spend 20 equal events: one line
+    for event, group in itertools.groupby(info["events"]):  # SRR's 20 stages spend 20 equal events: one line
+        times = len(list(group))
         console.print(f"  would spend: {f'{times} x ' if times > 1 else ''}{event}", highlight=False, markup=False)
     eps = info["epsilon"]  # of the whole run, as its summary will state it (the ledger's pricing, or the method's)
     console.print(f"  epsilon at delta {info['delta']:g}: strict {_fmt(eps['strict'])}, paper {_fmt(eps['paper'])} "

@@ -19,12 +19,10 @@ engine = lazy_module("privdistill.engine")
 
 
 def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")],
-                 dataset: Annotated[
-                     Optional[str], typer.Option("--dataset", "-d", help="evaluate on another dataset's test split")
-                 ] = None,
-                 weights: Annotated[
-                     Optional[str], typer.Option("--weights", help="which weights (default: student, else model)")
-                 ] = None,
+                 dataset: Annotated[Optional[str], typer.Option(
+                     "--dataset", "-d", help="evaluate on another dataset's test split")] = None,
+                 weights: Annotated[Optional[str], typer.Option(
+                     "--weights", help="which weights (default: student, else model)")] = None,
                  data_root: o.DataRoot = None, device: o.Device = None) -> None:
     """Evaluate the released model of a run on a test split and print its accuracy."""
     run = engine.RunDir.existing(run_dir)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,22 +21,17 @@ from privdistill.config import parse_overrides
 # imported when a command builds its request, not for --help: it imports torch (cli/lazy.py)
 common = lazy_module("privdistill.methods.common")
 
-Dataset = Annotated[
-    str, typer.Option("--dataset", "-d", help="mnist, fashion-mnist, cifar10, svhn, npz:PATH or folder:DIR")
-]
-Preset = Annotated[
-    str, typer.Option("--preset", "-p", help="quick (CPU, minutes) or paper (the papers' settings, GPU)")
-]
-ConfigFile = Annotated[
-    Optional[Path], typer.Option("--config", "-c", help="a YAML file of your own with the same sections as the "
-                                 "presets (a method's measured configurations are its recipes: --recipe)")
-]
-Overrides = Annotated[
-    Optional[list[str]], typer.Option("--set", "-s", help="override one value: section.key=value (repeatable)")
-]
-RunDirOpt = Annotated[
-    Optional[Path], typer.Option("--run-dir", help="where to write the run (default runs/<method>-<dataset>-<time>)")
-]
+Dataset = Annotated[str, typer.Option("--dataset", "-d", help="mnist, fashion-mnist, cifar10, svhn, npz:PATH or "
+                                                                "folder:DIR")]
+Preset = Annotated[str, typer.Option("--preset", "-p", help="quick (CPU, minutes) or paper (the papers' settings, "
+                                                              "GPU)")]
+ConfigFile = Annotated[Optional[Path], typer.Option("--config", "-c", help="a YAML file of your own with the same "
+                                                    "sections as the presets (a method's measured configurations are "
+                                                    "its recipes: --recipe)")]
+Overrides = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="override one value: section.key=value "
+                                                                           "(repeatable)")]
+RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="where to write the run (default "
+                                                                    "runs/<method>-<dataset>-<time>)")]
 Resume = Annotated[bool, typer.Option("--resume", help="continue an interrupted run in --run-dir")]
 Record = Annotated[bool, typer.Option("--record", help="copy summary.json to results/<preset>/")]
 RecipeOpt = Annotated[Optional[str], typer.Option(
@@ -44,10 +42,8 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="check and price the pla
 Seed = Annotated[Optional[int], typer.Option("--seed", help="random seed (run.seed)")]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N (run.device)")]
 Precision = Annotated[Optional[str], typer.Option("--precision", help="auto, fp32, bf16, fp16 (run.precision)")]
-DataRoot = Annotated[
-    Optional[Path],
-    typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or ~/.cache/privdistill/data)"),
-]
+DataRoot = Annotated[Optional[Path], typer.Option("--data-root", help="data root (default $PRIVDISTILL_DATA or "
+                                                                      "~/.cache/privdistill/data)")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no plan or progress lines (a bar on a terminal, "
                                                                    "plain lines on a file or a pipe)")]
 NoCache = Annotated[bool, typer.Option(
@@ -86,12 +82,6 @@ BudgetPrivacy = Annotated[Optional[PrivacyScope], typer.Option(
                       "non-private source (docs/privacy.md) \\[default: method]")]
 
 
-def budget_overrides(*, epsilon=None, delta=None, max_epsilon=None, accounting=None, privacy=None) -> dict[str, Any]:
-    return section_overrides("budget", epsilon=epsilon, delta=delta, max_epsilon=max_epsilon,
-                             accounting=accounting.value if isinstance(accounting, Enum) else accounting,
-                             privacy=privacy.value if isinstance(privacy, Enum) else privacy)
-
-
 class SRRSetting(str, Enum):
     """SRR's two settings: data-free (Table I) and label-DP on real inputs (Table II)."""
 
@@ -116,16 +106,6 @@ def section_overrides(section: str, **values) -> dict[str, Any]:
     """{"section.key": value} for every dedicated option the user gave (None: not given, the preset decides).
     The values stay typed: only `--set` text is read by the field's type (config.CommandLineText)."""
     return {f"{section}.{key}": value for key, value in values.items() if value is not None}
-
-
-def run_request(*, dataset: str, preset: str, config: Path | None, overrides: list[str] | None, run_dir: Path | None,
-                resume: bool, record: bool, extra: Mapping[str, Any] | None = None, seed=None, device=None,
-                precision=None, data_root=None, no_progress: bool = False):
-    """The RunRequest every method command builds from the shared options above (``extra``: see run_overrides)."""
-    return common.RunRequest(dataset=dataset, preset=preset, config_file=str(config) if config else None,
-                             overrides=run_overrides(overrides, extra=extra, seed=seed, device=device,
-                                                     precision=precision, data_root=data_root, no_progress=no_progress),
-                             run_dir=str(run_dir) if run_dir else None, resume=resume, record=record)
 
 
 def run_overrides(overrides: list[str] | None, *, extra: Mapping[str, Any] | None = None, seed=None, device=None,
@@ -168,18 +148,15 @@ class RunArgs:
         """The RunRequest of these options plus a command's dedicated ones (``extra``: section_overrides). A dry
         run plans in a throw-away directory (main() prints the plan and removes it)."""
         if self.dry_run:
-            import atexit
-            import shutil
-            import tempfile
-
             self.run_dir, self.resume, self.record = Path(tempfile.mkdtemp(prefix="privdistill-dry-run-")), False, False
             atexit.register(shutil.rmtree, self.run_dir, ignore_errors=True)  # also when the plan is refused
-        request = run_request(dataset=self.dataset, preset=self.preset, config=self.config, overrides=self.set_,
-                           run_dir=self.run_dir, resume=self.resume, record=self.record,
-                           extra={**self.budget, **self.method, **(extra or {})}, seed=self.seed, device=self.device,
-                           precision=self.precision, data_root=self.data_root, no_progress=self.no_progress)
-        request.dry_run = self.dry_run
-        return request
+        overrides = run_overrides(self.set_, extra={**self.budget, **self.method, **(extra or {})}, seed=self.seed,
+                                  device=self.device, precision=self.precision, data_root=self.data_root,
+                                  no_progress=self.no_progress)
+        return common.RunRequest(dataset=self.dataset, preset=self.preset,
+                                 config_file=str(self.config) if self.config else None, overrides=overrides,
+                                 run_dir=str(self.run_dir) if self.run_dir else None, resume=self.resume,
+                                 record=self.record, dry_run=self.dry_run)
 
 
 _SHARED = (("dataset", Dataset, "mnist"), ("preset", Preset, "quick"), ("config", ConfigFile, None),
@@ -211,7 +188,9 @@ def run_command(func: Callable[..., Any], *, budget: bool = False, section: str 
         if budget:
             run.method = section_overrides("run", recipe=kwargs.pop("recipe"))
             run.dry_run = kwargs.pop("dry_run")
-            run.budget = budget_overrides(**{name: kwargs.pop(name) for name, _, _ in _BUDGET})
+            given = {name: kwargs.pop(name) for name, _, _ in _BUDGET}
+            run.budget = section_overrides("budget", **{k: v.value if isinstance(v, Enum) else v
+                                                        for k, v in given.items()})
         if section:
             run.method.update(section_overrides(section, variant=kwargs.pop("variant")))
         if cache:

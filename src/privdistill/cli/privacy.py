@@ -120,20 +120,16 @@ def _pathways_for(mechanism: Mechanism, algorithm: int, srr_setting: o.SRRSettin
 
 @app.command("estimate")
 def estimate(
-    mechanism: Mechanism = typer.Option(
-        ..., "--mechanism", "-m", help="lnmax | gnmax | confident-gnmax | dpdfd | srr | rr"
-    ),
-    queries: Optional[int] = typer.Option(
-        None, "--queries", "--labels", "-q", help="noisy-argmax queries or labels released"
-    ),
+    mechanism: Mechanism = typer.Option(..., "--mechanism", "-m", help="lnmax | gnmax | confident-gnmax | dpdfd | srr "
+                                        "| rr"),
+    queries: Optional[int] = typer.Option(None, "--queries", "--labels", "-q", help="noisy-argmax queries or labels "
+                                          "released"),
     steps: Optional[int] = typer.Option(None, "--steps", "-T", help="DPDFD training steps"),
-    laplace_scale: Optional[float] = typer.Option(
-        None, "--laplace-scale", "-b", help="LNMax Laplace scale b (DGD: 40)"
-    ),
+    laplace_scale: Optional[float] = typer.Option(None, "--laplace-scale", "-b", help="LNMax Laplace scale b (DGD: "
+                                                  "40)"),
     epsilon0: Optional[float] = typer.Option(None, "--epsilon0", help="LNMax per-query epsilon (scale = 2/epsilon0)"),
-    sigma: Optional[float] = typer.Option(
-        None, "--sigma", help="GNMax sigma / DPDFD noise scale sigma / Confident-GNMax sigma2"
-    ),
+    sigma: Optional[float] = typer.Option(None, "--sigma", help="GNMax sigma / DPDFD noise scale sigma / "
+                                          "Confident-GNMax sigma2"),
     sigma1: Optional[float] = typer.Option(None, "--sigma1", help="Confident-GNMax threshold noise"),
     sigma2: Optional[float] = typer.Option(None, "--sigma2", help="Confident-GNMax answer noise"),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Confident-GNMax threshold T"),
@@ -144,23 +140,19 @@ def estimate(
     clip_norm: Optional[float] = typer.Option(None, "--clip-norm", "-C", help="DPDFD norm bound C"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "-B", help="DPDFD batch size B"),
     num_teachers: int = typer.Option(1, "--num-teachers", "-n", help="DPDFD teachers (Alg. 2 if > 1)"),
-    granularity: Granularity = typer.Option(
-        Granularity.per_sample, "--granularity", help="DPDFD: per_sample | batch_sum"
-    ),
-    algorithm: Optional[int] = typer.Option(
-        None, "--algorithm", help="DPDFD algorithm 1, 2 or 3 (default: 1, or 2 if --num-teachers > 1)"
-    ),
+    granularity: Granularity = typer.Option(Granularity.per_sample, "--granularity", help="DPDFD: per_sample | "
+                                            "batch_sum"),
+    algorithm: Optional[int] = typer.Option(None, "--algorithm", help="DPDFD algorithm 1, 2 or 3 (default: 1, or 2 if "
+                                            "--num-teachers > 1)"),
     dataset_size: Optional[int] = typer.Option(None, "--dataset-size", "-N", help="DPDFD Alg. 3: private set size"),
     num_classes: Optional[int] = typer.Option(None, "--num-classes", "-K", help="classes (SRR/RR; DPDFD Lemma 1 note)"),
     epsilon_per_label: Optional[float] = typer.Option(None, "--epsilon-per-label", help="SRR / RR epsilon per label"),
     srr_setting: o.SRRSetting = typer.Option(o.SRRSetting.data_free, "--srr-setting", help="data-free | label-dp"),
-    latent_epsilon: Optional[float] = typer.Option(
-        None, "--latent-epsilon", help="DGD epsilon1 of the latent-code noise"
-    ),
+    latent_epsilon: Optional[float] = typer.Option(None, "--latent-epsilon", help="DGD epsilon1 of the latent-code "
+                                                   "noise"),
     delta: float = typer.Option(1e-5, "--delta", "-d", help="target delta"),
-    target_epsilon: Optional[float] = typer.Option(
-        None, "--target-epsilon", help="calibrate: most queries/steps and least noise for this epsilon"
-    ),
+    target_epsilon: Optional[float] = typer.Option(None, "--target-epsilon", help="calibrate: most queries/steps and "
+                                                   "least noise for this epsilon"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Epsilon of a mechanism under both accountings, side by side, and what each covers."""

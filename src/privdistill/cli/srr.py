@@ -29,27 +29,22 @@ def srr_command(
     run: o.RunArgs,
     # the target is per label with --accounting paper (the paper's ε), of the whole run with strict (the
     # per-label ε is calibrated to fit it)
-    setting: Annotated[
-        Optional[o.SRRSetting],
-        typer.Option("--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)"),
-    ] = None,
-    mechanism: Annotated[
-        Optional[Mechanism],
-        typer.Option("--mechanism", "-m", help="srr, rr (plain randomized response) or rr-prior (RRWithPrior)"),
-    ] = None,
+    setting: Annotated[Optional[o.SRRSetting], typer.Option(
+        "--setting", help="data-free (Table I) or label-dp (Table II: real inputs, labels protected)")] = None,
+    mechanism: Annotated[Optional[Mechanism], typer.Option(
+        "--mechanism", "-m", help="srr, rr (plain randomized response) or rr-prior (RRWithPrior)")] = None,
     stages: Annotated[Optional[int], typer.Option("--stages", "-T", help="number of stages T (srr.stages)")] = None,
-    samples: Annotated[
-        Optional[int], typer.Option("--samples", "-N", help="labels drawn in all (srr.num_samples; 0 = |D|)")
-    ] = None,
+    samples: Annotated[Optional[int], typer.Option(
+        "--samples", "-N", help="labels drawn in all (srr.num_samples; 0 = |D|)")] = None,
 ) -> None:
     """Distil a private teacher into a student through labels drawn once by selective randomized response.
 
     Prints the student's accuracy with both epsilons: the paper's (per label, pure) and the strict one
     (composed over every label from the one teacher), and what neither covers.
     """
-    extra = o.section_overrides("srr", setting=setting and setting.value, mechanism=mechanism and mechanism.value,
-                                   stages=stages, num_samples=samples)
-    request = run.request(extra)
+    request = run.request(o.section_overrides("srr", setting=setting and setting.value,
+                                              mechanism=mechanism and mechanism.value, stages=stages,
+                                              num_samples=samples))
     summary = srr.run_srr(request, cache=not run.no_cache).summary
     show_summary(summary, title=f"SRR ({summary['setting']}, {summary['mechanism']}) on {summary['dataset']}")
     if summary.get("dp_source"):  # end to end: the labels are a DP teacher's own, no mechanism ran

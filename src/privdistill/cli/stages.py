@@ -30,24 +30,18 @@ console = Console()
 def teachers_train(
     run: o.RunArgs,
     num_teachers: Annotated[Optional[int], typer.Option(
-        "--num-teachers", "-n", min=1, help="teachers, one per disjoint partition (default: preset)")
-    ] = None,
+        "--num-teachers", "-n", min=1, help="teachers, one per disjoint partition (default: preset)")] = None,
     trainer: Annotated[Optional[str], typer.Option("--trainer", help="vectorized or loop")] = None,
-    laplace_scale: Annotated[
-        float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")
-    ] = 40.0,
-    ray_address: Annotated[
-        Optional[str], typer.Option("--ray", help="train as Ray tasks: local, auto or ray://host:port")
-    ] = None,
+    laplace_scale: Annotated[float, typer.Option("--laplace-scale", help="b of the noisy vote evaluated")] = 40.0,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray", help="train as Ray tasks: local, auto or ray://host:port")] = None,
     no_cache: o.NoCache = False,
 ) -> None:
     """Train n teachers on n disjoint partitions; report plurality and noisy-vote accuracy on the test set."""
     if not laplace_scale > 0:
         raise ConfigError(f"--laplace-scale must be > 0, got {laplace_scale}")
-
     # `or None`: an empty --trainer means "not given"
-    extra = o.section_overrides("teachers", num_teachers=num_teachers, trainer=trainer or None)
-    request = run.request(extra)
+    request = run.request(o.section_overrides("teachers", num_teachers=num_teachers, trainer=trainer or None))
     summary = teachers.train_teachers_workflow(request, laplace_scale=laplace_scale, cache=not no_cache,
                                                ray_address=ray_address)
     show_summary(summary, title=f"{summary['num_teachers']} teachers on {summary['dataset']}")
@@ -58,9 +52,8 @@ def teachers_train(
 
 
 @generator_app.command("train")
-def generator_train(teacher: Annotated[
-                        Path, typer.Option("--teacher", "-t", help="run directory of the fixed classifier")
-                    ],
+def generator_train(teacher: Annotated[Path, typer.Option("--teacher", "-t", help="run directory of the fixed "
+                                                                              "classifier")],
                     preset: o.Preset = "quick", config: o.ConfigFile = None, set_: o.Overrides = None,
                     run_dir: o.RunDirOpt = None, resume: o.Resume = False, record: o.Record = False,
                     seed: o.Seed = None, device: o.Device = None, precision: o.Precision = None,
@@ -102,8 +95,7 @@ def generator_quality(
         "--ceiling-labels", help="the ceiling student learns the source's label (hard: what a label channel such "
                                  "as DGD's votes or SRR's responses carries) or its softmax (soft)")] = "hard",
     ceiling_epochs: Annotated[Optional[float], typer.Option(
-        "--ceiling-epochs", min=0.01,
-        help="the ceiling student's epochs over its samples; default 3")] = None,
+        "--ceiling-epochs", min=0.01, help="the ceiling student's epochs over its samples; default 3")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="where quality.json and samples.png go")] = None,
     data_root: o.DataRoot = None,
     seed: Annotated[int, typer.Option(
@@ -119,8 +111,8 @@ def generator_quality(
         readers[name] = path
     report = datafree.generator_quality(stage, dataset=dataset, source=str(source) if source else None,
                                         readers=readers, samples=samples, ceiling=ceiling,
-                                        ceiling_labels=ceiling_labels,
-                                        ceiling_epochs=ceiling_epochs, out=str(out) if out else None,
+                                        ceiling_labels=ceiling_labels, ceiling_epochs=ceiling_epochs,
+                                        out=str(out) if out else None,
                                         data_root=str(data_root) if data_root else None, seed=seed)
     table = Table(title=f"generator stage {report['stage']} on {dataset} (evaluation only, no epsilon)")
     table.add_column("measure")
