@@ -48,6 +48,23 @@ def test_ray_tasks_train_the_same_teachers_as_local_training(local_ray, tiny_npz
     assert agree >= 0.95, "the two ensembles vote alike"
 
 
+def test_ray_trains_batchnorm_teachers_like_local_training(local_ray, tiny_npz):
+    """A model with buffers under trainer=auto: both paths choose the loop and keep the running statistics as
+    buffers (Ray once passed them as parameters, and the ensemble could not be built)."""
+    from privdistill.engine.distributed import train_teachers_ray
+
+    data = load_data(f"npz:{tiny_npz}")
+    env = Env.cpu(seed=4)
+    bn = cfg(model="paper-cnn-bn", trainer="auto", num_teachers=2, steps=5)
+    local, local_stats = train_teachers(data.train, bn, env)
+    remote, stats = train_teachers_ray(data.train, bn, env, chunk_size=1)
+    assert (local_stats["trainer"], stats["trainer"]) == ("loop", "ray/loop")
+    assert local.names == remote.names and remote.buffer_names == local.buffer_names
+    assert any("running_mean" in name for name in remote.buffer_names)
+    x = data.test.batch(torch.arange(30))[0]
+    assert torch.allclose(local.logits(x), remote.logits(x), atol=1e-3, rtol=1e-3)
+
+
 def test_without_ray_the_message_says_how_to_install(monkeypatch):
     from privdistill.engine import distributed
 

@@ -66,6 +66,8 @@ def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, a
     """Train the ensemble as Ray tasks (one task per chunk of teachers) and gather it on the coordinator."""
     ray = connect(address, num_cpus=num_cpus)
     padded, sizes = ens.padded_partitions(make_partitions(train, cfg))
+    # decided here, not in the tasks: a task would read trainer=auto as the loop, and chunk differently
+    cfg, template = ens.resolve_trainer(cfg, train, env)
     chunk = chunk_size or max(1, -(-cfg.num_teachers // max(1, int(ray.cluster_resources().get("CPU", 1)))))
     started = time.perf_counter()
     images_ref, labels_ref = ray.put(train.images), ray.put(train.labels)
@@ -76,10 +78,8 @@ def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, a
                for first in range(0, cfg.num_teachers, chunk)]
     chunks = ray.get(futures)
     wall = time.perf_counter() - started
-    template = ens._init_teachers(cfg, train, 1, 0, env)[0]
-    stacked = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
     stats = {"num_teachers": cfg.num_teachers, "trainer": f"ray/{cfg.trainer}", "chunk_size": chunk,
              "ray_tasks": len(futures), "wall_seconds": round(wall, 1),
              "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2)}
-    return TeacherEnsemble(template, stacked), stats
+    return ens.gather_chunks(template, chunks), stats
 

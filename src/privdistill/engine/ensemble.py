@@ -310,6 +310,26 @@ def auto_chunk_size(cfg: TeacherTraining, train: ImageDataset, env: Env) -> int:
     return max(1, min(cfg.num_teachers, int(budget // (per_image * cfg.batch_size))))
 
 
+def resolve_trainer(cfg: TeacherTraining, train: ImageDataset, env: Env) -> tuple[TeacherTraining, nn.Module]:
+    """The trainer a run uses (``auto`` resolved) and the untrained template teacher; a model with buffers is
+    refused the vectorised trainer. Local and Ray training both decide here, so they train alike."""
+    template = _init_teachers(cfg, train, 1, 0, env)[0]
+    has_buffers = any(True for _ in template.buffers())
+    if cfg.trainer == "auto":
+        cfg = replace(cfg, trainer=auto_trainer(cfg, train, env, has_buffers=has_buffers))
+    if cfg.trainer == "vectorized" and has_buffers:
+        raise ModelError(f"{cfg.model} has buffers (BatchNorm running statistics), which vmap cannot update; "
+                         "set teachers.trainer=loop for it")
+    return cfg, template
+
+
+def gather_chunks(template: nn.Module, chunks: list[dict[str, torch.Tensor]]) -> "TeacherEnsemble":
+    """One ensemble from trained chunks in teacher order (the loop trainer's buffers split from the parameters)."""
+    stacked = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+    buffers = {k[len(_BUFFER_PREFIX):]: stacked.pop(k) for k in list(stacked) if k.startswith(_BUFFER_PREFIX)}
+    return TeacherEnsemble(template, stacked, buffers)
+
+
 def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, checkpoint_dir: Path | None = None,
                    parts: list[torch.Tensor] | None = None) -> tuple[TeacherEnsemble, dict]:
     """Train cfg.num_teachers teachers on disjoint partitions of `train`.
@@ -326,13 +346,7 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                       "still can (fewer teachers, each on more records, if the released labels come out poor).",
                       EnsembleWarning, stacklevel=2)
     padded, sizes = padded_partitions(parts)
-    template = _init_teachers(cfg, train, 1, 0, env)[0]
-    has_buffers = any(True for _ in template.buffers())
-    if cfg.trainer == "auto":
-        cfg = replace(cfg, trainer=auto_trainer(cfg, train, env, has_buffers=has_buffers))
-    if cfg.trainer == "vectorized" and has_buffers:
-        raise ModelError(f"{cfg.model} has buffers (BatchNorm running statistics), which vmap cannot update; "
-                         "set teachers.trainer=loop for it")
+    cfg, template = resolve_trainer(cfg, train, env)
     chunk = auto_chunk_size(cfg, train, env) if cfg.trainer == "vectorized" else 1
     started = time.perf_counter()
     chunks: list[dict[str, torch.Tensor]] = []
@@ -354,9 +368,7 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                 atomic_torch_save(saved, params)
             chunks.append(params)
     wall = time.perf_counter() - started
-    stacked = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
-    buffers = {k[len(_BUFFER_PREFIX):]: stacked.pop(k) for k in list(stacked) if k.startswith(_BUFFER_PREFIX)}
-    ensemble = TeacherEnsemble(template, stacked, buffers)
+    ensemble = gather_chunks(template, chunks)
     stats = {"num_teachers": cfg.num_teachers, "trainer": cfg.trainer, "chunk_size": chunk,
              "wall_seconds": round(wall, 3), "teachers_per_minute": round(cfg.num_teachers / max(wall, 1e-9) * 60, 2),
              "partition_sizes": [int(sizes.min()), int(sizes.max())], "partitions_missing_classes": len(lacking)}
