@@ -383,9 +383,7 @@ class ConfidentGaussianQueries(PrivacyEvent, type_name="confident-gaussian-queri
         return replace(self, count=n, answered=None, filter_budget=None)
 
     def merge_key(self) -> Hashable:
-        d = self.to_dict()
-        for name in ("count", "answered", "filter_budget"):
-            d.pop(name, None)
+        d = {k: v for k, v in self.to_dict().items() if k not in ("count", "answered", "filter_budget")}
         # filtered runs merge with filtered ones (their budgets add: filters composed in sequence)
         return tuple(sorted((k, repr(v)) for k, v in d.items())) + (("filtered", self.filter_budget is not None),)
 
