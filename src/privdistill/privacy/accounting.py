@@ -256,12 +256,9 @@ class StrictAccountant(Accountant):
         if stats is not None and len(stats) != len(events):
             raise PrivacyError(f"stats has {len(stats)} entries for {len(events)} events")
         prices = [ev.strict_price(delta, details=breakdown) for ev in events]
-        per_event = []
-        for i, (ev, p) in enumerate(zip(events, prices)):
-            if not breakdown:
-                break
-            eps_i = self._combine([p], delta)[0]
-            per_event.append(EventEpsilon(i, ev.type_name, ev.describe(), eps_i, tuple(p.notes), dict(p.details)))
+        per_event = [EventEpsilon(i, ev.type_name, ev.describe(), self._combine([p], delta)[0], tuple(p.notes),
+                                  dict(p.details))
+                     for i, (ev, p) in enumerate(zip(events, prices) if breakdown else [])]
         value, order = self._combine(prices, delta)
         relations = {p.relation for p in prices} or {REPLACE_ONE}
         notes = []

@@ -108,11 +108,6 @@ class PrivacyEvent:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type_name, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]
 
-    @property
-    def repetitions(self) -> int:
-        """How many times the mechanism ran (the value of ``count_field``; 1 if none)."""
-        return int(getattr(self, self.count_field)) if self.count_field else 1
-
     def with_count(self, n: int) -> "PrivacyEvent":
         if self.count_field is None:
             raise PrivacyError(f"{self.type_name} events have no count to vary")
@@ -135,7 +130,7 @@ class PrivacyEvent:
 
     def merged(self, other: "PrivacyEvent") -> "PrivacyEvent":
         """One event for this one and ``other`` (same merge key): the counts add."""
-        return self.with_count(self.repetitions + other.repetitions)
+        return self.with_count(getattr(self, self.count_field) + getattr(other, self.count_field))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------ pricing
     @property
