@@ -15,7 +15,7 @@ import math
 from typing import Sequence
 
 from privdistill.errors import ConfigError, PrivacyError
-from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
+from privdistill.privacy._checks import check_accounting, check_delta, check_positive
 from privdistill.privacy.accounting import epsilon
 from privdistill.privacy.events import PrivacyEvent
 
@@ -30,7 +30,7 @@ def _eps(events: Sequence[PrivacyEvent], delta: float, accounting: str) -> float
 def _checked(event: PrivacyEvent, target_epsilon: float, delta: float, accounting: str, field: str,
              what: str) -> tuple[float, float]:
     """(target, delta) checked, and the event has the `field` (count_field / noise_field) to calibrate."""
-    target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
+    target, delta = check_positive("target epsilon", target_epsilon), check_delta(delta)
     check_accounting(accounting)
     if getattr(event, field) is None:
         raise PrivacyError(f"{event.type_name} events have no {what} to calibrate")

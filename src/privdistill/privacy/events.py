@@ -23,12 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Hashable, Mapping
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy import pate
-from privdistill.privacy._checks import (
-    check_choice,
-    check_count,
-    check_epsilon,
-    check_positive,
-)
+from privdistill.privacy._checks import check_choice, check_count, check_positive
 from privdistill.privacy.pricing import (
     CHANGE_LABEL,
     DP_REPLACE_ONE,
@@ -215,7 +210,7 @@ class LaplaceQueries(PrivacyEvent, type_name="laplace-queries", legacy_type_name
     @classmethod
     def from_epsilon0(cls, epsilon0: float, count: int) -> "LaplaceQueries":
         """DGD's parametrisation: scale = 2 / epsilon0."""
-        return cls(scale=2.0 / check_epsilon(epsilon0, "epsilon0"), count=count)
+        return cls(scale=2.0 / check_positive("epsilon0", epsilon0), count=count)
 
     @property
     def epsilon0(self) -> float:
@@ -464,7 +459,7 @@ class ConfidentGaussianQueries(PrivacyEvent, type_name="confident-gaussian-queri
 
 # --------------------------------------------------------------------------------- randomized response
 def _label_checks(event: Any) -> None:
-    event._set(epsilon=check_epsilon(event.epsilon, "epsilon per label"), count=check_count("labels", event.count),
+    event._set(epsilon=check_positive("epsilon per label", event.epsilon), count=check_count("labels", event.count),
                num_classes=check_count("num_classes", event.num_classes, minimum=2))
 
 
@@ -764,7 +759,7 @@ class LaplaceOnSyntheticCodes(PrivacyEvent, type_name="laplace-on-synthetic-code
     clip: float = 1.0
 
     def __post_init__(self) -> None:
-        self._set(epsilon1=check_epsilon(self.epsilon1, "epsilon1"))
+        self._set(epsilon1=check_positive("epsilon1", self.epsilon1))
         if self.dim is not None:
             self._set(dim=check_count("latent dimension", self.dim, minimum=1))
         self._set(clip=check_positive("latent clip", self.clip))

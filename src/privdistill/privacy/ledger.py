@@ -38,7 +38,7 @@ import numpy as np
 
 from privdistill.atomic import atomic_write_bytes, fsync_dir
 from privdistill.errors import BudgetExceededError, PrivacyError, RunError
-from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
+from privdistill.privacy._checks import check_accounting, check_delta, check_positive
 from privdistill.privacy.accounting import REPLACE_ONE, EpsilonResult, VoteStats, both, epsilon, json_num, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events, event_from_dict
 
@@ -354,7 +354,7 @@ class PrivacyLedger:
         self.root = path.parent
         self.accounting = check_accounting(accounting)
         self.delta = check_delta(delta)
-        self.max_epsilon = None if max_epsilon is None else check_epsilon(max_epsilon, "max_epsilon")
+        self.max_epsilon = None if max_epsilon is None else check_positive("max_epsilon", max_epsilon)
         self._codec = _Codec(self.root, self.root / SIDE_DIR)
         self._records: list[dict[str, Any]] = []
         self._by_key: dict[str, dict[str, Any]] = {}
