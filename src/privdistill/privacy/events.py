@@ -177,11 +177,10 @@ def checked_sensitivity(declared: float, true_sensitivity: float, mechanism: str
     return declared
 
 
-def _checked_votes(event: PrivacyEvent, stats: Any) -> "np.ndarray":
+def _checked_votes(event: Any, stats: Any) -> "np.ndarray":
     votes = pate.check_votes(stats.votes)
-    if votes.shape[0] != event.count:  # type: ignore[attr-defined]
-        raise PrivacyError(f"mismatched votes: {votes.shape[0]} vote rows for an event of "
-                           f"{event.count} queries")  # type: ignore[attr-defined]
+    if votes.shape[0] != event.count:
+        raise PrivacyError(f"mismatched votes: {votes.shape[0]} vote rows for an event of {event.count} queries")
     return votes
 
 

@@ -59,9 +59,7 @@ def _check_generator(generator: NoiseSource, tensor: torch.Tensor, what: str) ->
 def _float_dtype(t: torch.Tensor) -> torch.dtype:
     # noise is drawn in float64 on CPU (cheap, precise); on accelerators keep float32 unless the
     # data already is float64 (MPS has no float64).
-    if t.dtype == torch.float64:
-        return torch.float64
-    return torch.float64 if t.device.type == "cpu" else torch.float32
+    return torch.float64 if t.dtype == torch.float64 or t.device.type == "cpu" else torch.float32
 
 
 def laplace_noise(shape, *, scale: float, generator: torch.Generator, device=None,
