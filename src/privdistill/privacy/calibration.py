@@ -53,8 +53,7 @@ def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accou
     # epsilon is non-decreasing in the count, so if one does not fit, none does (whatever `fixed` spent already)
     if not fits(1):
         return 0
-    lo = 1
-    hi = 2
+    lo, hi = 1, 2
     while fits(hi):
         lo = hi
         if hi >= limit:

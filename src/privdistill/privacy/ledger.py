@@ -500,9 +500,9 @@ class PrivacyLedger:
             if rec.get("votes") is None:
                 out.append(None)
                 continue
-            votes = self._codec.decode(rec["votes"])
-            answered = self._codec.decode(rec["answered"]) if rec.get("answered") is not None else None
-            out.append(VoteStats(votes=np.asarray(votes), answered=None if answered is None else np.asarray(answered)))
+            answered = self._codec.decode(rec.get("answered"))  # None stays None
+            out.append(VoteStats(votes=np.asarray(self._codec.decode(rec["votes"])),
+                                 answered=None if answered is None else np.asarray(answered)))
         return out
 
     # -------------------------------------------------------------------------------------- budget
