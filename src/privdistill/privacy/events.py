@@ -602,15 +602,12 @@ class NormalisedGaussian(PrivacyEvent, type_name="normalised-gaussian", legacy_t
         if self.algorithm in (1, 3) and self.num_teachers != 1:
             raise PrivacyError(f"DPDFD Alg. {self.algorithm} uses one model; got num_teachers={self.num_teachers} "
                                "(use algorithm=2 for several teachers)")
-        if self.algorithm == 3:
-            if self.dataset_size is None:
-                raise PrivacyError("DPDFD Alg. 3 (direct training) needs dataset_size for the sampling rate B/N")
-            size = check_count("dataset_size", self.dataset_size, minimum=1)
-            if size < self.batch_size:
-                raise PrivacyError(f"dataset_size ({size}) must be >= batch size ({self.batch_size})")
-            self._set(dataset_size=size)
-        elif self.dataset_size is not None:
+        if self.algorithm == 3 and self.dataset_size is None:
+            raise PrivacyError("DPDFD Alg. 3 (direct training) needs dataset_size for the sampling rate B/N")
+        if self.dataset_size is not None:
             self._set(dataset_size=check_count("dataset_size", self.dataset_size, minimum=1))
+            if self.algorithm == 3 and self.dataset_size < self.batch_size:
+                raise PrivacyError(f"dataset_size ({self.dataset_size}) must be >= batch size ({self.batch_size})")
         if self.num_classes is not None:
             self._set(num_classes=check_count("num_classes", self.num_classes, minimum=2))
 
