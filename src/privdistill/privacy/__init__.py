@@ -19,31 +19,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {
-    # mechanisms (torch)
-    "make_generator": "mechanisms", "noise_source": "mechanisms", "SecureNoise": "secure",
-    "lnmax": "mechanisms", "gnmax": "mechanisms",
-    "confident_gnmax": "mechanisms", "randomized_response": "mechanisms",
-    "selective_randomized_response": "mechanisms", "normalize_and_noise": "mechanisms",
-    "normalize_and_noise_multi": "mechanisms", "laplace_latent_perturbation": "mechanisms",
-    # events
-    "PrivacyEvent": "events", "LaplaceQueries": "events", "GaussianQueries": "events",
-    "ConfidentGaussianQueries": "events", "RandomizedResponse": "events", "RandomizedResponseWithPrior": "events",
-    "NormalisedGaussian": "events", "SubsampledGaussian": "events", "LaplaceOnSyntheticCodes": "events",
-    "event_from_dict": "events",
-    # accounting
-    "epsilon": "accounting", "both": "accounting", "get_accountant": "accounting",
-    "register_accountant": "accounting", "available_accountants": "accounting",
-    "Accountant": "accounting", "EpsilonResult": "accounting", "VoteStats": "accounting",
-    "merge_events": "accounting",
-    # calibration
-    "max_count": "calibration", "calibrate_noise": "calibration",
-    # ledger
-    "PrivacyLedger": "ledger", "LedgerAnswer": "ledger",
-    # report
-    "Pathway": "report", "privacy_report": "report", "render_text": "report", "run_report": "report",
-    "write_privacy_json": "report",
+_NAMES = {
+    "mechanisms": "make_generator noise_source lnmax gnmax confident_gnmax randomized_response "
+                  "selective_randomized_response normalize_and_noise normalize_and_noise_multi "
+                  "laplace_latent_perturbation",
+    "secure": "SecureNoise",
+    "events": "PrivacyEvent LaplaceQueries GaussianQueries ConfidentGaussianQueries RandomizedResponse "
+              "RandomizedResponseWithPrior NormalisedGaussian SubsampledGaussian LaplaceOnSyntheticCodes "
+              "event_from_dict",
+    "accounting": "epsilon both get_accountant register_accountant available_accountants Accountant EpsilonResult "
+                  "VoteStats merge_events",
+    "calibration": "max_count calibrate_noise",
+    "ledger": "PrivacyLedger LedgerAnswer",
+    "report": "Pathway privacy_report render_text run_report write_privacy_json",
 }
+_EXPORTS = {name: module for module, names in _NAMES.items() for name in names.split()}
 
 __all__ = sorted(_EXPORTS)
 

@@ -36,11 +36,6 @@ def check_positive(name: str, value: Any) -> float:
     return value
 
 
-def check_epsilon(value: Any, name: str = "epsilon") -> float:
-    """A privacy parameter epsilon: finite and > 0."""
-    return check_positive(name, value)
-
-
 def check_delta(value: Any, name: str = "delta") -> float:
     """A failure probability delta: strictly inside (0, 1)."""
     value = check_real(name, value)

@@ -256,12 +256,9 @@ class StrictAccountant(Accountant):
         if stats is not None and len(stats) != len(events):
             raise PrivacyError(f"stats has {len(stats)} entries for {len(events)} events")
         prices = [ev.strict_price(delta, details=breakdown) for ev in events]
-        per_event = []
-        for i, (ev, p) in enumerate(zip(events, prices)):
-            if not breakdown:
-                break
-            eps_i = self._combine([p], delta)[0]
-            per_event.append(EventEpsilon(i, ev.type_name, ev.describe(), eps_i, tuple(p.notes), dict(p.details)))
+        per_event = [EventEpsilon(i, ev.type_name, ev.describe(), self._combine([p], delta)[0], tuple(p.notes),
+                                  dict(p.details))
+                     for i, (ev, p) in enumerate(zip(events, prices) if breakdown else [])]
         value, order = self._combine(prices, delta)
         relations = {p.relation for p in prices} or {REPLACE_ONE}
         notes = []
@@ -272,16 +269,11 @@ class StrictAccountant(Accountant):
             notes.append("at least one pathway is not differentially private as written: epsilon = inf")
         data_dependent = None
         if stats is not None and any(s is not None for s in stats):
-            total = np.zeros_like(ORDERS)
-            used = False
-            for ev, p, st in zip(events, prices, stats):
-                dd = ev.data_dependent_rdp(st) if st is not None else None
-                if dd is not None:
-                    used = True
-                    total += np.minimum(dd, p.rdp)
-                else:
-                    total += p.rdp
-            if used and not any(p.infinite for p in prices):
+            dds = [None if st is None else ev.data_dependent_rdp(st) for ev, st in zip(events, stats)]
+            # each event at its data-dependent curve where it has one (never above its data-independent one)
+            total = sum((p.rdp if dd is None else np.minimum(dd, p.rdp) for dd, p in zip(dds, prices)),
+                        np.zeros_like(ORDERS))
+            if any(dd is not None for dd in dds) and not any(p.infinite for p in prices):
                 data_dependent = rdp_to_epsilon(total, delta)[0]
                 notes.append("data-dependent epsilon (PATE 2018 Thm 6 / PATE 2017 Thm 3) is itself a function "
                              "of the private votes: do not publish it without the smooth-sensitivity step; "

@@ -15,7 +15,7 @@ import math
 from typing import Sequence
 
 from privdistill.errors import ConfigError, PrivacyError
-from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
+from privdistill.privacy._checks import check_accounting, check_delta, check_positive
 from privdistill.privacy.accounting import epsilon
 from privdistill.privacy.events import PrivacyEvent
 
@@ -30,7 +30,7 @@ def _eps(events: Sequence[PrivacyEvent], delta: float, accounting: str) -> float
 def _checked(event: PrivacyEvent, target_epsilon: float, delta: float, accounting: str, field: str,
              what: str) -> tuple[float, float]:
     """(target, delta) checked, and the event has the `field` (count_field / noise_field) to calibrate."""
-    target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
+    target, delta = check_positive("target epsilon", target_epsilon), check_delta(delta)
     check_accounting(accounting)
     if getattr(event, field) is None:
         raise PrivacyError(f"{event.type_name} events have no {what} to calibrate")
@@ -53,8 +53,7 @@ def max_count(event: PrivacyEvent, *, target_epsilon: float, delta: float, accou
     # epsilon is non-decreasing in the count, so if one does not fit, none does (whatever `fixed` spent already)
     if not fits(1):
         return 0
-    lo = 1
-    hi = 2
+    lo, hi = 1, 2
     while fits(hi):
         lo = hi
         if hi >= limit:
@@ -95,56 +94,31 @@ def calibrate_noise(event: PrivacyEvent, *, target_epsilon: float, delta: float,
     target, delta = _checked(event, target_epsilon, delta, accounting, "noise_field", "noise parameter")
     fixed = list(fixed)
 
-    def eps_at(value: float) -> float:
-        return _eps(fixed + [event.with_noise(value)], delta, accounting)
-
     def fits(value: float) -> bool:
-        return eps_at(value) <= target
+        return _eps(fixed + [event.with_noise(value)], delta, accounting) <= target
 
-    start = float(getattr(event, event.noise_field))
-    if event.noise_is_scale:
-        # more noise = more privacy: find the smallest scale that fits
-        lo = hi = start
-        if fits(hi):
-            while fits(lo) and lo > 1e-12:
-                hi = lo
-                lo /= 2.0
-            if fits(lo):
-                return lo
-        else:
-            while not fits(hi):
-                lo = hi
-                hi *= 2.0
-                if hi > 1e15:
-                    raise PrivacyError(f"no {event.noise_field} fits epsilon <= {target:g} under {accounting} "
-                                       "accounting (the release is not DP at any noise level as written)")
-        # fits(hi), not fits(lo)
-        while (hi - lo) > rel_tol * hi:
-            mid = math.sqrt(lo * hi) if lo > 0 else hi / 2
-            if fits(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi
-    # epsilon-parametrised: larger = less privacy: find the largest that fits
-    lo = hi = start
-    if fits(lo):
-        while fits(hi) and hi < 700:
-            lo = hi
-            hi *= 2.0
-        if fits(hi):
-            return hi
+    # one search for both kinds: a noise scale is more private the larger it is, an epsilon the smaller.
+    # `good` fits and `bad` does not; `more_private` is the factor that steps from `bad` towards `good`.
+    scale = event.noise_is_scale
+    more_private = 2.0 if scale else 0.5
+    good = bad = float(getattr(event, event.noise_field))
+    if fits(good):
+        while fits(bad) and (bad > 1e-12 if scale else bad < 700):
+            good = bad
+            bad /= more_private
+        if fits(bad):
+            return bad
     else:
-        while not fits(lo):
-            hi = lo
-            lo /= 2.0
-            if lo < 1e-12:
-                raise PrivacyError(f"no {event.noise_field} fits epsilon <= {target:g} under {accounting} accounting")
-    # fits(lo), not fits(hi)
-    while (hi - lo) > rel_tol * hi:
-        mid = math.sqrt(lo * hi)
+        while not fits(good):
+            bad = good
+            good *= more_private
+            if good > 1e15 if scale else good < 1e-12:
+                raise PrivacyError(f"no {event.noise_field} fits epsilon <= {target:g} under {accounting} accounting"
+                                   + (" (the release is not DP at any noise level as written)" if scale else ""))
+    while abs(good - bad) > rel_tol * max(good, bad):
+        mid = math.sqrt(good * bad) if bad > 0 else good / 2
         if fits(mid):
-            lo = mid
+            good = mid
         else:
-            hi = mid
-    return lo
+            bad = mid
+    return good

@@ -23,12 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Hashable, Mapping
 
 from privdistill.errors import PrivacyError
 from privdistill.privacy import pate
-from privdistill.privacy._checks import (
-    check_choice,
-    check_count,
-    check_epsilon,
-    check_positive,
-)
+from privdistill.privacy._checks import check_choice, check_count, check_positive
 from privdistill.privacy.pricing import (
     CHANGE_LABEL,
     DP_REPLACE_ONE,
@@ -63,13 +58,6 @@ def count_of(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else many or word + 's'}"
 
 
-def _register(cls: type["PrivacyEvent"]) -> type["PrivacyEvent"]:
-    EVENT_TYPES[cls.type_name] = cls
-    for old in cls.legacy_type_names:
-        LEGACY_EVENT_TYPES[old] = cls
-    return cls
-
-
 def _dp():
     """dp-accounting, imported when an event is priced (the import alone takes seconds on a small CPU)."""
     import dp_accounting
@@ -78,7 +66,10 @@ def _dp():
 
 
 class PrivacyEvent:
-    """Base class of all events (subclasses are frozen dataclasses)."""
+    """Base class of all events (subclasses are frozen dataclasses).
+
+    A subclass sets the class variables below in its class statement (``class X(PrivacyEvent, type_name=...,
+    count_field=...)``) and is then registered under its type names; one that sets them in its body is not."""
 
     type_name: ClassVar[str] = ""
     #: the JSON type names this event was written under before (read back into this class)
@@ -92,16 +83,25 @@ class PrivacyEvent:
     #: True if a larger value of ``noise_field`` means more privacy (noise scale), False if less (epsilon)
     noise_is_scale: ClassVar[bool] = True
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type_name}
-        for f in fields(self):  # type: ignore[arg-type]
-            out[f.name] = getattr(self, f.name)
-        return out
+    def __init_subclass__(cls, **class_vars: Any) -> None:
+        super().__init_subclass__()
+        unknown = set(class_vars) - set(PrivacyEvent.__annotations__)
+        if unknown:
+            raise TypeError(f"{cls.__name__}: unknown event class variable(s) {', '.join(sorted(unknown))}")
+        for name, value in class_vars.items():
+            setattr(cls, name, value)
+        if class_vars.get("type_name"):
+            EVENT_TYPES[cls.type_name] = cls
+            for old in cls.legacy_type_names:
+                LEGACY_EVENT_TYPES[old] = cls
 
-    @property
-    def repetitions(self) -> int:
-        """How many times the mechanism ran (the value of ``count_field``; 1 if none)."""
-        return int(getattr(self, self.count_field)) if self.count_field else 1
+    def _set(self, **values: Any) -> None:
+        """Store checked field values on the frozen dataclass (from ``__post_init__``)."""
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type_name, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]
 
     def with_count(self, n: int) -> "PrivacyEvent":
         if self.count_field is None:
@@ -120,13 +120,12 @@ class PrivacyEvent:
     def merge_key(self) -> Hashable:
         """Events with equal keys differ only in their count and are merged by :meth:`merged`."""
         d = self.to_dict()
-        if self.count_field is not None:
-            d.pop(self.count_field)
+        d.pop(self.count_field, None)  # type: ignore[arg-type]
         return tuple(sorted((k, repr(v)) for k, v in d.items()))
 
     def merged(self, other: "PrivacyEvent") -> "PrivacyEvent":
         """One event for this one and ``other`` (same merge key): the counts add."""
-        return self.with_count(self.repetitions + other.repetitions)
+        return self.with_count(getattr(self, self.count_field) + getattr(other, self.count_field))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------ pricing
     @property
@@ -178,18 +177,17 @@ def checked_sensitivity(declared: float, true_sensitivity: float, mechanism: str
     return declared
 
 
-def _checked_votes(event: PrivacyEvent, stats: Any) -> "np.ndarray":
+def _checked_votes(event: Any, stats: Any) -> "np.ndarray":
     votes = pate.check_votes(stats.votes)
-    if votes.shape[0] != event.count:  # type: ignore[attr-defined]
-        raise PrivacyError(f"mismatched votes: {votes.shape[0]} vote rows for an event of "
-                           f"{event.count} queries")  # type: ignore[attr-defined]
+    if votes.shape[0] != event.count:
+        raise PrivacyError(f"mismatched votes: {votes.shape[0]} vote rows for an event of {event.count} queries")
     return votes
 
 
 # ------------------------------------------------------------------------------- noisy vote histograms
-@_register
 @dataclass(frozen=True)
-class LaplaceQueries(PrivacyEvent):
+class LaplaceQueries(PrivacyEvent, type_name="laplace-queries", legacy_type_names=("lnmax",),
+                     title="Laplace queries (LNMax)", count_field="count", noise_field="scale"):
     """``count`` Laplace noisy-argmax answers, noise ``Lap(scale)`` on every vote count (LNMax; DGD Eq. 3).
 
     ``sensitivity`` is the L1 change of one query's vote histogram when one private record is
@@ -204,21 +202,14 @@ class LaplaceQueries(PrivacyEvent):
     count: int
     sensitivity: float = 2.0
 
-    type_name: ClassVar[str] = "laplace-queries"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("lnmax",)
-    title: ClassVar[str] = "Laplace queries (LNMax)"
-    count_field: ClassVar[str | None] = "count"
-    noise_field: ClassVar[str | None] = "scale"
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "scale", check_positive("Laplace scale", self.scale))
-        object.__setattr__(self, "count", check_count("queries", self.count))
-        object.__setattr__(self, "sensitivity", checked_sensitivity(self.sensitivity, 2.0, "LNMax"))
+        self._set(scale=check_positive("Laplace scale", self.scale), count=check_count("queries", self.count),
+                  sensitivity=checked_sensitivity(self.sensitivity, 2.0, "LNMax"))
 
     @classmethod
     def from_epsilon0(cls, epsilon0: float, count: int) -> "LaplaceQueries":
         """DGD's parametrisation: scale = 2 / epsilon0."""
-        return cls(scale=2.0 / check_epsilon(epsilon0, "epsilon0"), count=count)
+        return cls(scale=2.0 / check_positive("epsilon0", epsilon0), count=count)
 
     @property
     def epsilon0(self) -> float:
@@ -239,8 +230,7 @@ class LaplaceQueries(PrivacyEvent):
 
     def strict_price(self, delta: float, details: bool = True) -> StrictPrice:
         m = self.noise_multiplier
-        price = StrictPrice(self.to_dp_event(), pure=self.count * self.epsilon0)
-        price.details["noise_multiplier"] = m
+        price = StrictPrice(self.to_dp_event(), pure=self.count * self.epsilon0, details={"noise_multiplier": m})
         if details and self.sensitivity == 2.0 and self.count > 0:
             # hard one-hot votes move +1 on one class and -1 on another: the noisy histogram's RDP is
             # 2x the RDP of a unit shift at scale b, a smaller (still valid) bound; shown, not used.
@@ -264,9 +254,9 @@ class LaplaceQueries(PrivacyEvent):
         return dd.sum(axis=0)
 
 
-@_register
 @dataclass(frozen=True)
-class GaussianQueries(PrivacyEvent):
+class GaussianQueries(PrivacyEvent, type_name="gaussian-queries", legacy_type_names=("gnmax",),
+                      title="Gaussian queries (GNMax)", count_field="count", noise_field="sigma"):
     """``count`` Gaussian noisy-argmax answers (GNMax, Papernot et al. 2018), noise N(0, sigma^2).
 
     One replaced record moves one teacher's vote: the histogram changes by L2 norm sqrt(2).
@@ -278,16 +268,9 @@ class GaussianQueries(PrivacyEvent):
     count: int
     sensitivity: float = math.sqrt(2.0)
 
-    type_name: ClassVar[str] = "gaussian-queries"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("gnmax",)
-    title: ClassVar[str] = "Gaussian queries (GNMax)"
-    count_field: ClassVar[str | None] = "count"
-    noise_field: ClassVar[str | None] = "sigma"
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sigma", check_positive("sigma", self.sigma))
-        object.__setattr__(self, "count", check_count("queries", self.count))
-        object.__setattr__(self, "sensitivity", checked_sensitivity(self.sensitivity, math.sqrt(2.0), "GNMax"))
+        self._set(sigma=check_positive("sigma", self.sigma), count=check_count("queries", self.count),
+                  sensitivity=checked_sensitivity(self.sensitivity, math.sqrt(2.0), "GNMax"))
 
     @property
     def noise_multiplier(self) -> float:
@@ -302,10 +285,9 @@ class GaussianQueries(PrivacyEvent):
 
     def strict_price(self, delta: float, details: bool = True) -> StrictPrice:
         m = self.noise_multiplier
-        price = StrictPrice(self.to_dp_event(), details={"noise_multiplier": m})
-        price.notes.append(f"data-independent GNMax RDP (L2 sensitivity {self.sensitivity:.4g}): "
-                           f"GaussianDpEvent(noise_multiplier={m:.4g}) x {self.count}")
-        return price
+        return StrictPrice(self.to_dp_event(), details={"noise_multiplier": m},
+                           notes=[f"data-independent GNMax RDP (L2 sensitivity {self.sensitivity:.4g}): "
+                                  f"GaussianDpEvent(noise_multiplier={m:.4g}) x {self.count}"])
 
     def paper_claims(self) -> tuple[PaperClaim, ...]:
         return (PateRdp((self.count * ORDERS * self.sensitivity**2 / (2.0 * self.sigma**2),)),)
@@ -317,9 +299,10 @@ class GaussianQueries(PrivacyEvent):
         return pate.rdp_gnmax_data_dependent(pate.log_q_gnmax(votes, self.sigma), self.sigma, ORDERS).sum(axis=0)
 
 
-@_register
 @dataclass(frozen=True)
-class ConfidentGaussianQueries(PrivacyEvent):
+class ConfidentGaussianQueries(PrivacyEvent, type_name="confident-gaussian-queries", count_field="count",
+                               legacy_type_names=("confident-gnmax",), noise_field="sigma2",
+                               title="Confident Gaussian queries (Confident-GNMax)"):
     """Confident-GNMax (Papernot et al. 2018, Alg. 1): ``count`` Gaussian threshold checks
     ``max(votes) + N(0, sigma1^2) >= threshold``, of which ``answered`` went on to a Gaussian noisy-argmax answer
     with noise N(0, sigma2^2). Every check costs budget, answered or not; ``answered=None`` means
@@ -342,27 +325,19 @@ class ConfidentGaussianQueries(PrivacyEvent):
     answered: int | None = None
     filter_budget: int | None = None
 
-    type_name: ClassVar[str] = "confident-gaussian-queries"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("confident-gnmax",)
-    title: ClassVar[str] = "Confident Gaussian queries (Confident-GNMax)"
-    count_field: ClassVar[str | None] = "count"
-    noise_field: ClassVar[str | None] = "sigma2"
-
     def __post_init__(self) -> None:
         if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) \
                 or not math.isfinite(self.threshold):
             raise PrivacyError(f"threshold must be a finite number, got {self.threshold!r}")
-        object.__setattr__(self, "threshold", float(self.threshold))
-        object.__setattr__(self, "sigma1", check_positive("sigma1", self.sigma1))
-        object.__setattr__(self, "sigma2", check_positive("sigma2", self.sigma2))
-        object.__setattr__(self, "count", check_count("queries", self.count))
+        self._set(threshold=float(self.threshold), sigma1=check_positive("sigma1", self.sigma1),
+                  sigma2=check_positive("sigma2", self.sigma2), count=check_count("queries", self.count))
         if self.answered is not None:
             answered = check_count("answered", self.answered)
             if answered > self.count:
                 raise PrivacyError(f"answered ({answered}) cannot exceed the number of queries ({self.count})")
-            object.__setattr__(self, "answered", answered)
+            self._set(answered=answered)
         if self.filter_budget is not None:
-            object.__setattr__(self, "filter_budget", check_count("filter_budget", self.filter_budget, minimum=1))
+            self._set(filter_budget=check_count("filter_budget", self.filter_budget, minimum=1))
             # the filter asks a query only if one more worst-case query fits: with none answered, the last
             # check was asked with room for an answer too
             room = 0.0 if self.answered_or_worst_case or not self.count else self.round_costs[1]
@@ -397,9 +372,7 @@ class ConfidentGaussianQueries(PrivacyEvent):
         return replace(self, count=n, answered=None, filter_budget=None)
 
     def merge_key(self) -> Hashable:
-        d = self.to_dict()
-        for name in ("count", "answered", "filter_budget"):
-            d.pop(name, None)
+        d = {k: v for k, v in self.to_dict().items() if k not in ("count", "answered", "filter_budget")}
         # filtered runs merge with filtered ones (their budgets add: filters composed in sequence)
         return tuple(sorted((k, repr(v)) for k, v in d.items())) + (("filtered", self.filter_budget is not None),)
 
@@ -484,11 +457,9 @@ class ConfidentGaussianQueries(PrivacyEvent):
 
 
 # --------------------------------------------------------------------------------- randomized response
-def _label_checks(event: PrivacyEvent) -> None:
-    object.__setattr__(event, "epsilon", check_epsilon(event.epsilon, "epsilon per label"))  # type: ignore[attr-defined]
-    object.__setattr__(event, "count", check_count("labels", event.count))  # type: ignore[attr-defined]
-    object.__setattr__(event, "num_classes",
-                       check_count("num_classes", event.num_classes, minimum=2))  # type: ignore[attr-defined]
+def _label_checks(event: Any) -> None:
+    event._set(epsilon=check_positive("epsilon per label", event.epsilon), count=check_count("labels", event.count),
+               num_classes=check_count("num_classes", event.num_classes, minimum=2))
 
 
 def _per_label_claims(event: Any) -> tuple[PaperClaim, ...]:
@@ -496,9 +467,10 @@ def _per_label_claims(event: Any) -> tuple[PaperClaim, ...]:
     return (PerLabel(event.epsilon),) if event.count > 0 else ()
 
 
-@_register
 @dataclass(frozen=True)
-class RandomizedResponse(PrivacyEvent):
+class RandomizedResponse(PrivacyEvent, type_name="randomized-response", legacy_type_names=("rr",),
+                         title="Randomized response (k-RR)", count_field="count", noise_field="epsilon",
+                         noise_is_scale=False):
     """``count`` labels released by k-ary randomized response (keep with prob e^eps/(e^eps+K-1), else a uniform
     other class).
 
@@ -510,13 +482,6 @@ class RandomizedResponse(PrivacyEvent):
     epsilon: float
     count: int
     num_classes: int
-
-    type_name: ClassVar[str] = "randomized-response"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("rr",)
-    title: ClassVar[str] = "Randomized response (k-RR)"
-    count_field: ClassVar[str | None] = "count"
-    noise_field: ClassVar[str | None] = "epsilon"
-    noise_is_scale: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         _label_checks(self)
@@ -532,18 +497,18 @@ class RandomizedResponse(PrivacyEvent):
             self.count)
 
     def strict_price(self, delta: float, details: bool = True) -> StrictPrice:
-        price = StrictPrice(self.to_dp_event(), units=DP_REPLACE_ONE, pure=self.count * self.epsilon)
-        price.notes.append(f"k-RR with K={self.num_classes}: each label {self.epsilon:g}-DP; composed over all "
-                           f"{self.count} labels (exact k-RR RDP, dp-accounting RandomizedResponseDpEvent)")
-        return price
+        return StrictPrice(self.to_dp_event(), units=DP_REPLACE_ONE, pure=self.count * self.epsilon,
+                           notes=[f"k-RR with K={self.num_classes}: each label {self.epsilon:g}-DP; composed over all "
+                                  f"{self.count} labels (exact k-RR RDP, dp-accounting RandomizedResponseDpEvent)"])
 
     def paper_claims(self) -> tuple[PaperClaim, ...]:
         return _per_label_claims(self)
 
 
-@_register
 @dataclass(frozen=True)
-class RandomizedResponseWithPrior(PrivacyEvent):
+class RandomizedResponseWithPrior(PrivacyEvent, type_name="randomized-response-with-prior", legacy_type_names=("srr",),
+                                  title="Randomized response with a prior (SRR)", count_field="count",
+                                  noise_field="epsilon", noise_is_scale=False):
     """``count`` labels released by randomized response on a candidate set I chosen from a prior without looking
     at the label: k-RR on I, uniform on I when the label is not in I. Selective randomized response (the SRR
     paper's Alg. 1, I = the prior's classes above a threshold, at least two) and RRWithPrior (Ghazi et al. 2021,
@@ -564,13 +529,6 @@ class RandomizedResponseWithPrior(PrivacyEvent):
     count: int
     num_classes: int
     setting: str = "data-free"
-
-    type_name: ClassVar[str] = "randomized-response-with-prior"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("srr",)
-    title: ClassVar[str] = "Randomized response with a prior (SRR)"
-    count_field: ClassVar[str | None] = "count"
-    noise_field: ClassVar[str | None] = "epsilon"
-    noise_is_scale: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         _label_checks(self)
@@ -593,24 +551,23 @@ class RandomizedResponseWithPrior(PrivacyEvent):
 
     def strict_price(self, delta: float, details: bool = True) -> StrictPrice:
         if self.setting == "label-dp":
-            price = StrictPrice(self.to_dp_event(), units=DP_REPLACE_ONE, pure=self.epsilon, relation=CHANGE_LABEL)
-            price.notes.append("label-DP setting: each record's label is released once, so changing one label "
-                               f"affects one release: {self.epsilon:g}-label-DP (parallel composition)")
-            return price
-        price = StrictPrice(self.to_dp_event(), units=DP_REPLACE_ONE, pure=self.count * self.epsilon)
-        price.notes.append(f"the teacher is trained on all of D, so one record can change all {self.count} labels; "
-                           f"each label is {self.epsilon:g}-DP in the teacher's argmax (whatever the selected set "
-                           "I), priced as binary randomized response, the worst case of any eps-DP release")
-        return price
+            return StrictPrice(self.to_dp_event(), units=DP_REPLACE_ONE, pure=self.epsilon, relation=CHANGE_LABEL,
+                               notes=["label-DP setting: each record's label is released once, so changing one label "
+                                      f"affects one release: {self.epsilon:g}-label-DP (parallel composition)"])
+        return StrictPrice(self.to_dp_event(), units=DP_REPLACE_ONE, pure=self.count * self.epsilon,
+                           notes=[f"the teacher is trained on all of D, so one record can change all {self.count} "
+                                  f"labels; each label is {self.epsilon:g}-DP in the teacher's argmax (whatever the "
+                                  "selected set I), priced as binary randomized response, the worst case of any eps-DP "
+                                  "release"])
 
     def paper_claims(self) -> tuple[PaperClaim, ...]:
         return _per_label_claims(self)
 
 
 # ------------------------------------------------------------------------------ noisy normalised gradients
-@_register
 @dataclass(frozen=True)
-class NormalisedGaussian(PrivacyEvent):
+class NormalisedGaussian(PrivacyEvent, type_name="normalised-gaussian", legacy_type_names=("dpdfd",),
+                         title="Gaussian on normalised gradients (DPDFD)", count_field="steps", noise_field="sigma"):
     """``steps`` uses of DPDFD's A_{C,sigma}: the Gaussian mechanism on normalised gradients (each output gradient
     scaled to norm C, noise N(0, sigma^2 C^2 I) added).
 
@@ -635,34 +592,24 @@ class NormalisedGaussian(PrivacyEvent):
     dataset_size: int | None = None
     num_classes: int | None = None
 
-    type_name: ClassVar[str] = "normalised-gaussian"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("dpdfd",)
-    title: ClassVar[str] = "Gaussian on normalised gradients (DPDFD)"
-    count_field: ClassVar[str | None] = "steps"
-    noise_field: ClassVar[str | None] = "sigma"
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "clip_norm", check_positive("clip norm C", self.clip_norm))
-        object.__setattr__(self, "sigma", check_positive("sigma", self.sigma))
-        object.__setattr__(self, "batch_size", check_count("batch size", self.batch_size, minimum=1))
-        object.__setattr__(self, "steps", check_count("steps", self.steps))
-        object.__setattr__(self, "num_teachers", check_count("num_teachers", self.num_teachers, minimum=1))
+        self._set(clip_norm=check_positive("clip norm C", self.clip_norm), sigma=check_positive("sigma", self.sigma),
+                  batch_size=check_count("batch size", self.batch_size, minimum=1),
+                  steps=check_count("steps", self.steps),
+                  num_teachers=check_count("num_teachers", self.num_teachers, minimum=1))
         check_choice("granularity", self.granularity, ("per_sample", "batch_sum"))
         check_choice("algorithm", self.algorithm, (1, 2, 3))
         if self.algorithm in (1, 3) and self.num_teachers != 1:
             raise PrivacyError(f"DPDFD Alg. {self.algorithm} uses one model; got num_teachers={self.num_teachers} "
                                "(use algorithm=2 for several teachers)")
-        if self.algorithm == 3:
-            if self.dataset_size is None:
-                raise PrivacyError("DPDFD Alg. 3 (direct training) needs dataset_size for the sampling rate B/N")
-            size = check_count("dataset_size", self.dataset_size, minimum=1)
-            if size < self.batch_size:
-                raise PrivacyError(f"dataset_size ({size}) must be >= batch size ({self.batch_size})")
-            object.__setattr__(self, "dataset_size", size)
-        elif self.dataset_size is not None:
-            object.__setattr__(self, "dataset_size", check_count("dataset_size", self.dataset_size, minimum=1))
+        if self.algorithm == 3 and self.dataset_size is None:
+            raise PrivacyError("DPDFD Alg. 3 (direct training) needs dataset_size for the sampling rate B/N")
+        if self.dataset_size is not None:
+            self._set(dataset_size=check_count("dataset_size", self.dataset_size, minimum=1))
+            if self.algorithm == 3 and self.dataset_size < self.batch_size:
+                raise PrivacyError(f"dataset_size ({self.dataset_size}) must be >= batch size ({self.batch_size})")
         if self.num_classes is not None:
-            object.__setattr__(self, "num_classes", check_count("num_classes", self.num_classes, minimum=2))
+            self._set(num_classes=check_count("num_classes", self.num_classes, minimum=2))
 
     @property
     def sampling_rate(self) -> float | None:
@@ -705,9 +652,9 @@ class NormalisedGaussian(PrivacyEvent):
         if self.algorithm == 3:
             if self.steps == 0:
                 return StrictPrice(self.to_dp_event(), notes=["no steps taken"])
-            price = StrictPrice(self.to_dp_event(), infinite=True)
-            price.notes.append("Alg. 3 back-propagates the noisy output gradient through the model's Jacobian at "
-                               "the PRIVATE input, which is not privatised: not DP as written (student: not covered)")
+            price = StrictPrice(self.to_dp_event(), infinite=True, notes=[
+                "Alg. 3 back-propagates the noisy output gradient through the model's Jacobian at the PRIVATE input, "
+                "which is not privatised: not DP as written (student: not covered)"])
             if details:  # the PLD computation is slow for long runs: only for breakdowns
                 q = self.sampling_rate
                 channel = pld_poisson_gaussian_replace_one(self.sigma, q, self.steps, delta)
@@ -715,14 +662,13 @@ class NormalisedGaussian(PrivacyEvent):
                 price.notes.append(f"the noisy-gradient channel alone (Poisson rate q={q:.4g}, row sensitivity 2C vs "
                                    f"noise sigma*C, dp-accounting PLD, replace-one) has epsilon {channel:.4g}")
             return price
-        price = StrictPrice(self.to_dp_event(), details={"noise_multiplier_per_step": m})
         who = ("one teacher: a record can change every normalised gradient of every step"
                if self.algorithm == 1 else
                f"{self.num_teachers} disjoint teachers: a record changes one teacher, which answers every row")
-        price.notes.append(f"{who}; per step L2 sensitivity "
-                           + ("2C*sqrt(B)" if self.granularity == "per_sample" else "2C*B")
-                           + f" vs noise sigma*C: Gaussian noise multiplier {m:.4g} x {self.steps} steps")
-        return price
+        sensitivity = "2C*sqrt(B)" if self.granularity == "per_sample" else "2C*B"
+        return StrictPrice(self.to_dp_event(), details={"noise_multiplier_per_step": m}, notes=[
+            f"{who}; per step L2 sensitivity {sensitivity} vs noise sigma*C: Gaussian noise multiplier {m:.4g} x "
+            f"{self.steps} steps"])
 
     def paper_claims(self) -> tuple[PaperClaim, ...]:
         # Theorem 3's RDP 2 C^2 n B T lambda / sigma^2, with n read as the number of teachers (1 for Alg. 1 and 3),
@@ -738,9 +684,10 @@ class NormalisedGaussian(PrivacyEvent):
 
 
 # ------------------------------------------------------------------------------ Poisson-subsampled Gaussian
-@_register
 @dataclass(frozen=True)
-class SubsampledGaussian(PrivacyEvent):
+class SubsampledGaussian(PrivacyEvent, type_name="subsampled-gaussian", legacy_type_names=("dpsgd",),
+                         title="Poisson-subsampled Gaussian (DP-SGD)", count_field="steps",
+                         noise_field="noise_multiplier"):
     """A model trained by DP-SGD on the private data inside a run (the DP source of an end-to-end release):
     ``steps`` Poisson-subsampled Gaussian steps at ``sample_rate``, Gaussian noise multiplier ``noise_multiplier``
     (clipped per-example gradients: one replaced record moves the sum by at most 2C, against noise σC).
@@ -756,15 +703,9 @@ class SubsampledGaussian(PrivacyEvent):
     delta: float
     what: str = "DP-SGD source model"
 
-    type_name: ClassVar[str] = "subsampled-gaussian"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("dpsgd",)
-    title: ClassVar[str] = "Poisson-subsampled Gaussian (DP-SGD)"
-    count_field: ClassVar[str | None] = "steps"
-    noise_field: ClassVar[str | None] = "noise_multiplier"
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", check_positive("noise multiplier", self.noise_multiplier))
-        object.__setattr__(self, "steps", check_count("steps", self.steps))
+        self._set(noise_multiplier=check_positive("noise multiplier", self.noise_multiplier),
+                  steps=check_count("steps", self.steps))
         if not 0 < self.sample_rate <= 1:
             raise PrivacyError(f"sample rate must lie in (0, 1], got {self.sample_rate}")
         if not 0 < self.delta < 1:
@@ -799,9 +740,10 @@ class SubsampledGaussian(PrivacyEvent):
 
 
 # ------------------------------------------------------------------------------ noise on synthetic samples
-@_register
 @dataclass(frozen=True)
-class LaplaceOnSyntheticCodes(PrivacyEvent):
+class LaplaceOnSyntheticCodes(PrivacyEvent, type_name="laplace-on-synthetic-codes", noise_field="epsilon1",
+                              legacy_type_names=("latent-laplace",), noise_is_scale=False,
+                              title="Laplace noise on synthetic latent codes (DGD)"):
     """DGD's Laplace noise (scale 2c/epsilon1) on the clipped VAE latent codes of SYNTHETIC samples.
 
     The paper counts ``epsilon1`` in its total; these codes are not private records, so the strict
@@ -812,17 +754,11 @@ class LaplaceOnSyntheticCodes(PrivacyEvent):
     dim: int | None = None
     clip: float = 1.0
 
-    type_name: ClassVar[str] = "laplace-on-synthetic-codes"
-    legacy_type_names: ClassVar[tuple[str, ...]] = ("latent-laplace",)
-    title: ClassVar[str] = "Laplace noise on synthetic latent codes (DGD)"
-    noise_field: ClassVar[str | None] = "epsilon1"
-    noise_is_scale: ClassVar[bool] = False
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon1", check_epsilon(self.epsilon1, "epsilon1"))
+        self._set(epsilon1=check_positive("epsilon1", self.epsilon1))
         if self.dim is not None:
-            object.__setattr__(self, "dim", check_count("latent dimension", self.dim, minimum=1))
-        object.__setattr__(self, "clip", check_positive("latent clip", self.clip))
+            self._set(dim=check_count("latent dimension", self.dim, minimum=1))
+        self._set(clip=check_positive("latent clip", self.clip))
 
     def describe(self) -> str:
         return f"{self.title}, epsilon1 = {self.epsilon1:g}"
@@ -847,10 +783,9 @@ def as_events(items: Any) -> list[PrivacyEvent]:
         items = [items]
     out = []
     for item in items:
-        if isinstance(item, PrivacyEvent):
-            out.append(item)
-        elif isinstance(item, Mapping):
-            out.append(event_from_dict(item))
-        else:
+        if isinstance(item, Mapping):
+            item = event_from_dict(item)
+        elif not isinstance(item, PrivacyEvent):
             raise PrivacyError(f"not a privacy event: {item!r}")
+        out.append(item)
     return out

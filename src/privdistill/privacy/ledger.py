@@ -38,7 +38,7 @@ import numpy as np
 
 from privdistill.atomic import atomic_write_bytes, fsync_dir
 from privdistill.errors import BudgetExceededError, PrivacyError, RunError
-from privdistill.privacy._checks import check_accounting, check_delta, check_epsilon
+from privdistill.privacy._checks import check_accounting, check_delta, check_positive
 from privdistill.privacy.accounting import REPLACE_ONE, EpsilonResult, VoteStats, both, epsilon, json_num, merge_events
 from privdistill.privacy.events import PrivacyEvent, as_events, event_from_dict
 
@@ -108,20 +108,18 @@ class _Codec:
         arr = np.ascontiguousarray(arr)
         if arr.dtype == object:
             raise PrivacyError("ledger answers cannot be object arrays")
+        head = {"__array__": kind, "dtype": arr.dtype.str, "shape": list(arr.shape)}
         if arr.size <= INLINE_LIMIT:
             if arr.dtype.kind in "iub":  # integers and booleans: readable and exact as a JSON list
-                return {"__array__": kind, "dtype": arr.dtype.str, "shape": list(arr.shape),
-                        "values": arr.reshape(-1).tolist()}
-            return {"__array__": kind, "dtype": arr.dtype.str, "shape": list(arr.shape),
-                    "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
+                return {**head, "values": arr.reshape(-1).tolist()}
+            return {**head, "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
         buf = io.BytesIO()
         np.save(buf, arr, allow_pickle=False)
         data = buf.getvalue()
         path = self.side_dir / f"{stem}.npy"
         atomic_write_bytes(_pending(path), data)
         self.pending.append(_pending(path))
-        return {"__array__": kind, "file": path.relative_to(self.root).as_posix(),
-                "sha256": hashlib.sha256(data).hexdigest(), "dtype": arr.dtype.str, "shape": list(arr.shape)}
+        return {**head, "file": path.relative_to(self.root).as_posix(), "sha256": hashlib.sha256(data).hexdigest()}
 
     def decode(self, value: Any, map_location: Any = None) -> Any:
         if not isinstance(value, dict):
@@ -356,7 +354,7 @@ class PrivacyLedger:
         self.root = path.parent
         self.accounting = check_accounting(accounting)
         self.delta = check_delta(delta)
-        self.max_epsilon = None if max_epsilon is None else check_epsilon(max_epsilon, "max_epsilon")
+        self.max_epsilon = None if max_epsilon is None else check_positive("max_epsilon", max_epsilon)
         self._codec = _Codec(self.root, self.root / SIDE_DIR)
         self._records: list[dict[str, Any]] = []
         self._by_key: dict[str, dict[str, Any]] = {}
@@ -377,19 +375,16 @@ class PrivacyLedger:
             return
         for rec, event in read.records:
             self._accept(rec, event)
-        if read.add_newline or read.good_end != read.size:
-            self._repair(read.good_end, add_newline=read.add_newline)
+        if read.add_newline or read.good_end != read.size:  # cut a torn last line, or end the last record
+            with open(self.path, "r+b") as f:
+                f.truncate(read.good_end)
+                if read.add_newline:
+                    f.seek(0, os.SEEK_END)
+                    f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
         self._end = read.good_end + (1 if read.add_newline else 0)
         self._settle_pending(read.spends())
-
-    def _repair(self, good_end: int, add_newline: bool = False) -> None:
-        with open(self.path, "r+b") as f:
-            f.truncate(good_end)
-            if add_newline:
-                f.seek(0, os.SEEK_END)
-                f.write(b"\n")
-            f.flush()
-            os.fsync(f.fileno())
 
     def _settle_pending(self, spends: list[dict[str, Any]]) -> None:
         """Side files still pending: those of a complete record are committed (the run stopped between its line
@@ -398,15 +393,14 @@ class PrivacyLedger:
         if self.path.name != LEDGER_NAME or not side.is_dir():
             return
         referenced = set().union(*(_side_files(rec) for rec in spends))
-        settled = False
-        for pending in side.glob("*.npy" + PENDING):
+        pending_files = list(side.glob("*.npy" + PENDING))
+        for pending in pending_files:
             final = pending.with_name(pending.name[:-len(PENDING)])
             if f"{SIDE_DIR}/{final.name}" in referenced and not final.exists():
                 os.replace(pending, final)
             else:
                 pending.unlink()
-            settled = True
-        if settled:
+        if pending_files:
             fsync_dir(side)
 
     def _commit(self, pending: list[Path]) -> None:
@@ -506,9 +500,9 @@ class PrivacyLedger:
             if rec.get("votes") is None:
                 out.append(None)
                 continue
-            votes = self._codec.decode(rec["votes"])
-            answered = self._codec.decode(rec["answered"]) if rec.get("answered") is not None else None
-            out.append(VoteStats(votes=np.asarray(votes), answered=None if answered is None else np.asarray(answered)))
+            answered = self._codec.decode(rec.get("answered"))  # None stays None
+            out.append(VoteStats(votes=np.asarray(self._codec.decode(rec["votes"])),
+                                 answered=None if answered is None else np.asarray(answered)))
         return out
 
     # -------------------------------------------------------------------------------------- budget
@@ -571,14 +565,14 @@ class PrivacyLedger:
         stats: dict[str, Any] = dict(extra.stats or {})
         if extra.votes is not None:
             conv = _to_numpy(extra.votes)
-            votes_np = conv[0] if conv else np.asarray(extra.votes)
-            stats.update(_vote_summary(votes_np))
-            rec["votes"] = self._codec.encode(votes_np, stem + ".votes")
+            votes = conv[0] if conv else np.asarray(extra.votes)
+            stats.update(_vote_summary(votes))
+            rec["votes"] = self._codec.encode(votes, stem + ".votes")
         if extra.answered is not None:
             conv = _to_numpy(extra.answered)
-            ans_np = conv[0] if conv else np.asarray(extra.answered)
-            stats["answered"] = int(np.asarray(ans_np, dtype=bool).sum())
-            rec["answered"] = self._codec.encode(np.asarray(ans_np, dtype=bool), stem + ".answered")
+            answered = np.asarray(conv[0] if conv else extra.answered, dtype=bool)
+            stats["answered"] = int(answered.sum())
+            rec["answered"] = self._codec.encode(answered, stem + ".answered")
         if stats:
             rec["stats"] = stats
         after = both(merge_events(self._events + [event]), delta=self.delta, breakdown=False)

@@ -17,7 +17,7 @@ import math
 import torch
 
 from privdistill.errors import PrivacyError
-from privdistill.privacy._checks import check_epsilon, check_positive, check_real
+from privdistill.privacy._checks import check_positive, check_real
 from privdistill.privacy.events import ConfidentGaussianQueries
 from privdistill.privacy.secure import SecureNoise
 
@@ -59,9 +59,7 @@ def _check_generator(generator: NoiseSource, tensor: torch.Tensor, what: str) ->
 def _float_dtype(t: torch.Tensor) -> torch.dtype:
     # noise is drawn in float64 on CPU (cheap, precise); on accelerators keep float32 unless the
     # data already is float64 (MPS has no float64).
-    if t.dtype == torch.float64:
-        return torch.float64
-    return torch.float64 if t.device.type == "cpu" else torch.float32
+    return torch.float64 if t.dtype == torch.float64 or t.device.type == "cpu" else torch.float32
 
 
 def laplace_noise(shape, *, scale: float, generator: torch.Generator, device=None,
@@ -235,7 +233,7 @@ def randomized_response(labels: torch.Tensor, *, num_classes: int, epsilon: floa
     output one of the K - 1 other classes uniformly. eps-DP per label."""
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise PrivacyError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-    epsilon = check_epsilon(epsilon, "epsilon per label")
+    epsilon = check_positive("epsilon per label", epsilon)
     labels = _check_labels(labels, num_classes, "randomized_response")
     _check_generator(generator, labels, "randomized_response")
     k = num_classes
@@ -279,7 +277,7 @@ def selective_randomized_response(student_probs: torch.Tensor, teacher_labels: t
     labels = _check_labels(teacher_labels, k_classes, "selective_randomized_response")
     if labels.shape[0] != n:
         raise PrivacyError(f"selective_randomized_response: {labels.shape[0]} teacher labels for {n} student rows")
-    epsilon = check_epsilon(epsilon, "epsilon per label")
+    epsilon = check_positive("epsilon per label", epsilon)
     t = 1.0 / (2.0 * k_classes) if threshold is None else check_real("threshold", threshold)
     _check_generator(generator, student_probs, "selective_randomized_response")
     if labels.device != student_probs.device:
@@ -363,7 +361,7 @@ def released_label_likelihood(in_set: torch.Tensor, released: torch.Tensor, *, e
     released = released.long().to(in_set.device)
     if released.shape != (n,) or not bool(in_set.gather(1, released[:, None]).all()):
         raise PrivacyError("released_label_likelihood: every released label must be a member of its row's set")
-    epsilon = check_epsilon(epsilon, "epsilon per label")
+    epsilon = check_positive("epsilon per label", epsilon)
     k = in_set.sum(dim=1, keepdim=True).to(torch.float64)
     p_keep = rr_keep_probability(k, epsilon)
     p_other = (1.0 - p_keep) / (k - 1.0).clamp(min=1.0)  # k = 1: p_keep = 1, and I has no other member
@@ -530,7 +528,7 @@ def laplace_latent_perturbation(codes: torch.Tensor, *, clip: float = 1.0, epsil
     if not codes.is_floating_point() or not bool(torch.isfinite(codes).all()):
         raise PrivacyError("laplace_latent_perturbation: codes must be finite floats")
     clip = check_positive("latent clip", clip)
-    epsilon1 = check_epsilon(epsilon1, "epsilon1")
+    epsilon1 = check_positive("epsilon1", epsilon1)
     _check_generator(generator, codes, "laplace_latent_perturbation")
     c = codes.shape[1]
     scale = 2.0 * clip * c / epsilon1

@@ -252,10 +252,7 @@ class PateRdp(PaperClaim):
         return PateRdp(self.curves + other.curves, remarks=self.remarks + other.remarks)
 
     def price(self, delta: float) -> PaperPrice:
-        total = np.zeros_like(ORDERS)
-        for curve in self.curves:
-            total += curve
-        e, order = pate_basic_conversion(total, delta)
+        e, order = pate_basic_conversion(sum(self.curves, np.zeros_like(ORDERS)), delta)
         return PaperPrice(e, order, ("PATE 2018 data-independent RDP (lambda/sigma^2 per answer, lambda/(2 sigma1^2) "
                                      "per threshold check), converted by eps = rdp + log(1/delta)/(lambda-1): "
                                      f"{e:.4f}",))

@@ -142,12 +142,7 @@ def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: floa
                            "paper_notes": list(pe.notes), "strict_notes": list(se.notes),
                            "details": {k: json_num(v) for k, v in {**pe.details, **se.details}.items()}})
     arts = _artifacts(artifacts, paper=paper.value, strict=strict.value, delta=delta)
-    notes = []
-    seen = set()
-    for n in list(strict.notes) + list(paper.notes):
-        if n not in seen:
-            seen.add(n)
-            notes.append(n)
+    notes = list(dict.fromkeys(strict.notes + paper.notes))  # each note once, strict's first
     if not artifacts:
         notes.append("no artifact pathways were given (no privacy.json): the epsilon covers the recorded "
                      "mechanisms only; what else reaches the released models is not stated")
@@ -207,40 +202,31 @@ def pathway_line(p: Mapping[str, Any]) -> str:
 
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as readable plain text."""
-    lines = [report.get("title") or "Privacy report", ""]
-    if report.get("release_warning"):  # a model at chance (methods/chance.py): said before its privacy
-        lines[:0] = [f"WARNING: {report['release_warning']}"]
-    lines.append(f"neighbouring relation: {report['relation']}")
-    lines.append(f"delta: {report['delta']:g}")
+    # a model at chance (methods/chance.py) is said so before its privacy
+    lines = [f"WARNING: {report['release_warning']}"] if report.get("release_warning") else []
+    lines += [report.get("title") or "Privacy report", "", f"neighbouring relation: {report['relation']}",
+              f"delta: {report['delta']:g}"]
     if report.get("noise"):
         lines.append(f"noise: {report['noise']['statement']}")
-    lines.append(f"epsilon (paper accounting):  {fmt_num(report['epsilon']['paper'])}   "
-                 "- the formulas the papers print")
-    lines.append(f"epsilon (strict accounting): {fmt_num(report['epsilon']['strict'])}   "
-                 "- a correct bound on every recorded use of the private data (which artifacts it covers: below)")
-    lines.append("")
-    lines.append("Mechanisms:")
+    lines += [f"epsilon (paper accounting):  {fmt_num(report['epsilon']['paper'])}   - the formulas the papers print",
+              f"epsilon (strict accounting): {fmt_num(report['epsilon']['strict'])}   - a correct bound on every "
+              "recorded use of the private data (which artifacts it covers: below)", "", "Mechanisms:"]
     if not report["mechanisms"]:
         lines.append("  (none recorded)")
     for m in report["mechanisms"]:
-        lines.append(f"  - {m['description']}")
-        lines.append(f"      paper {fmt_num(m['epsilon_paper'])} | strict {fmt_num(m['epsilon_strict'])}")
-        for n in m["strict_notes"]:
-            lines.append(f"      strict: {n}")
+        lines += [f"  - {m['description']}",
+                  f"      paper {fmt_num(m['epsilon_paper'])} | strict {fmt_num(m['epsilon_strict'])}"]
+        lines += [f"      strict: {n}" for n in m["strict_notes"]]
         for k, v in m["details"].items():
             lines.append(f"      {k}: {fmt_num(v) if isinstance(v, (int, float, str)) else v}")
-    lines.append("")
-    lines.append("Released artifacts and what the epsilon covers:")
+    lines += ["", "Released artifacts and what the epsilon covers:"]
     if not report["artifacts"]:
         lines.append("  (no pathways declared)")
     for name, art in report["artifacts"].items():
         lines.append(f"  {name}: {art['statement']}")
         lines += ["    " + pathway_line(p) for p in art["pathways"]]
     if report.get("notes"):
-        lines.append("")
-        lines.append("Notes:")
-        for n in report["notes"]:
-            lines.append(f"  - {n}")
+        lines += ["", "Notes:"] + [f"  - {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
 
 

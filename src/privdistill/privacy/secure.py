@@ -264,15 +264,10 @@ def _candidates(words, out, filled, block_bits, b, centre, inv_two_var, gaussian
     return filled
 
 
-_SAMPLERS: dict[tuple[str, float], _Sampler] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def sampler(distribution: str, scale: float) -> _Sampler:
     """The integer sampler for `distribution` at `scale` (cached: its acceptance is computed once)."""
-    key = (distribution, float(scale))
-    if key not in _SAMPLERS:
-        _SAMPLERS[key] = _Sampler(distribution, float(scale))
-    return _SAMPLERS[key]
+    return _Sampler(distribution, float(scale))
 
 
 def grid_step(scale: float) -> float:
