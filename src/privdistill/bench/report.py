@@ -430,8 +430,9 @@ def _recipe_cells(method: str, name: str, recipe, recorded: dict) -> list[tuple[
         for nominal in HEADLINE_EPSILONS:
             run = next((r for (m, n, d, e), r in recorded.items()
                         if (m, n, d) == (method, name, dataset) and abs(e / nominal - 1) < 0.1), None)
-            if run is not None:
-                cells.append((dataset, float(run["target_epsilon"]), _pct(run.get("test_accuracy")), run))
+            if run is not None:  # † marks a model that misses a class (README says so below the table)
+                accuracy = _pct(run.get("test_accuracy")) + ("†" if _missed(run) else "")
+                cells.append((dataset, float(run["target_epsilon"]), accuracy, run))
                 continue
             measured = next(((float(e), text) for (d, e), text in recipe.measured.items()
                              if d == dataset and abs(float(e) / nominal - 1) < 0.1), None)
