@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -57,6 +58,10 @@ def test_train_record_and_eval(tiny_npz, tmp_path, monkeypatch):
 
     result = runner.invoke(get_app(), ["eval", "run", "--weights", "nosuch"])
     assert "no nosuch.safetensors; weights in it: model" in str(result.exception)
+    tiny = dict(np.load(tiny_npz))  # the same images, every test label moved to the next class: the model is wrong
+    np.savez(tmp_path / "shifted.npz", **{**tiny, "y_test": (tiny["y_test"] + 1) % 10})
+    result = runner.invoke(get_app(), ["eval", "run", "--device", "cpu", "--dataset", f"npz:{tmp_path}/shifted.npz"])
+    assert result.exit_code == 0 and "warning:" in result.output and "chance" in " ".join(result.output.split())
     rgb = write_npz(tmp_path / "rgb.npz", n=40, num_classes=4, channels=3)
     result = runner.invoke(get_app(), ["eval", "run", "--device", "cpu", "--dataset", f"npz:{rgb}"])
     assert "built for other data" in str(result.exception) and "in_channels 1 (data: 3)" in str(result.exception)

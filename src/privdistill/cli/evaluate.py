@@ -1,12 +1,15 @@
-"""`privdistill eval RUN_DIR`: accuracy of a run's released model on its dataset's test split."""
+"""`privdistill eval RUN_DIR`: accuracy of a run's released model on a test split, and whether it is at chance or
+misses a class there (the release check of methods/chance.py)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from privdistill.cli import options as o
 from privdistill.cli.lazy import lazy_module
@@ -16,6 +19,7 @@ from privdistill.errors import ModelError, RunError
 # imported when a command runs, not for --help: they import torch (cli/lazy.py)
 datasets = lazy_module("privdistill.data")
 engine = lazy_module("privdistill.engine")
+chance = lazy_module("privdistill.methods.chance")
 
 
 def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")],
@@ -37,9 +41,14 @@ def eval_command(run_dir: Annotated[Path, typer.Argument(help="a run directory")
     model = run.load_weights(name, device=env.device)
     data = datasets.load_data(dataset or config["dataset"], data_root or config.get("run", {}).get("data_root"))
     _check_fits(model, data, run_dir, name)
-    accuracy = engine.evaluate(env.place(model), data.test, env)
-    Console().print(f"{name} of {run_dir} on {data.test.name} test ({len(data.test)} images): "
-                    f"[bold]accuracy {accuracy:.4f}[/]", highlight=False)
+    with warnings.catch_warnings():  # the check's warning is printed below, first, as a run's summary does
+        warnings.simplefilter("ignore", chance.ChanceWarning)
+        accuracy, fields = chance.evaluate_release(env.place(model), data.test, env)
+    console = Console()
+    if fields.get("warning"):  # at chance, or a missed class, on this test split (methods/chance.py)
+        console.print(f"[bold red]warning:[/] {escape(fields['warning'])}", highlight=False, soft_wrap=True)
+    console.print(f"{name} of {run_dir} on {data.test.name} test ({len(data.test)} images): "
+                  f"[bold]accuracy {accuracy:.4f}[/]", highlight=False)
 
 
 def _check_fits(model, data, run_dir: Path, name: str) -> None:
