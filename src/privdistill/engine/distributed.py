@@ -52,13 +52,8 @@ def _train_chunk_task(images, labels, num_classes, cfg_dict, ids, parts_padded, 
     env = Env(device=device,
               precision=env_spec["precision"] if device.type == "cpu" else dev.resolve_precision("auto", device),
               seed=env_spec["seed"], deterministic=env_spec["deterministic"], progress=False)
-    train = ImageDataset(images, labels, num_classes)
-    models = ens._init_teachers(cfg, train, len(ids), int(ids[0]), env)
     bar = type("NoBar", (), {"advance": lambda self, *a, **k: None})()
-    trainer = ens._train_chunk_vectorized if cfg.trainer == "vectorized" else ens._train_chunk_loop
-    params = trainer(models, train, parts_padded[ids], sizes[ids], ids, cfg, env, bar,
-                     per_epoch=ens._steps_per_epoch(sizes, cfg.batch_size))
-    return {k: v.detach().cpu() for k, v in params.items()}
+    return ens.train_chunk(ImageDataset(images, labels, num_classes), cfg, env, parts_padded, sizes, ids, bar)
 
 
 def train_teachers_ray(train: ImageDataset, cfg: TeacherTraining, env: Env, *, address: str | None = None,

@@ -330,6 +330,17 @@ def gather_chunks(template: nn.Module, chunks: list[dict[str, torch.Tensor]]) ->
     return TeacherEnsemble(template, stacked, buffers)
 
 
+def train_chunk(train: ImageDataset, cfg: TeacherTraining, env: Env, padded: torch.Tensor, sizes: torch.Tensor,
+                ids: torch.Tensor, bar) -> dict[str, torch.Tensor]:
+    """Teachers `ids` (consecutive) freshly initialised and trained by `cfg.trainer` (resolved: resolve_trainer),
+    their stacked weights on the CPU. Local training and each Ray task call this, so they train alike."""
+    models = _init_teachers(cfg, train, len(ids), int(ids[0]), env)
+    trainer = _train_chunk_vectorized if cfg.trainer == "vectorized" else _train_chunk_loop
+    params = trainer(models, train, padded[ids], sizes[ids], ids, cfg, env, bar,
+                     per_epoch=_steps_per_epoch(sizes, cfg.batch_size))
+    return {k: v.detach().cpu() for k, v in params.items()}
+
+
 def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, checkpoint_dir: Path | None = None,
                    parts: list[torch.Tensor] | None = None) -> tuple[TeacherEnsemble, dict]:
     """Train cfg.num_teachers teachers on disjoint partitions of `train`.
@@ -359,11 +370,7 @@ def train_teachers(train: ImageDataset, cfg: TeacherTraining, env: Env, *, check
                 chunks.append(torch.load(saved, map_location="cpu", weights_only=True))
                 bar.advance(len(ids) * cfg.steps)
                 continue
-            models = _init_teachers(cfg, train, len(ids), first, env)
-            trainer = _train_chunk_vectorized if cfg.trainer == "vectorized" else _train_chunk_loop
-            params = trainer(models, train, padded[ids], sizes[ids], ids, cfg, env, bar,
-                             per_epoch=_steps_per_epoch(sizes, cfg.batch_size))
-            params = {k: v.detach().cpu() for k, v in params.items()}
+            params = train_chunk(train, cfg, env, padded, sizes, ids, bar)
             if saved is not None:
                 atomic_torch_save(saved, params)
             chunks.append(params)

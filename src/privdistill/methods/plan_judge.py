@@ -34,6 +34,7 @@ from privdistill.privacy.events import (
     RandomizedResponseWithPrior,
 )
 from privdistill.privacy.ledger import LedgerView
+from privdistill.privacy.mechanisms import rr_keep_probability
 from privdistill.privacy.vote_noise import unanimous_label_accuracy
 
 if TYPE_CHECKING:
@@ -96,11 +97,6 @@ def _signal(p: float, k: int) -> float:
     return max(0.0, (p - 1.0 / k) / (1.0 - 1.0 / k))
 
 
-def _kept(epsilon: float, k: int) -> float:
-    """Randomized response's chance of keeping the label, e^ε / (e^ε + K - 1) (ε capped at 50: no overflow)."""
-    return math.exp(min(epsilon, 50.0)) / (math.exp(min(epsilon, 50.0)) + k - 1)
-
-
 def _labels_verdict(informative: float, k: int, what: str, *, spread: bool = False, clusters: bool = False) -> Verdict:
     refuse, weak = ((CLUSTER_REFUSE_PER_CLASS, CLUSTER_WEAK_PER_CLASS) if clusters else
                     (SPREAD_REFUSE_PER_CLASS, SPREAD_WEAK_PER_CLASS) if spread else (REFUSE_PER_CLASS, WEAK_PER_CLASS))
@@ -147,9 +143,9 @@ def judge(method: "Method", ctx: "Context", plan: "Plan") -> Verdict | None:
                                  clusters=bool(plan.details.get("cluster_labels")))
         if isinstance(event, (RandomizedResponse, RandomizedResponseWithPrior)):  # every stage's labels together
             stages = [e for e in events if isinstance(e, (RandomizedResponse, RandomizedResponseWithPrior))]
-            informative = sum(e.count * _signal(_kept(e.epsilon, k), k) ** 2 for e in stages)
+            informative = sum(e.count * _signal(rr_keep_probability(k, e.epsilon), k) ** 2 for e in stages)
             what = (f"{sum(e.count for e in stages):,} labels at ε {event.epsilon:.3g} each, each kept at least "
-                    f"{_kept(event.epsilon, k):.0%} of the time (chance {1 / k:.0%})")
+                    f"{rr_keep_probability(k, event.epsilon):.0%} of the time (chance {1 / k:.0%})")
             return _labels_verdict(informative, k, what)
         if isinstance(event, NormalisedGaussian):
             ratio = event.sigma * math.sqrt(k) / math.sqrt(event.batch_size * event.steps)

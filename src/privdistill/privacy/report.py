@@ -142,7 +142,7 @@ def privacy_report(events: Sequence[PrivacyEvent] | PrivacyEvent, *, delta: floa
                            "paper_notes": list(pe.notes), "strict_notes": list(se.notes),
                            "details": {k: json_num(v) for k, v in {**pe.details, **se.details}.items()}})
     arts = _artifacts(artifacts, paper=paper.value, strict=strict.value, delta=delta)
-    notes = list(dict.fromkeys(strict.notes + paper.notes))  # each note once, strict's first
+    notes = list(dict.fromkeys([*strict.notes, *paper.notes]))  # each note once, strict's first
     if not artifacts:
         notes.append("no artifact pathways were given (no privacy.json): the epsilon covers the recorded "
                      "mechanisms only; what else reaches the released models is not stated")
