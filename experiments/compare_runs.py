@@ -4,7 +4,7 @@ reproducible noise (`--seed N`) on the code before and after, each into its own 
 
     python experiments/compare_runs.py BEFORE_RUN_DIR AFTER_RUN_DIR [...more pairs]
 
-Prints accuracy and ε (strict / paper) of each pair, the summary fields that differ and whether the ledgers match.
+Prints accuracy and ε (strict / paper) of each pair, the summary keys that differ and whether the ledgers match.
 Evaluation only: no ε spent, nothing trained.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from privdistill.engine.run import _diff as differing_keys  # the check a resumed run's config gets
 
 # fields that record when, where and how long, not what: they differ between any two runs
 VOLATILE = ("wall", "second", "time", "elapsed", "started", "finished", "command", "git_commit", "run_dir")
@@ -26,14 +28,6 @@ def _stable(value):
     return value
 
 
-def _differences(a, b, path: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
-    return [] if a == b else [f"{path}: {str(a)[:60]} != {str(b)[:60]}"]
-
-
 def _ledger(run: Path) -> list | None:
     path = run / "ledger.jsonl"
     if not path.exists():  # DP-SGD keeps its accountant's state in privacy.json instead
@@ -43,7 +37,7 @@ def _ledger(run: Path) -> list | None:
 
 def compare(before: Path, after: Path) -> bool:
     a, b = (json.loads((run / "summary.json").read_text()) for run in (before, after))
-    differ = _differences(_stable(a), _stable(b))
+    differ = differing_keys(_stable(a), _stable(b))  # dotted keys; a list (history) differs as a whole
     ledgers = _ledger(before), _ledger(after)
     same_ledger = ledgers[0] == ledgers[1]
     print(f"{before} vs {after}: accuracy {a['test_accuracy']} / {b['test_accuracy']}; strict ε "
