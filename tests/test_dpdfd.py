@@ -449,3 +449,29 @@ def test_a_conditional_generators_classes_are_what_l_g_aims_at():
     own, _ = generator_loss(logits, feats, **weights)
     assert aimed == pytest.approx(float(torch.nn.functional.cross_entropy(logits, targets)))
     assert own == pytest.approx(float(torch.nn.functional.cross_entropy(logits, logits.argmax(1))))
+
+
+def test_a_class_absent_from_the_students_answers_takes_its_fair_share_of_l_g_targets():
+    from privdistill.methods.dkd import absent_class_targets, generator_loss
+
+    logits = torch.zeros(12, 3)
+    logits[:, 0] = 5.0  # every sample is a 0 to the student, 2 rated above 1 on the last four
+    logits[8:, 2] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    logits[:4, 1] = 0.5
+    targets, absent = absent_class_targets(logits, logits.argmax(1))
+    assert absent == 2  # classes 1 and 2
+    assert set(targets[8:].tolist()) == {2}  # the four rated most likely to be a 2 (12 // 3 = 4 of them)
+    assert set(targets[:4].tolist()) == {1} and set(targets[4:8].tolist()) == {0}
+    present = torch.eye(3).repeat(4, 1)  # every class answered: the argmax stays the target
+    assert torch.equal(absent_class_targets(present, present.argmax(1))[0], present.argmax(1))
+
+    weights = {"one_hot_weight": 1.0, "entropy_weight": 0.0, "activation_weight": 0.0}
+    feats = torch.randn(12, 16)
+    paper, parts = generator_loss(logits, feats, **weights)
+    counted, counted_parts = generator_loss(logits, feats, revive_absent=False, **weights)
+    revived, revived_parts = generator_loss(logits, feats, revive_absent=True, **weights)
+    assert "lg_absent_classes" not in parts and counted == paper and counted_parts["lg_absent_classes"] == 2
+    assert float(revived) == pytest.approx(float(torch.nn.functional.cross_entropy(logits, targets)))
+    assert revived > paper and revived_parts["lg_absent_classes"] == 2
+    with pytest.raises(ConfigError, match="revive_classes_from"):
+        DPDFDConfig(revive_classes_from=-1).validate()

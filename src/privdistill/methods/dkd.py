@@ -67,16 +67,51 @@ def student_loss(logits: torch.Tensor, anchor: torch.Tensor, step: torch.Tensor)
 
 
 def generator_loss(logits: torch.Tensor, feats: torch.Tensor, *, one_hot_weight: float, entropy_weight: float,
-                   activation_weight: float, targets: torch.Tensor | None = None
+                   activation_weight: float, targets: torch.Tensor | None = None,
+                   revive_absent: bool | None = None
                    ) -> tuple[torch.Tensor, dict[str, float]]:
     """L_G of Eq. 5 on the STUDENT's outputs: w_ce * CE(s, argmax s) + alpha * sum_k pbar_k log pbar_k
     - beta * RMS(features). As in engine.datafree ("dpdfd"), the activation term REWARDS high activation (the
-    paper writes +beta||f||; its text and DAFL mean the opposite) and is divided by sqrt(d)."""
+    paper writes +beta||f||; its text and DAFL mean the opposite) and is divided by sqrt(d).
+
+    `revive_absent`: True, CE's targets are the argmax but for the classes it leaves out of the batch
+    (`absent_class_targets`; not the paper's: dpdfd.revive_classes_from); False, those classes are only counted
+    (`lg_absent_classes`); None (the paper), neither."""
     logits, feats = logits.float(), feats.float()
-    one_hot = F.cross_entropy(logits, logits.argmax(1) if targets is None else targets)
+    revived = {}
+    if targets is None:
+        targets = logits.argmax(1)
+        if revive_absent is not None:
+            revived_targets, absent = absent_class_targets(logits.detach(), targets)
+            targets = revived_targets if revive_absent else targets
+            revived = {"lg_absent_classes": float(absent)}
+    one_hot = F.cross_entropy(logits, targets)
     mean_p = torch.softmax(logits, 1).mean(0)
     neg_entropy = (mean_p * torch.log(mean_p + 1e-12)).sum()
     activation = -(feats.norm(dim=1) / math.sqrt(feats.shape[1])).mean()
     loss = one_hot_weight * one_hot + entropy_weight * neg_entropy + activation_weight * activation
     return loss, {"lg_one_hot": float(one_hot.detach()), "lg_entropy": float(-neg_entropy.detach()),
-                  "lg_activation": float(activation.detach())}
+                  "lg_activation": float(activation.detach()), **revived}
+
+
+def absent_class_targets(logits: torch.Tensor, argmax: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """L_G's CE targets when the student's argmax leaves classes out of the batch: each absent class takes the
+    batch's fair share (B // K) of the samples the student rates most likely to be it, the rest keep their argmax;
+    also the number of absent classes.
+
+    Why: the information-entropy term cannot bring such a class back. Its gradient on the class's logit is
+    about -p log p, which vanishes as the student's probability p of that class does, so the generator stops
+    making the class, and the student never again sees a sample the teachers would call one (DPDFD MNIST ε 10
+    lost the ones so in two of four full runs; docs/research-log.md, "DPDFD's missed class"). CE towards the class
+    has gradient p - 1 on its logit instead. Only absent classes are aimed at, and only a fair share of the
+    batch: aiming every sample at a class drawn for it (a conditional generator) sends the student to chance."""
+    batch, classes = logits.shape
+    absent = (torch.bincount(argmax, minlength=classes) == 0).nonzero().flatten().tolist()
+    if not absent:
+        return argmax, 0
+    targets = argmax.clone()
+    log_p = torch.log_softmax(logits, 1)
+    share = max(1, batch // classes)
+    for k in absent:  # a sample ranked high for two absent classes keeps the later one: the share stays near
+        targets[log_p[:, k].topk(min(share, batch)).indices] = k
+    return targets, len(absent)

@@ -168,12 +168,15 @@ def _datafree_step(cfg: DPDFDConfig, plan: StepPlan, env: Env, student: nn.Modul
         # the student does not yet see, the generator makes adversarial images of the student (MNIST ε 10: 10.31 %
         # at 500 steps; research log, "DPDFD's missed class")
         targets = latent_labels(generator, z)
-        parts.update(_generator_step(cfg, env, student, x, x_s.grad, opt_g, parts["student_loss"], targets))
+        # None: the paper's L_G; False: absent classes counted only, before dpdfd.revive_classes_from
+        revive = step >= cfg.revive_classes_from if cfg.revive_classes_from else None
+        parts.update(_generator_step(cfg, env, student, x, x_s.grad, opt_g, parts["student_loss"], targets, revive))
     return parts
 
 
 def _generator_step(cfg: DPDFDConfig, env: Env, student: nn.Module, x: torch.Tensor, ls_grad_x: torch.Tensor,
-                    opt_g, ls_value: float, targets: torch.Tensor | None = None) -> dict[str, float]:
+                    opt_g, ls_value: float, targets: torch.Tensor | None = None,
+                    revive_absent: bool | None = None) -> dict[str, float]:
     """The generator descends L_S + L_G: L_G's gradient w.r.t. x through the updated student (its weights frozen:
     the discriminator) plus L_S's (`ls_grad_x`), back-propagated through the generator once. `targets`: the classes
     a conditional generator was asked for, which L_G's CE aims at instead of the student's argmax."""
@@ -183,7 +186,8 @@ def _generator_step(cfg: DPDFDConfig, env: Env, student: nn.Module, x: torch.Ten
         with env.autocast():
             logits, feats = logits_and_features(student, x_g)
         lg, parts = generator_loss(logits, feats, one_hot_weight=cfg.lg_one_hot, entropy_weight=cfg.lg_entropy,
-                                   activation_weight=cfg.lg_activation, targets=targets)
+                                   activation_weight=cfg.lg_activation, targets=targets,
+                                   revive_absent=revive_absent)
         (grad_x,) = torch.autograd.grad(lg, x_g)
     finally:
         student.requires_grad_(True)

@@ -65,6 +65,10 @@ class DPDFDConfig:
     lg_one_hot: float = 1.0  # Eq. 5 weights: CE on the student's argmax ("CE" of Table 5)
     lg_entropy: float = 1.0  # alpha: class balance ("IE")
     lg_activation: float = 1.0  # beta: feature activation ("Norm")
+    # > 0: from this step on, a class the student's argmax leaves out of a generator batch is L_G's CE target of
+    # the batch's fair share of samples (methods/dkd.absent_class_targets; not the paper's: generator-side only,
+    # post-processing of the student, so it spends nothing). 0: never, as the paper
+    revive_classes_from: int = 0
     eval_every: int = 250
     checkpoint_every: int = 50
     ledger_chunk: int = 100
@@ -86,6 +90,7 @@ class DPDFDConfig:
         check(self.generator_init in ("scratch", "teacher"), "generator_init must be scratch or teacher")
         check(self.generator_every >= 0, "generator_every must be >= 0")
         check(min(self.lg_one_hot, self.lg_entropy, self.lg_activation) >= 0, "L_G weights must be >= 0")
+        check(self.revive_classes_from >= 0, "revive_classes_from must be >= 0 (0: never)")
         check(min(self.eval_every, self.checkpoint_every, self.ledger_chunk) >= 1,
                "eval_every, checkpoint_every and ledger_chunk must be >= 1")
 
