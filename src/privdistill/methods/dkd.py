@@ -113,5 +113,5 @@ def absent_class_targets(logits: torch.Tensor, argmax: torch.Tensor) -> tuple[to
     log_p = torch.log_softmax(logits, 1)
     share = max(1, batch // classes)
     for k in absent:  # a sample in two absent classes' shares goes to the later one (the earlier falls short)
-        targets[log_p[:, k].topk(min(share, batch)).indices] = k
+        targets[log_p[:, k].topk(share).indices] = k
     return targets, len(absent)
